@@ -1,0 +1,241 @@
+"""The Beam decoder, top to bottom, written against fusion points.
+
+Every hot operation is a call `ops.<point>(...)` on the bound variant table from
+`workbench.registry`; which implementation runs is chosen by `set_variants`, never here. Parameter
+names follow the checkpoint's tensor names, except that each MoE layer keeps its experts stacked
+(`mlp.experts.gate_proj` is [experts, ff, hidden]; `weights.py` maps to per-expert names).
+
+One step = embed -> first pre-norm -> 52 x (attention sub-layer, boundary, MLP sub-layer, boundary)
+-> head. Attention always goes through the paged KV cache; `forward(input_ids)` is a one-step
+prefill into a throwaway cache. Decode steps are free of host syncs so they can be graph-captured.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from beam_model.config import FULL, SLIDING, BeamConfig
+from beam_model.functional import rms_norm
+from beam_model.kv_cache import PagedKVCache, StepMetadata
+from workbench.registry import bind
+
+
+def _param(*shape: int, dtype=None) -> nn.Parameter:
+    # Built on the meta device: nothing is allocated until the weights are materialised.
+    return nn.Parameter(torch.empty(*shape, device="meta", dtype=dtype), requires_grad=False)
+
+
+class Norm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = _param(dim)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: BeamConfig):
+        super().__init__()
+        h = c.hidden_size
+        self.q_proj, self.k_proj, self.v_proj = _param(c.q_width, h), _param(c.kv_width, h), _param(c.kv_width, h)
+        self.gate_proj, self.o_proj = _param(c.q_width, h), _param(h, c.q_width)
+        self.gate_bias = _param(c.num_attention_heads)
+        self.q_norm, self.k_norm = Norm(c.head_dim), Norm(c.head_dim)
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, c: BeamConfig):
+        super().__init__()
+        h, f = c.hidden_size, c.intermediate_size
+        self.gate_proj, self.up_proj, self.down_proj = _param(f, h), _param(f, h), _param(h, f)
+
+
+class Router(nn.Module):
+    def __init__(self, c: BeamConfig):
+        super().__init__()
+        self.weight = _param(c.n_routed_experts, c.hidden_size, dtype=torch.float32)
+        self.e_score_correction_bias = _param(c.n_routed_experts, dtype=torch.float32)
+
+
+class Experts(nn.Module):
+    def __init__(self, c: BeamConfig):
+        super().__init__()
+        e, h, f = c.n_routed_experts, c.hidden_size, c.moe_intermediate_size
+        self.gate_proj, self.up_proj, self.down_proj = _param(e, f, h), _param(e, f, h), _param(e, h, f)
+
+
+class MoE(nn.Module):
+    def __init__(self, c: BeamConfig):
+        super().__init__()
+        self.gate = Router(c)
+        self.experts = Experts(c)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: BeamConfig, index: int):
+        super().__init__()
+        self.index = index
+        self.kind = c.layer_types[index]
+        self.input_layernorm = Norm(c.hidden_size)
+        self.post_attention_layernorm = Norm(c.hidden_size)
+        self.pre_feedforward_layernorm = Norm(c.hidden_size)
+        self.post_feedforward_layernorm = Norm(c.hidden_size)
+        self.self_attn = Attention(c)
+        self.mlp = MoE(c) if c.is_moe_layer(index) else DenseMLP(c)
+        self.prepared: dict = {}
+
+
+class BeamModel(nn.Module):
+    def __init__(self, c: BeamConfig):
+        super().__init__()
+        self.embed_tokens = nn.Module()
+        self.embed_tokens.weight = _param(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = Norm(c.hidden_size)
+
+
+class BeamForCausalLM(nn.Module):
+    def __init__(self, config: BeamConfig, dtype=torch.bfloat16):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        with torch.device("meta"):
+            self.model = BeamModel(config)
+            self.lm_head = nn.Module()
+            self.lm_head.weight = _param(config.vocab_size, config.hidden_size)
+        for name, p in self.named_parameters():
+            if not _is_router(name):  # the router and its bias stay FP32 whatever the model dtype
+                p.data = torch.empty(p.shape, device="meta", dtype=dtype)
+        self.tp = None  # a beam_model.tp.TensorParallel when this model is one rank of several
+        self.ops = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.bfloat16, device=None, variants=None):
+        return cls.random(BeamConfig.from_preset(name), seed=seed, dtype=dtype, device=device, variants=variants)
+
+    @classmethod
+    def random(cls, config: BeamConfig, *, seed: int = 0, dtype=torch.bfloat16, device=None, variants=None):
+        from beam_model.weights import init_random
+
+        model = cls(config, dtype)
+        init_random(model, seed=seed, device=device)
+        model.set_variants(variants)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype=torch.bfloat16, device=None, variants=None):
+        from beam_model.weights import load_checkpoint
+
+        model = cls(BeamConfig.from_pretrained(path), dtype)
+        load_checkpoint(model, path, device=device)
+        model.set_variants(variants)
+        return model
+
+    def save_pretrained(self, path: str) -> None:
+        from beam_model.weights import save_checkpoint
+
+        save_checkpoint(self, path)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    # ---- variants -----------------------------------------------------------------------
+    def set_variants(self, selection: dict[str, str] | None = None) -> None:
+        """Bind the fusion-point variants and apply their weight-layout transforms."""
+        self.ops = ops = bind(selection)
+        layers = self.model.layers
+        for i, layer in enumerate(layers):
+            a, mlp = layer.self_attn, layer.mlp
+            next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
+            p = {
+                "qkvg_proj": ops.prepare("qkvg_proj", dict(q_proj=a.q_proj, k_proj=a.k_proj, v_proj=a.v_proj,
+                                                          gate_proj=a.gate_proj)),
+                "qk_prep": ops.prepare("qk_prep", dict(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)),
+                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj)),
+                "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
+                                                             next_norm=layer.pre_feedforward_layernorm.weight)),
+                "boundary_mlp": ops.prepare("boundary", dict(post_norm=layer.post_feedforward_layernorm.weight,
+                                                            next_norm=next_norm)),
+            }
+            if isinstance(mlp, MoE):
+                e = mlp.experts
+                p["route"] = ops.prepare("route", dict(weight=mlp.gate.weight, bias=mlp.gate.e_score_correction_bias))
+                p["experts"] = ops.prepare("experts", dict(gate_proj=e.gate_proj, up_proj=e.up_proj,
+                                                          down_proj=e.down_proj))
+            else:
+                p["dense_mlp"] = ops.prepare("dense_mlp", dict(gate_proj=mlp.gate_proj, up_proj=mlp.up_proj,
+                                                              down_proj=mlp.down_proj))
+            layer.prepared = p
+        self.head_weights = ops.prepare("head", dict(norm=self.model.norm.weight, lm_head=self.lm_head.weight))
+
+    # ---- compute ------------------------------------------------------------------------
+    def _attention(self, layer: DecoderLayer, x, kv, meta):
+        c, ops, p = self.config, self.ops, layer.prepared
+        q, k, v, g = ops.qkvg_proj(x, p["qkvg_proj"])
+        sliding = layer.kind == SLIDING
+        q = ops.qk_prep(q, k, v, p["qk_prep"], cache=kv, slot_mapping=meta.slot_mapping, positions=meta.positions,
+                        eps=c.rms_norm_eps, rope_theta=c.rope_theta if sliding else None,
+                        ssmax=None if sliding else (c.ssmax_base, c.ssmax_exponent))
+        o = ops.attention(q, kv, meta, window=c.sliding_window if sliding else None, scale=c.head_dim ** -0.5)
+        return ops.attn_out(o, g, p["attn_out"])
+
+    def _mlp(self, layer: DecoderLayer, x):
+        c, ops, p = self.config, self.ops, layer.prepared
+        if "dense_mlp" in p:
+            return ops.dense_mlp(x, p["dense_mlp"])
+        ids, weights = ops.route(x, p["route"], n_group=c.n_group, topk_group=c.topk_group,
+                                 top_k=c.num_experts_per_tok, scale=c.routed_scaling_factor)
+        return ops.experts(x, ids, weights, p["experts"])
+
+    def hidden_states(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata) -> torch.Tensor:
+        """Run every layer over the step's tokens [N]; returns the final residual stream [N, hidden]."""
+        c, ops = self.config, self.ops
+        eps = c.rms_norm_eps
+        group = self.tp.group if self.tp else None
+        h = self.embed(input_ids)
+        x = rms_norm(h, self.model.layers[0].input_layernorm.weight, eps).to(h.dtype)
+        for layer in self.model.layers:
+            k = 2 * layer.index + 1
+            meta = step.groups[FULL if layer.kind == FULL else SLIDING]
+            y = self._attention(layer, x, cache.layer(layer.index), meta)
+            h, x = ops.boundary(y, h, layer.prepared["boundary_attn"], k=k, eps=eps, group=group)
+            y = self._mlp(layer, x)
+            h, x = ops.boundary(y, h, layer.prepared["boundary_mlp"], k=k + 1, eps=eps, group=group)
+        return h
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp:  # vocab-parallel embedding
+            return self.tp.embed(self.model.embed_tokens.weight, input_ids)
+        return self.model.embed_tokens.weight[input_ids]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        logits = self.ops.head(h, self.head_weights, eps=c.rms_norm_eps, softcap=c.final_logit_softcapping)
+        return self.tp.gather_logits(logits) if self.tp else logits
+
+    def step(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata, *, all_logits: bool = False):
+        """One engine step over a ragged batch of new tokens [N] (prefill chunks and/or decode tokens).
+
+        Returns FP32 logits at each sequence's last new token [B, vocab], or at every token [N, vocab]."""
+        h = self.hidden_states(input_ids, cache, step)
+        return self.logits(h if all_logits else h[step.last_token_index])
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full-sequence prefill without a persistent cache: [T] or [B, T] -> FP32 logits [..., T, vocab]."""
+        if input_ids.dim() not in (1, 2):
+            raise ValueError(f"input_ids must be [T] or [B, T], got shape {tuple(input_ids.shape)}")
+        ids = input_ids.to(self.device).reshape(-1, input_ids.shape[-1])
+        b, t = ids.shape
+        cache = PagedKVCache.for_sequences(self.config, [t] * b, dtype=self.dtype, device=self.device)
+        for s in range(b):
+            cache.add(s)
+        step = cache.prepare_step(list(range(b)), [t] * b)
+        logits = self.step(ids.flatten(), cache, step, all_logits=True)
+        return logits.view(*input_ids.shape, -1)
+
+
+def _is_router(name: str) -> bool:
+    return ".mlp.gate." in name
+

@@ -1,0 +1,189 @@
+"""Weights: deterministic random init on the target device, and safetensors checkpoints.
+
+Random init draws each tensor from its own generator seeded by (seed, tensor name), directly on
+the target device and in the target dtype: no host round trip, no full-model temporaries (the TP8
+rank is ~125 GB). Scales keep activations O(1) through every layer: linear weights have std
+1/sqrt(fan_in), norms are near 1, and the LM head is scaled so that logits reach the soft-cap's
+curved range. The same seed gives the same weights on the same device type (CPU and CUDA
+generators differ).
+
+Checkpoints use the architecture doc's tensor names; experts are stored one tensor per expert
+(`mlp.experts.{e}.gate_proj.weight`) though the model keeps them stacked. Loading checks names and
+shapes first and names every missing, unexpected or mis-shaped tensor before reading any data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the model: the message names every offending tensor."""
+
+
+def _init_spec(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(mean, std) of the initial values of one parameter."""
+    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+        return 1.0, 0.1
+    if name.endswith("gate_bias"):
+        return 0.0, 1.0
+    if name.endswith("e_score_correction_bias"):
+        return 0.0, 0.05
+    if name == "model.embed_tokens.weight":
+        return 0.0, 1.0
+    if name == "lm_head.weight":
+        return 0.0, 10.0 / math.sqrt(shape[-1])  # logits of std ~10 against the cap of 30
+    return 0.0, 1.0 / math.sqrt(shape[-1])  # [.., out, in]: unit-variance outputs
+
+
+def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+@torch.no_grad()
+def init_random(model, *, seed: int = 0, device=None) -> None:
+    """Materialise every parameter of a meta-device model with seeded random values on `device`."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    for name, p in model.named_parameters():
+        mean, std = _init_spec(name, tuple(p.shape))
+        t = torch.empty(p.shape, dtype=p.dtype, device=device)
+        t.normal_(mean, std, generator=_generator(seed, name, device))
+        _set_param(model, name, t)
+
+
+def _set_param(model, name: str, value: torch.Tensor) -> None:
+    """Replace a (meta) parameter by a real tensor; `.data =` cannot move a parameter off meta."""
+    owner, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(owner), attr, torch.nn.Parameter(value, requires_grad=False))
+
+
+def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
+    """The model's tensors under checkpoint names (experts split per expert; views, no copies)."""
+    out = {}
+    for name, p in model.named_parameters():
+        m = _STACKED.match(name)
+        if m:
+            for e in range(p.shape[0]):
+                out[f"{m.group(1)}.{e}.{m.group(2)}.weight"] = p[e]
+        else:
+            out[name] = p
+    return out
+
+
+def save_checkpoint(model, path: str, *, max_shard_bytes: int = 5 * 2**30) -> None:
+    """config.json plus model.safetensors, or shards with an index when larger than max_shard_bytes."""
+    os.makedirs(path, exist_ok=True)
+    model.config.save_pretrained(path)
+    tensors = checkpoint_tensors(model)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(_owned(shards[0]), os.path.join(path, SINGLE_FILE), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(_owned(shard), os.path.join(path, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(os.path.join(path, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def _owned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # safetensors refuses tensors that share storage (per-expert views of one stacked tensor).
+    return {name: t.detach().to("cpu").clone() for name, t in tensors.items()}
+
+
+def _checkpoint_files(path: str) -> dict[str, str]:
+    """Tensor name -> file, from the index or the single file."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index):
+        with open(index) as f:
+            try:
+                weight_map = json.load(f)["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from None
+        missing_files = sorted({f for f in weight_map.values() if not os.path.isfile(os.path.join(path, f))})
+        if missing_files:
+            raise CheckpointError(f"checkpoint shards listed in the index are missing: {missing_files}")
+        return {name: os.path.join(path, f) for name, f in weight_map.items()}
+    single = os.path.join(path, SINGLE_FILE)
+    if not os.path.isfile(single):
+        raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def _shapes(files: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for file in sorted(set(files.values())):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                if files.get(name) == file:
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+@torch.no_grad()
+def load_checkpoint(model, path: str, *, device=None) -> None:
+    """Fill a meta-device model from a checkpoint folder, after checking every name and shape."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    expected = {name: tuple(t.shape) for name, t in checkpoint_tensors(model).items()}
+    files = _checkpoint_files(path)
+    found = _shapes(files)
+    problems = []
+    missing = [n for n in expected if n not in found]
+    extra = [n for n in found if n not in expected]
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if extra:
+        problems.append(f"unexpected tensors: {_listing(extra)}")
+    for n in expected:
+        if n in found and found[n] != expected[n]:
+            problems.append(f"tensor {n} has shape {list(found[n])}, expected {list(expected[n])}")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
+
+    for name, p in list(model.named_parameters()):
+        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device=device))
+    params = dict(model.named_parameters())
+    by_file: dict[str, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt", device=str(device)) as f:
+            for name in names:
+                _target(params, name).copy_(f.get_tensor(name))
+
+
+def _target(params: dict[str, torch.nn.Parameter], name: str) -> torch.Tensor:
+    m = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$", name)
+    if m:
+        return params[f"{m.group(1)}.{m.group(3)}"].data[int(m.group(2))]
+    return params[name].data
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")

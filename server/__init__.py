@@ -1,0 +1,1 @@
+"""OpenAI-compatible server that serves a locked Beam build (engine + HTTP API)."""

@@ -1,0 +1,130 @@
+"""The variant registry: fusion points, the variants registered on them, and binding a selection.
+
+This is the only part of `workbench` the model imports. A fusion point is declared once (in
+`workbench/variants/<point>.py`, which also holds its variants, reference first); the model asks
+`bind(selection)` for an `Ops` table and calls `ops.<point>(...)`. Selection is explicit: the
+reference unless a lock file or the CLI names another variant, and a named variant that cannot run
+here is an error, never a silent fallback. This module must stay free of heavy imports (no
+triton, no CLI, no search) because the model imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+POINTS = (
+    "boundary", "qkvg_proj", "qk_prep", "attention", "attn_out",
+    "route", "experts", "dense_mlp", "head", "sample",
+)
+BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "cute")
+REFERENCE = "torch"  # every point's reference variant is named after its backend
+
+
+@dataclass
+class Variant:
+    point: str
+    name: str
+    backend: str
+    fn: Callable
+    prepare: Callable[[dict], Any] | None = None  # weight-layout transform, applied at load time
+    supports: Callable[..., bool] | None = None
+    configs: list[dict] = field(default_factory=list)  # tuning configs the harness may search
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.point}:{self.name}"
+
+    @property
+    def source_file(self) -> str:
+        return inspect.getsourcefile(self.fn) or "?"
+
+    def prepare_weights(self, weights: dict) -> Any:
+        return self.prepare(weights) if self.prepare else weights
+
+
+_VARIANTS: dict[str, dict[str, Variant]] = {p: {} for p in POINTS}
+_LOADED: set[str] = set()
+
+
+def register(point: str, name: str, backend: str, **kw) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn` as variant `name` of `point`."""
+    if point not in _VARIANTS:
+        raise KeyError(f"unknown fusion point {point!r}; points: {', '.join(POINTS)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+
+    def deco(fn: Callable) -> Callable:
+        if name in _VARIANTS[point]:
+            raise ValueError(f"variant {point}:{name} is registered twice")
+        _VARIANTS[point][name] = Variant(point, name, backend, fn, **kw)
+        return fn
+
+    return deco
+
+
+def _load(point: str) -> None:
+    if point not in _LOADED:
+        importlib.import_module(f"workbench.variants.{point}")
+        _LOADED.add(point)
+
+
+def variants(point: str) -> dict[str, Variant]:
+    if point not in _VARIANTS:
+        raise KeyError(f"unknown fusion point {point!r}; points: {', '.join(POINTS)}")
+    _load(point)
+    return _VARIANTS[point]
+
+
+def get(point: str, name: str) -> Variant:
+    table = variants(point)
+    if name not in table:
+        raise KeyError(f"no variant {name!r} for fusion point {point!r}; registered: {', '.join(table)}")
+    return table[name]
+
+
+def reference(point: str) -> Variant:
+    return get(point, REFERENCE)
+
+
+_BACKEND_MODULES = {"triton": "triton", "flashinfer": "flashinfer", "cute": "cutlass"}
+
+
+def backend_available(backend: str) -> tuple[bool, str]:
+    """Whether a backend's library imports here (checked without importing it), with the reason."""
+    module = _BACKEND_MODULES.get(backend)
+    if module is None or importlib.util.find_spec(module) is not None:
+        return True, "ok"
+    return False, f"backend {backend!r} needs the {module!r} package, which is not installed"
+
+
+class Ops:
+    """A bound selection: one callable per fusion point, resolved once so calls cost nothing extra."""
+
+    def __init__(self, selection: dict[str, str] | None = None):
+        selection = dict(selection or {})
+        unknown = sorted(set(selection) - set(POINTS))
+        if unknown:
+            raise KeyError(f"selection names unknown fusion points {unknown}; points: {', '.join(POINTS)}")
+        self.variants: dict[str, Variant] = {}
+        for point in POINTS:
+            v = get(point, selection.get(point, REFERENCE))
+            ok, why = backend_available(v.backend)
+            if not ok:
+                raise RuntimeError(f"cannot use {v.qualname}: {why}")
+            self.variants[point] = v
+            setattr(self, point, v.fn)
+
+    @property
+    def selection(self) -> dict[str, str]:
+        return {p: v.name for p, v in self.variants.items()}
+
+    def prepare(self, point: str, weights: dict) -> Any:
+        return self.variants[point].prepare_weights(weights)
+
+
+def bind(selection: dict[str, str] | None = None) -> Ops:
+    return Ops(selection)

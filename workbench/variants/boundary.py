@@ -1,0 +1,28 @@
+"""`boundary`: [all-reduce] -> post-norm -> depth-scaled residual -> next pre-norm.
+
+Contract: `boundary(y, h, w, *, k, eps, group=None) -> (h_new, x_next)`.
+- y [N, hidden]: the sub-layer's output (a partial sum per rank under tensor parallelism).
+- h [N, hidden]: the residual stream, model dtype. Neither input is modified.
+- w: {"post_norm": [hidden], "next_norm": [hidden] or None (after the last sub-layer)}.
+- k: which residual add this is, 1..2*layers; eps: RMSNorm epsilon; group: TP process group.
+Numerics: all-reduce in the model dtype; post-norm and the residual add in FP32, rounded once to
+give h_new; x_next = RMSNorm(h_new as stored) in FP32, rounded once. None when next_norm is None.
+"""
+
+import torch
+import torch.distributed as dist
+
+from beam_model.functional import residual_coefficients, rms_norm
+from workbench.registry import register
+
+
+@register("boundary", "torch", "torch")
+def boundary(y, h, w, *, k, eps, group=None):
+    if group is not None:
+        y = y.clone()
+        dist.all_reduce(y, group=group)
+    a, b = residual_coefficients(k)
+    h_new = (a * h.float() + b * rms_norm(y, w["post_norm"], eps)).to(h.dtype)
+    if w["next_norm"] is None:
+        return h_new, None
+    return h_new, rms_norm(h_new, w["next_norm"], eps).to(h.dtype)

@@ -1,0 +1,68 @@
+"""`experts`: the routed experts of a MoE layer and the weighted combine.
+
+Contract: `experts(x, ids, weights, w) -> y`; x [N, hidden]; ids [N, top_k] int, weights [N, top_k]
+FP32 from `route`; w {"gate_proj", "up_proj": [E, ff, hidden], "down_proj": [E, hidden, ff]}.
+y[n] = sum_k weights[n, k] * SwiGLU_{ids[n, k]}(x[n]); each expert's GEMMs in the model dtype with
+the activation in FP32 (rounded once), the combine in FP32, rounded once. y [N, hidden].
+
+The reference picks a plain-PyTorch strategy by the (static) token count; all three compute the
+same function and tests hold them to each other:
+- few tokens: gather each token's experts (reads only the selected experts; graph-capturable);
+- up to 256 tokens: loop over all experts with a dense combine matrix (graph-capturable);
+- more (prefill): group tokens by expert (host sync; prefill is not graph-captured).
+"""
+
+import torch
+
+from beam_model.functional import swiglu
+from workbench.registry import register
+
+DENSE_MAX_TOKENS = 256
+
+
+def _gathered(x, ids, weights, w):
+    wg, wu, wd = w["gate_proj"][ids], w["up_proj"][ids], w["down_proj"][ids]  # [N, K, ...]
+    g = torch.einsum("nh,nkfh->nkf", x, wg).float()
+    u = torch.einsum("nh,nkfh->nkf", x, wu).float()
+    a = (torch.nn.functional.silu(g) * u).to(x.dtype)
+    y = torch.einsum("nkf,nkhf->nkh", a, wd)
+    return (y.float() * weights[..., None]).sum(1)
+
+
+def _dense(x, ids, weights, w):
+    combine = torch.zeros(x.shape[0], w["gate_proj"].shape[0], device=x.device, dtype=torch.float32)
+    combine.scatter_(1, ids, weights.float())
+    out = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
+    for e in range(combine.shape[1]):
+        y = swiglu(x, w["gate_proj"][e], w["up_proj"][e], w["down_proj"][e])
+        out += combine[:, e:e + 1] * y.float()
+    return out
+
+
+def _grouped(x, ids, weights, w):
+    top_k = ids.shape[1]
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w["gate_proj"].shape[0]).tolist()
+    out = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            pairs = order[start:start + c]
+            tokens = pairs // top_k
+            y = swiglu(x[tokens], w["gate_proj"][e], w["up_proj"][e], w["down_proj"][e])
+            out.index_add_(0, tokens, y.float() * weights.flatten()[pairs, None].float())
+            start += c
+    return out
+
+
+@register("experts", "torch", "torch")
+def experts(x, ids, weights, w):
+    n, top_k = ids.shape
+    if n * top_k <= w["gate_proj"].shape[0]:
+        out = _gathered(x, ids, weights, w)
+    elif n <= DENSE_MAX_TOKENS:
+        out = _dense(x, ids, weights, w)
+    else:
+        out = _grouped(x, ids, weights, w)
+    return out.to(x.dtype)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from beam_model.config import FULL, SLIDING, BeamConfig
-from beam_model.functional import rms_norm
+from beam_model.functional import residual_coefficients, rms_norm
 from beam_model.kv_cache import PagedKVCache, StepMetadata
 from workbench.registry import bind
 
@@ -154,9 +154,10 @@ class BeamForCausalLM(nn.Module):
                 "qk_prep": ops.prepare("qk_prep", dict(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)),
                 "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj)),
                 "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
-                                                             next_norm=layer.pre_feedforward_layernorm.weight)),
+                                                             next_norm=layer.pre_feedforward_layernorm.weight,
+                                                             residual=self._residual(2 * i + 1))),
                 "boundary_mlp": ops.prepare("boundary", dict(post_norm=layer.post_feedforward_layernorm.weight,
-                                                            next_norm=next_norm)),
+                                                            next_norm=next_norm, residual=self._residual(2 * i + 2))),
             }
             if isinstance(mlp, MoE):
                 e = mlp.experts
@@ -168,6 +169,9 @@ class BeamForCausalLM(nn.Module):
                                                               down_proj=mlp.down_proj))
             layer.prepared = p
         self.head_weights = ops.prepare("head", dict(norm=self.model.norm.weight, lm_head=self.lm_head.weight))
+
+    def _residual(self, k: int) -> torch.Tensor:
+        return torch.tensor(residual_coefficients(k), dtype=torch.float32, device=self.device)
 
     # ---- compute ------------------------------------------------------------------------
     def _attention(self, layer: DecoderLayer, x, kv, meta):
@@ -196,12 +200,11 @@ class BeamForCausalLM(nn.Module):
         h = self.embed(input_ids)
         x = rms_norm(h, self.model.layers[0].input_layernorm.weight, eps).to(h.dtype)
         for layer in self.model.layers:
-            k = 2 * layer.index + 1
             meta = step.groups[FULL if layer.kind == FULL else SLIDING]
             y = self._attention(layer, x, cache.layer(layer.index), meta)
-            h, x = ops.boundary(y, h, layer.prepared["boundary_attn"], k=k, eps=eps, group=group)
+            h, x = ops.boundary(y, h, layer.prepared["boundary_attn"], eps=eps, group=group)
             y = self._mlp(layer, x)
-            h, x = ops.boundary(y, h, layer.prepared["boundary_mlp"], k=k + 1, eps=eps, group=group)
+            h, x = ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=eps, group=group)
         return h
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,29 @@ def _load(point: str) -> None:
     if point not in _LOADED:
         importlib.import_module(f"workbench.variants.{point}")
         _LOADED.add(point)
+        ref = _VARIANTS[point].get(REFERENCE)
+        if ref is None:
+            raise RuntimeError(f"workbench/variants/{point}.py registers no reference variant {REFERENCE!r}")
+        if "torch_compile" not in _VARIANTS[point]:
+            _VARIANTS[point]["torch_compile"] = Variant(point, "torch_compile", "torch_compile", _compiled(ref.fn),
+                                                        prepare=ref.prepare)
+
+
+def _compiled(fn: Callable) -> Callable:
+    """The reference under torch.compile, compiled on first call (compiling at import would be slow)."""
+    compiled = None
+
+    def run(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            import torch
+
+            compiled = torch.compile(fn, dynamic=False)
+        return compiled(*args, **kwargs)
+
+    run.__wrapped__ = fn
+    run.__name__ = f"compiled_{fn.__name__}"
+    return run
 
 
 def variants(point: str) -> dict[str, Variant]:

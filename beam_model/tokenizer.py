@@ -1,0 +1,171 @@
+"""Tokenizers for Beam.
+
+`ByteTokenizer` is a dependency-free byte-level tokenizer used by the small
+presets (ids 0..255 are raw UTF-8 bytes, the chat special tokens follow).
+`HFTokenizer` wraps a Hugging Face `tokenizer.json` with the same interface.
+Both hand out a `StreamDecoder` so a server can turn generated ids into text
+one token at a time without emitting half of a multi-byte character.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Iterable
+
+# Order is part of the byte-level vocabulary: SPECIAL_TOKENS[i] has id 256 + i.
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|think|>",
+    "<|/think|>", "<|tool_call|>", "<|/tool_call|>", "<|end|>",
+)
+EOS_TOKEN = "<|end|>"
+_SPECIAL_RE = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
+
+
+class StreamDecoder:
+    """Incremental detokenizer: `feed(id)` returns the newly completed text.
+
+    Decodes a small window of recent ids and only emits text once it does not
+    end in U+FFFD, i.e. once a multi-byte character is complete. The window
+    starts one chunk back so tokenizers whose output depends on the previous
+    token (leading-space handling) still give the right text.
+    """
+
+    def __init__(self, decode_fn: Callable[[list[int]], str]):
+        self._decode = decode_fn
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # ids before this have been emitted
+
+    def feed(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        new_text = self._decode(self._ids[self._prefix:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return new_text[len(prefix_text):]
+        return ""
+
+    def finish(self) -> str:
+        """Flush held-back text (an incomplete sequence becomes U+FFFD)."""
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        new_text = self._decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return new_text[len(prefix_text):]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, then SPECIAL_TOKENS from 256."""
+
+    def __init__(self) -> None:
+        self.special_ids: dict[str, int] = {t: 256 + i for i, t in enumerate(SPECIAL_TOKENS)}
+        self._id_to_special = {i: t for t, i in self.special_ids.items()}
+        self.eos_token_id: int = self.special_ids[EOS_TOKEN]
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + len(SPECIAL_TOKENS)
+
+    def token_to_id(self, token: str) -> int:
+        if token in self.special_ids:
+            return self.special_ids[token]
+        raw = token.encode("utf-8")
+        if len(raw) == 1:
+            return raw[0]
+        raise KeyError(f"{token!r} is not a single token of the byte tokenizer")
+
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        if not allow_special:
+            return list(text.encode("utf-8"))
+        ids: list[int] = []
+        # re.split with a capture group alternates plain text and special tokens.
+        for i, piece in enumerate(_SPECIAL_RE.split(text)):
+            if i % 2:
+                ids.append(self.special_ids[piece])
+            else:
+                ids.extend(piece.encode("utf-8"))
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        out: list[str] = []
+        buf = bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                buf.append(i)
+                continue
+            if i not in self._id_to_special:
+                raise ValueError(f"token id {i} out of range for vocab size {self.vocab_size}")
+            # A special token ends any pending byte run; decode it on its own.
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf.clear()
+            if not skip_special:
+                out.append(self._id_to_special[i])
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
+        return StreamDecoder(lambda ids: self.decode(ids, skip_special=skip_special))
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json` behind the ByteTokenizer interface."""
+
+    def __init__(self, path: str | Path):
+        from tokenizers import Tokenizer  # imported lazily: byte presets don't need it
+
+        self.path = str(path)
+        self._tok = Tokenizer.from_file(self.path)
+        added = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        # Only added tokens are matched atomically in text, so require them there.
+        missing = [t for t in SPECIAL_TOKENS if t not in added]
+        if missing:
+            raise ValueError(f"{self.path}: special token(s) {', '.join(missing)} "
+                             "missing from the tokenizer's added tokens")
+        self.special_ids: dict[str, int] = {t: added[t] for t in SPECIAL_TOKENS}
+        self.eos_token_id: int = self.special_ids[EOS_TOKEN]
+        self._plain_tok = None  # copy that encodes special-token strings as text
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int:
+        i = self._tok.token_to_id(token)
+        if i is None:
+            raise KeyError(f"{token!r} is not in the vocabulary of {self.path}")
+        return i
+
+    def encode(self, text: str, allow_special: bool = True) -> list[int]:
+        tok = self._tok
+        if not allow_special:
+            # A separate instance rather than toggling the flag on the shared
+            # one, so concurrent encodes never see each other's setting.
+            if self._plain_tok is None:
+                from tokenizers import Tokenizer
+
+                plain = Tokenizer.from_str(self._tok.to_str())
+                plain.encode_special_tokens = True
+                self._plain_tok = plain
+            tok = self._plain_tok
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        ids = list(ids)
+        n = self.vocab_size
+        for i in ids:
+            # HF silently drops unknown ids; fail loudly like ByteTokenizer.
+            if not 0 <= i < n or self._tok.id_to_token(i) is None:
+                raise ValueError(f"token id {i} out of range for vocab size {n}")
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
+
+    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
+        return StreamDecoder(lambda ids: self.decode(ids, skip_special=skip_special))
+
+
+def load_tokenizer(model_dir: str | Path | None) -> ByteTokenizer | HFTokenizer:
+    """`model_dir/tokenizer.json` if present, else the byte-level tokenizer."""
+    if model_dir is not None:
+        path = Path(model_dir) / "tokenizer.json"
+        if path.is_file():
+            return HFTokenizer(path)
+    return ByteTokenizer()

@@ -1,0 +1,237 @@
+"""Tensor parallelism in the gpt-fast style: rewrite a model into one rank's shard.
+
+Nothing in the layers or the fusion-point variants knows about tensor parallelism. This module
+turns a full `BeamForCausalLM` (or a full checkpoint folder) into the model of one rank: a plain
+`BeamForCausalLM` built from `shard_config(config, world_size)` that holds this rank's slices of
+the weights, plus a `TensorParallel` object in `model.tp`. The model touches `model.tp` at three
+places only (see model.py): the vocab-parallel embedding (`tp.embed`: local lookup, all-reduce
+sum), the boundary point (`group=tp.group`: all-reduce of each sub-layer's partial output before
+the post-norm) and the head (`tp.gather_logits`: all-gather of the vocab slices, in rank order).
+
+The split (Megatron layout; every split is one contiguous, equal block along one dimension, so a
+rank's slice is `tensor.chunk(world_size, dim)[rank]`):
+- attention: q / gate projections and gate_bias by query heads, k / v projections by kv heads
+  (GQA: with contiguous blocks rank r's query heads use exactly rank r's kv heads), o_proj by its
+  input columns (row-parallel: each rank produces a partial sum). q_norm / k_norm are per
+  head_dim, shared by every head, so they are replicated.
+- dense MLP: gate / up rows, down columns. MoE: every expert is sliced the same way (gate / up
+  rows, down columns of its own d_ff); the router and its correction bias are replicated, so
+  every rank routes identically and its experts' partial sums add up in the boundary all-reduce.
+- embedding and lm_head: the rows of this rank's vocabulary block [rank*V/W, (rank+1)*V/W).
+- every norm (layer norms, final norm) is replicated.
+The KV cache needs nothing special: built from the shard's config it holds this rank's kv heads.
+
+What it never does: it never initialises or destroys process groups (the caller does, and passes
+the group in); it never pads or replicates a dimension that does not divide (`shard_config` raises
+a ValueError naming every offender instead); it never communicates while sharding (`shard_model`
+and `load_shard` only slice local tensors; each rank reads its own slices); it never modifies the
+full model; it does no sequence or expert parallelism; and it does not change any numerics other
+than the order of the partial-sum additions in the all-reduces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+import torch.distributed as dist
+
+from beam_model.config import PRESETS, BeamConfig
+from beam_model.model import BeamForCausalLM
+
+# Sharded fields of the config: each is divided by the world size.
+_SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+                 "vocab_size")
+
+_L = r"model\.layers\.\d+\."
+# (parameter name pattern, dimension split across ranks or None for replicated). Model names keep
+# the experts stacked ([E, ff, hidden] / [E, hidden, ff]); checkpoint names store one tensor per
+# expert ([ff, hidden] / [hidden, ff]). A name matching no rule is an error, never replicated.
+_RULES: list[tuple[re.Pattern, int | None]] = [(re.compile(p), d) for p, d in [
+    (r"model\.embed_tokens\.weight|lm_head\.weight", 0),
+    (_L + r"self_attn\.(q_proj|k_proj|v_proj|gate_proj|gate_bias)", 0),
+    (_L + r"self_attn\.o_proj", 1),
+    (_L + r"self_attn\.(q_norm|k_norm)\.weight", None),
+    (_L + r"mlp\.(gate_proj|up_proj)", 0),
+    (_L + r"mlp\.down_proj", 1),
+    (_L + r"mlp\.experts\.(gate_proj|up_proj)", 1),
+    (_L + r"mlp\.experts\.down_proj", 2),
+    (_L + r"mlp\.experts\.\d+\.(gate_proj|up_proj)\.weight", 0),
+    (_L + r"mlp\.experts\.\d+\.down_proj\.weight", 1),
+    (_L + r"mlp\.gate\.(weight|e_score_correction_bias)", None),
+    (_L + r"(input|post_attention|pre_feedforward|post_feedforward)_layernorm\.weight", None),
+    (r"model\.norm\.weight", None),
+]]
+
+
+def shard_config(config: BeamConfig, world_size: int) -> BeamConfig:
+    """One rank's config: heads, kv heads, both FFN widths and the vocabulary divided by world_size.
+
+    Everything else (hidden size, head_dim, layers, router, expert counts...) is unchanged. The
+    preset label becomes `<preset>-tp<world_size>` when that preset exists, else None."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    bad = [f"{f}={getattr(config, f)}" for f in _SPLIT_FIELDS if getattr(config, f) % world_size]
+    if bad:
+        raise ValueError(f"cannot shard the config over {world_size} ranks: {', '.join(bad)} "
+                         f"not divisible by {world_size}")
+    if world_size == 1:
+        return dataclasses.replace(config, layer_types=list(config.layer_types))
+    label = f"{config.preset}-tp{world_size}" if config.preset else None
+    return dataclasses.replace(
+        config, layer_types=list(config.layer_types), preset=label if label in PRESETS else None,
+        **{f: getattr(config, f) // world_size for f in _SPLIT_FIELDS})
+
+
+def split_dim(name: str) -> int | None:
+    """The dimension along which parameter / checkpoint tensor `name` is split, None if replicated."""
+    for pattern, dim in _RULES:
+        if pattern.fullmatch(name):
+            return dim
+    raise KeyError(f"tensor {name!r} has no tensor-parallel rule in beam_model/tp.py")
+
+
+def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's slice of a full tensor (a view; the whole tensor when replicated)."""
+    dim = split_dim(name)
+    if dim is None or world_size == 1:
+        return tensor
+    size = tensor.shape[dim]
+    if size % world_size:
+        raise ValueError(f"{name}: dimension {dim} of shape {list(tensor.shape)} does not divide by {world_size}")
+    n = size // world_size
+    return tensor.narrow(dim, rank * n, n)
+
+
+class TensorParallel:
+    """One rank's place in a tensor-parallel group, and the two collectives the model calls itself."""
+
+    def __init__(self, group, rank: int, world_size: int):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+        if world_size > 1:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError("tensor parallelism over several ranks needs an initialised torch.distributed")
+            group = group if group is not None else dist.group.WORLD
+            actual = (dist.get_rank(group), dist.get_world_size(group))
+            if actual != (rank, world_size):
+                raise ValueError(f"rank {rank} of {world_size} does not match the process group "
+                                 f"(rank {actual[0]} of {actual[1]})")
+        self.group = group  # None only in a world of 1: the boundary then skips its all-reduce
+        self.rank = rank
+        self.world_size = world_size
+
+    def __repr__(self) -> str:
+        return f"TensorParallel(rank={self.rank}, world_size={self.world_size})"
+
+    def _reduces(self) -> bool:
+        return self.world_size > 1 and self.group is not None
+
+    def embed(self, weight: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel lookup: weight is this rank's [V/W, hidden] block; ids outside it give
+        zeros, then an all-reduce sum gives every rank the full embedding. Ids >= the full
+        vocabulary give zeros rather than an error (no host sync)."""
+        if self.world_size == 1:
+            return weight[input_ids]
+        rows = weight.shape[0]
+        local = input_ids - self.rank * rows
+        outside = (local < 0) | (local >= rows)
+        out = weight[local.clamp(0, rows - 1)].masked_fill(outside[..., None], 0)
+        if self._reduces():
+            dist.all_reduce(out, group=self.group)
+        return out
+
+    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V/W] vocab slice -> [..., V] full logits on every rank, slices in rank order."""
+        if not self._reduces():
+            return logits
+        logits = logits.contiguous()
+        parts = [torch.empty_like(logits) for _ in range(self.world_size)]
+        dist.all_gather(parts, logits, group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+def _selection(full_model: BeamForCausalLM) -> dict[str, str] | None:
+    return full_model.ops.selection if full_model.ops is not None else None
+
+
+@torch.no_grad()
+def shard_model(full_model: BeamForCausalLM, rank: int, world_size: int, group=None) -> BeamForCausalLM:
+    """A new model with `shard_config` shapes holding this rank's slices of `full_model`'s weights.
+
+    The slices are copies on the full model's device and in its dtypes (the full model is left
+    untouched and can be dropped afterwards). The shard gets `model.tp` and the full model's
+    variant selection. `group` None means the default group when world_size > 1."""
+    tp = TensorParallel(group, rank, world_size)
+    model = BeamForCausalLM(shard_config(full_model.config, world_size), full_model.dtype)
+    full = dict(full_model.named_parameters())
+    from beam_model.weights import _set_param
+
+    for name, p in list(model.named_parameters()):
+        src = full[name]
+        if src.is_meta:
+            raise ValueError(f"full model parameter {name} is not materialised (meta device)")
+        t = shard_tensor(name, src, rank, world_size).clone(memory_format=torch.contiguous_format)
+        if t.shape != p.shape:
+            raise ValueError(f"{name}: slice has shape {list(t.shape)}, the shard expects {list(p.shape)}")
+        _set_param(model, name, t)
+    model.tp = tp
+    model.set_variants(_selection(full_model))
+    return model
+
+
+@torch.no_grad()
+def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bfloat16, device=None, *,
+               variants: dict[str, str] | None = None) -> BeamForCausalLM:
+    """Load this rank's shard straight from a full checkpoint folder.
+
+    Names and shapes are checked against the full config first (like `load_checkpoint`); then
+    each tensor's slice is read from the safetensors files on the CPU (only the slice, never the
+    whole tensor) and copied to `device` in `dtype` (the router stays FP32). Every rank reads its
+    own slices; nothing is communicated."""
+    from safetensors import safe_open
+
+    from beam_model.weights import (CheckpointError, _checkpoint_files, _listing, _set_param, _shapes, _target,
+                                    checkpoint_tensors)
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    full_config = BeamConfig.from_pretrained(path)
+    tp = TensorParallel(group, rank, world_size)
+    model = BeamForCausalLM(shard_config(full_config, world_size), dtype)
+
+    expected = {n: tuple(t.shape) for n, t in checkpoint_tensors(BeamForCausalLM(full_config, dtype)).items()}
+    files = _checkpoint_files(path)
+    found = _shapes(files)
+    problems = []
+    missing = [n for n in expected if n not in found]
+    extra = [n for n in found if n not in expected]
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if extra:
+        problems.append(f"unexpected tensors: {_listing(extra)}")
+    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
+                 for n, s in expected.items() if n in found and found[n] != s]
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
+
+    for name, p in list(model.named_parameters()):
+        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device=device))
+    params = dict(model.named_parameters())
+    by_file: dict[str, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in names:
+                dim = split_dim(name)
+                if dim is None or world_size == 1:
+                    t = f.get_tensor(name)
+                else:
+                    n = found[name][dim] // world_size
+                    index = (slice(None),) * dim + (slice(rank * n, (rank + 1) * n),)
+                    t = f.get_slice(name)[index]
+                _target(params, name).copy_(t)
+    model.tp = tp
+    model.set_variants(variants)
+    return model

@@ -157,32 +157,41 @@ class PagedKVCache:
         return self._metadata(seqs, starts, num_new_tokens, max_pages)
 
     def _metadata(self, seqs, starts, counts, max_pages) -> StepMetadata:
-        ps, dev = self.page_size, self.device
-        positions = [p for s, n in zip(starts, counts) for p in range(s, s + n)]
-        query_start = [0]
-        for n in counts:
-            query_start.append(query_start[-1] + n)
-        seq_lens = [seq.length for seq in seqs]
-        width = max(len(seq.pages[FULL]) for seq in seqs)
-        if max_pages is not None:
-            if max_pages < width:
-                raise ValueError(f"max_pages={max_pages} is smaller than the {width} pages a sequence needs")
-            width = max_pages
-        pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
-        common = dict(
-            positions=pos_t,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start=torch.tensor(query_start, dtype=torch.int32, device=dev),
-            page_size=ps, decode=all(n == 1 for n in counts),
-            query_start_host=query_start, seq_lens_host=seq_lens,
-        )
-        groups = {}
-        for g in GROUPS:
-            table = [seq.pages[g] + [-1] * (width - len(seq.pages[g])) for seq in seqs]
-            slots = [seq.pages[g][p // ps] * ps + p % ps
-                     for seq, s, n in zip(seqs, starts, counts) for p in range(s, s + n)]
-            groups[g] = AttentionMetadata(
-                page_table=torch.tensor(table, dtype=torch.int32, device=dev),
-                slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), **common)
-        last = torch.tensor(query_start[1:], dtype=torch.int64, device=dev) - 1
-        return StepMetadata(groups=groups, positions=pos_t, last_token_index=last, num_tokens=len(positions))
+        pages = {g: [seq.pages[g] for seq in seqs] for g in GROUPS}
+        return build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device,
+                                   max_pages=max_pages)
+
+
+def build_step_metadata(pages: dict[str, list[list[int]]], starts: list[int], counts: list[int], *,
+                        page_size: int, device, max_pages: int | None = None) -> StepMetadata:
+    """Describe a step from each sequence's page list per group (-1 = released), its KV length
+    before the step and its number of new tokens. Whoever owns the pages (this cache, or a
+    server's block manager with prefix sharing) calls this; it allocates nothing."""
+    ps, dev = page_size, device
+    positions = [p for s, n in zip(starts, counts) for p in range(s, s + n)]
+    query_start = [0]
+    for n in counts:
+        query_start.append(query_start[-1] + n)
+    seq_lens = [s + n for s, n in zip(starts, counts)]
+    width = max(len(p) for p in pages[FULL])
+    if max_pages is not None:
+        if max_pages < width:
+            raise ValueError(f"max_pages={max_pages} is smaller than the {width} pages a sequence needs")
+        width = max_pages
+    pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+    common = dict(
+        positions=pos_t,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        query_start=torch.tensor(query_start, dtype=torch.int32, device=dev),
+        page_size=ps, decode=all(n == 1 for n in counts),
+        query_start_host=query_start, seq_lens_host=seq_lens,
+    )
+    groups = {}
+    for g in GROUPS:
+        table = [p + [-1] * (width - len(p)) for p in pages[g]]
+        slots = [p[t // ps] * ps + t % ps for p, s, n in zip(pages[g], starts, counts) for t in range(s, s + n)]
+        groups[g] = AttentionMetadata(
+            page_table=torch.tensor(table, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), **common)
+    last = torch.tensor(query_start[1:], dtype=torch.int64, device=dev) - 1
+    return StepMetadata(groups=groups, positions=pos_t, last_token_index=last, num_tokens=len(positions))

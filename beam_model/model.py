@@ -12,6 +12,8 @@ prefill into a throwaway cache. Decode steps are free of host syncs so they can 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
@@ -107,6 +109,7 @@ class BeamForCausalLM(nn.Module):
                 p.data = torch.empty(p.shape, device="meta", dtype=dtype)
         self.tp = None  # a beam_model.tp.TensorParallel when this model is one rank of several
         self.ops = None
+        self.annotate = None  # optional (name, layer) -> context manager: profiler ranges per layer
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -141,9 +144,9 @@ class BeamForCausalLM(nn.Module):
         return self.lm_head.weight.device
 
     # ---- variants -----------------------------------------------------------------------
-    def set_variants(self, selection: dict[str, str] | None = None) -> None:
-        """Bind the fusion-point variants and apply their weight-layout transforms."""
-        self.ops = ops = bind(selection)
+    def set_variants(self, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> None:
+        """Bind the fusion-point variants (at their tuning configs) and apply their weight transforms."""
+        self.ops = ops = bind(selection, configs)
         layers = self.model.layers
         for i, layer in enumerate(layers):
             a, mlp = layer.self_attn, layer.mlp
@@ -200,11 +203,12 @@ class BeamForCausalLM(nn.Module):
         h = self.embed(input_ids)
         x = rms_norm(h, self.model.layers[0].input_layernorm.weight, eps).to(h.dtype)
         for layer in self.model.layers:
-            meta = step.groups[FULL if layer.kind == FULL else SLIDING]
-            y = self._attention(layer, x, cache.layer(layer.index), meta)
-            h, x = ops.boundary(y, h, layer.prepared["boundary_attn"], eps=eps, group=group)
-            y = self._mlp(layer, x)
-            h, x = ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=eps, group=group)
+            with self.annotate(f"layer.{layer.index}", layer) if self.annotate else nullcontext():
+                meta = step.groups[FULL if layer.kind == FULL else SLIDING]
+                y = self._attention(layer, x, cache.layer(layer.index), meta)
+                h, x = ops.boundary(y, h, layer.prepared["boundary_attn"], eps=eps, group=group)
+                y = self._mlp(layer, x)
+                h, x = ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=eps, group=group)
         return h
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ class Variant:
     prepare: Callable[[dict], Any] | None = None  # weight-layout transform, applied at load time
     supports: Callable[..., bool] | None = None
     configs: list[dict] = field(default_factory=list)  # tuning configs the harness may search
+    configure: Callable[[dict], Callable] | None = None  # config -> the variant's callable at that config
 
     @property
     def qualname(self) -> str:
@@ -44,6 +45,14 @@ class Variant:
 
     def prepare_weights(self, weights: dict) -> Any:
         return self.prepare(weights) if self.prepare else weights
+
+    def at(self, config: dict | None) -> Callable:
+        """The callable to run, at a tuning config (a lock file's choice) or the default."""
+        if not config:
+            return self.fn
+        if self.configure is None:
+            raise ValueError(f"{self.qualname} takes no tuning config, got {config}")
+        return self.configure(config)
 
 
 _VARIANTS: dict[str, dict[str, Variant]] = {p: {} for p in POINTS}
@@ -127,9 +136,9 @@ def backend_available(backend: str) -> tuple[bool, str]:
 class Ops:
     """A bound selection: one callable per fusion point, resolved once so calls cost nothing extra."""
 
-    def __init__(self, selection: dict[str, str] | None = None):
-        selection = dict(selection or {})
-        unknown = sorted(set(selection) - set(POINTS))
+    def __init__(self, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None):
+        selection, configs = dict(selection or {}), dict(configs or {})
+        unknown = sorted((set(selection) | set(configs)) - set(POINTS))
         if unknown:
             raise KeyError(f"selection names unknown fusion points {unknown}; points: {', '.join(POINTS)}")
         self.variants: dict[str, Variant] = {}
@@ -139,7 +148,8 @@ class Ops:
             if not ok:
                 raise RuntimeError(f"cannot use {v.qualname}: {why}")
             self.variants[point] = v
-            setattr(self, point, v.fn)
+            setattr(self, point, v.at(configs.get(point)))
+        self.configs = configs
 
     @property
     def selection(self) -> dict[str, str]:
@@ -149,5 +159,5 @@ class Ops:
         return self.variants[point].prepare_weights(weights)
 
 
-def bind(selection: dict[str, str] | None = None) -> Ops:
-    return Ops(selection)
+def bind(selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> Ops:
+    return Ops(selection, configs)

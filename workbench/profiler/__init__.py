@@ -1,0 +1,13 @@
+"""Where a target's time goes: per fusion point, per layer and per kernel.
+
+`instrument(model)` wraps every fusion-point call and every layer in a torch.profiler range and an
+NVTX range (visible in Nsight Systems); `profile_step(runner, ...)` runs a target step eagerly under
+torch.profiler and attributes device time (CPU time on a CPU-only machine) and kernel launches to
+points and layer kinds. The profiler never changes which variants run and never times the
+graph-replayed step itself (that is `workbench.bench`); it explains a step, it does not score it.
+"""
+
+from workbench.profiler.attribution import PointProfile, Profile, profile_step
+from workbench.profiler.ranges import instrument
+
+__all__ = ["instrument", "profile_step", "Profile", "PointProfile"]

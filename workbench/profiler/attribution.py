@@ -1,0 +1,133 @@
+"""Attribute one profiled step's kernels (or, on CPU, its ATen ops) to fusion points and layers."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from workbench.profiler.ranges import LAYER_RANGE, POINT_RANGE, instrument
+
+
+@dataclass
+class PointProfile:
+    point: str
+    variant: str
+    calls: int
+    calls_by_kind: dict[str, int]  # "sliding"/"full" layer, or "model" for once-per-step points
+    time_us: float        # device time per step (CPU time on a CPU-only machine)
+    share: float          # of the attributed step time
+    kernels: int          # launches per step
+    floor_us: float | None = None  # roofline floor of all its calls in one step
+    top_kernels: list[tuple[str, int, float]] = field(default_factory=list)  # name, count, us
+
+    @property
+    def headroom(self) -> float | None:
+        return self.time_us / self.floor_us if self.floor_us else None
+
+
+@dataclass
+class Profile:
+    target: str
+    preset: str | None
+    dtype: str
+    device: str
+    time_unit: str                  # "device" (GPU kernel time) or "cpu"
+    total_us: float                 # all attributed time in the step
+    unattributed_us: float          # kernels outside any fusion point (embedding, indexing)
+    kernels_per_step: int
+    kernels_per_layer: dict[str, float]  # median launches per layer, by layer kind
+    points: list[PointProfile]
+    trace: str | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for p, src in zip(d["points"], self.points):
+            p["headroom"] = src.headroom
+        return d
+
+
+def _walk(evt):
+    yield evt
+    for child in evt.cpu_children:
+        yield from _walk(child)
+
+
+# ATen ops that only make views or allocate: not kernels when the CPU stands in for a device.
+_NO_WORK = {"aten::view", "aten::as_strided", "aten::reshape", "aten::expand", "aten::select", "aten::slice",
+            "aten::unsqueeze", "aten::squeeze", "aten::resolve_conj", "aten::resolve_neg", "aten::t",
+            "aten::transpose", "aten::permute", "aten::empty", "aten::empty_like", "aten::empty_strided",
+            "aten::alias", "aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "aten::unbind"}
+
+
+def _work(evt, on_device: bool) -> list[tuple[str, float]]:
+    """(name, us) of the device kernels, or on CPU the leaf ATen ops that compute, under a range."""
+    if on_device:
+        return [(k.name, k.duration) for e in _walk(evt) for k in getattr(e, "kernels", [])]
+    return [(e.name, e.self_cpu_time_total) for e in _walk(evt)
+            if not e.cpu_children and e.name.startswith("aten::") and e.name not in _NO_WORK]
+
+
+def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | None = None) -> Profile:
+    """Profile one eager step of a `StepRunner`. `workload_for(layer_kind)` gives the Workload of a
+    call in that kind of layer, used with `ceilings` for each point's roofline floor."""
+    model = runner.model
+    on_device = model.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with instrument(model) as log:
+        runner._eager()  # warm-up: lazy compilation and autotuning stay out of the profile
+        if on_device:
+            torch.cuda.synchronize()
+        log.calls.clear()
+        with profile(activities=activities) as prof:
+            runner._eager()
+            if on_device:
+                torch.cuda.synchronize()
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
+
+    roots = [e for e in prof.events() if e.cpu_parent is None]
+    per_point: dict[str, list[tuple[str, float]]] = {}
+    per_layer: dict[str, list[int]] = {}
+    attributed = 0.0
+    all_work = [w for r in roots for w in _work(r, on_device)]
+    for evt in prof.events():
+        if evt.name.startswith(POINT_RANGE):
+            work = _work(evt, on_device)
+            per_point.setdefault(evt.name[len(POINT_RANGE):], []).extend(work)
+        elif evt.name.startswith(LAYER_RANGE):
+            layer = model.model.layers[int(evt.name[len(LAYER_RANGE):])]
+            kind = ("full" if layer.kind == "full_attention" else "sliding") + \
+                   ("+moe" if "experts" in layer.prepared else "+dense")
+            per_layer.setdefault(kind, []).append(len(_work(evt, on_device)))
+    total = sum(us for _, us in all_work)
+    points = []
+    for point, work in per_point.items():
+        us = sum(t for _, t in work)
+        attributed += us
+        counts, times = Counter(), Counter()
+        for name, t in work:
+            counts[name] += 1
+            times[name] += t
+        by_kind = {kind: n for (p, kind), n in log.calls.items() if p == point}
+        floor = None
+        if workload_for and ceilings:
+            from workbench.bench import floor_us
+            from workbench.points import spec
+
+            floor = sum(n * floor_us(spec(point), workload_for(kind), ceilings) for kind, n in by_kind.items())
+        top = sorted(((n, counts[n], times[n]) for n in counts), key=lambda r: -r[2])[:5]
+        points.append(PointProfile(point, model.ops.variants[point].name, sum(by_kind.values()), by_kind, us,
+                                   us / total if total else 0.0, len(work), floor, top))
+    points.sort(key=lambda p: -p.time_us)
+    c = model.config
+    return Profile(
+        target=runner.target.name, preset=c.preset, dtype=str(model.dtype).replace("torch.", ""),
+        device=torch.cuda.get_device_name(model.device) if on_device else "cpu",
+        time_unit="device" if on_device else "cpu", total_us=total, unattributed_us=total - attributed,
+        kernels_per_step=len(all_work),
+        kernels_per_layer={k: statistics.median(v) for k, v in sorted(per_layer.items())},
+        points=points, trace=trace_path)

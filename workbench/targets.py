@@ -1,0 +1,119 @@
+"""Optimization targets: one engine step of a given shape, run exactly as the server would run it.
+
+A target is a batch shape (`decode-b1`: one sequence decoding one token over 4K tokens of
+context; `prefill-8x2k`: eight 2048-token prompts). `StepRunner` builds the step once for a model
+(the KV cache pre-filled with random history, so no prompt has to be run through the model), then
+`runner()` runs it: decode replays a CUDA graph on GPU (as the server's decode does), prefill runs
+eagerly. Rebinding variants (`rebind`) re-captures without rebuilding the model, which matters for
+a 125 GB rank. This module never times anything itself (that is `workbench.bench`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from beam_model.kv_cache import PagedKVCache
+from workbench.points import Workload
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    batch: int
+    tokens_per_seq: int  # 1 = decode
+    context: int         # KV tokens per sequence before the step
+
+    @property
+    def decode(self) -> bool:
+        return self.tokens_per_seq == 1
+
+    def workload(self, preset: str, dtype: str, layer_kind: str) -> Workload:
+        """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer."""
+        return Workload(preset=preset, batch=self.batch, tokens_per_seq=self.tokens_per_seq,
+                        context=self.context + self.tokens_per_seq,
+                        layer="full" if layer_kind == "full" else "sliding", dtype=dtype)
+
+
+TARGETS = {
+    "decode-b1": Target("decode-b1", 1, 1, 4096),
+    "decode-b8": Target("decode-b8", 8, 1, 4096),
+    "decode-b64": Target("decode-b64", 64, 1, 4096),
+    "prefill-8x2k": Target("prefill-8x2k", 8, 2048, 0),
+}
+# Shapes the CPU default runs at: beam-tiny keeps every structural feature at toy sizes.
+CPU_CONTEXT = 96
+CPU_PREFILL = 48
+
+
+def get_target(name: str) -> Target:
+    if name not in TARGETS:
+        raise KeyError(f"unknown target {name!r}; targets: {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+def for_device(target: Target, device: torch.device) -> Target:
+    """On CPU, shrink the step so the embedded default finishes in seconds."""
+    if device.type == "cuda":
+        return target
+    tokens = 1 if target.decode else min(target.tokens_per_seq, CPU_PREFILL)
+    return Target(target.name, min(target.batch, 8), tokens, min(target.context, CPU_CONTEXT))
+
+
+class StepRunner:
+    """One target step on one model; `runner()` runs it, `runner.rebind(selection)` swaps variants."""
+
+    def __init__(self, model, target: Target, *, use_graph: bool | None = None, seed: int = 0):
+        self.model, self.target = model, target
+        device = model.device
+        self.use_graph = (device.type == "cuda" and target.decode) if use_graph is None else use_graph
+        gen = torch.Generator(device=device).manual_seed(seed)
+        b, t = target.batch, target.tokens_per_seq
+        total = target.context + t
+        self.cache = PagedKVCache.for_sequences(model.config, [total] * b, dtype=model.dtype, device=device)
+        for s in range(b):
+            self.cache.add(s)
+        if target.context:
+            # History as random K/V: attention reads realistic data without running a prefill.
+            self.cache.prepare_step(list(range(b)), [target.context] * b)
+            for storage in self.cache.storage.values():
+                storage.normal_(generator=gen)
+        self.step = self.cache.prepare_step(list(range(b)), [t] * b)
+        self.input_ids = torch.randint(0, model.config.vocab_size, (b * t,), device=device, generator=gen)
+        self.sampling = dict(temperature=torch.zeros(b, device=device), top_k=torch.zeros(b, dtype=torch.long,
+                             device=device), top_p=torch.ones(b, device=device))
+        self.graph = None
+        self.output = None
+        self._capture()
+
+    def _eager(self) -> torch.Tensor:
+        logits = self.model.step(self.input_ids, self.cache, self.step)
+        return self.model.ops.sample(logits, **self.sampling)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        self.graph = None
+        if not self.use_graph:
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up (lazy compiles, autotuning) outside the graph
+                self._eager()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = self._eager()
+
+    def rebind(self, selection: dict[str, str] | None, configs: dict[str, dict] | None = None) -> None:
+        self.model.set_variants(selection, configs)
+        self._capture()
+
+    @torch.inference_mode()
+    def __call__(self) -> torch.Tensor:
+        if self.graph is not None:
+            self.graph.replay()
+            return self.output
+        self.output = self._eager()
+        return self.output

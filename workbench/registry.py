@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -126,11 +127,21 @@ _BACKEND_MODULES = {"triton": "triton", "flashinfer": "flashinfer", "cute": "cut
 
 
 def backend_available(backend: str) -> tuple[bool, str]:
-    """Whether a backend's library imports here (checked without importing it), with the reason."""
+    """Whether a backend can run here (its library is installed, and a GPU where it needs one)."""
     module = _BACKEND_MODULES.get(backend)
-    if module is None or importlib.util.find_spec(module) is not None:
+    if module is not None and importlib.util.find_spec(module) is None:
+        return False, f"backend {backend!r} needs the {module!r} package, which is not installed"
+    if module is None or _cuda_available():
         return True, "ok"
-    return False, f"backend {backend!r} needs the {module!r} package, which is not installed"
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "ok (Triton interpreter on the CPU)"
+    return False, f"backend {backend!r} needs a CUDA GPU" + (" (or TRITON_INTERPRET=1)" if backend == "triton" else "")
+
+
+def _cuda_available() -> bool:
+    import torch  # deferred: the registry must import without torch's start-up cost
+
+    return torch.cuda.is_available()
 
 
 class Ops:

@@ -147,6 +147,10 @@ class PagedKVCache:
         for g in GROUPS:
             if self.layers_of[g] and need[g] > len(self._free[g]):
                 raise CacheFull(f"{g} cache group needs {need[g]} pages, {len(self._free[g])} free")
+        width = max(max(len(seq.pages[FULL]), math.ceil((seq.length + n) / ps))
+                    for seq, n in zip(seqs, num_new_tokens))
+        if max_pages is not None and max_pages < width:  # checked before anything is taken
+            raise ValueError(f"max_pages={max_pages} is smaller than the {width} pages a sequence needs")
         for seq, n in zip(seqs, num_new_tokens):
             for g in GROUPS:
                 while len(seq.pages[g]) * ps < seq.length + n:

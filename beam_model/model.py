@@ -34,12 +34,20 @@ class Norm(nn.Module):
         self.weight = _param(dim)
 
 
+class Linear(nn.Module):
+    """A bias-free projection's weight [out, in]; the math lives in the fusion points."""
+
+    def __init__(self, out_features: int, in_features: int):
+        super().__init__()
+        self.weight = _param(out_features, in_features)
+
+
 class Attention(nn.Module):
     def __init__(self, c: BeamConfig):
         super().__init__()
         h = c.hidden_size
-        self.q_proj, self.k_proj, self.v_proj = _param(c.q_width, h), _param(c.kv_width, h), _param(c.kv_width, h)
-        self.gate_proj, self.o_proj = _param(c.q_width, h), _param(h, c.q_width)
+        self.q_proj, self.k_proj, self.v_proj = Linear(c.q_width, h), Linear(c.kv_width, h), Linear(c.kv_width, h)
+        self.gate_proj, self.o_proj = Linear(c.q_width, h), Linear(h, c.q_width)
         self.gate_bias = _param(c.num_attention_heads)
         self.q_norm, self.k_norm = Norm(c.head_dim), Norm(c.head_dim)
 
@@ -48,7 +56,7 @@ class DenseMLP(nn.Module):
     def __init__(self, c: BeamConfig):
         super().__init__()
         h, f = c.hidden_size, c.intermediate_size
-        self.gate_proj, self.up_proj, self.down_proj = _param(f, h), _param(f, h), _param(h, f)
+        self.gate_proj, self.up_proj, self.down_proj = Linear(f, h), Linear(f, h), Linear(h, f)
 
 
 class Router(nn.Module):
@@ -152,10 +160,10 @@ class BeamForCausalLM(nn.Module):
             a, mlp = layer.self_attn, layer.mlp
             next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
             p = {
-                "qkvg_proj": ops.prepare("qkvg_proj", dict(q_proj=a.q_proj, k_proj=a.k_proj, v_proj=a.v_proj,
-                                                          gate_proj=a.gate_proj)),
+                "qkvg_proj": ops.prepare("qkvg_proj", dict(q_proj=a.q_proj.weight, k_proj=a.k_proj.weight,
+                                                          v_proj=a.v_proj.weight, gate_proj=a.gate_proj.weight)),
                 "qk_prep": ops.prepare("qk_prep", dict(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)),
-                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj)),
+                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj.weight)),
                 "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
                                                              next_norm=layer.pre_feedforward_layernorm.weight,
                                                              residual=self._residual(2 * i + 1))),
@@ -168,8 +176,8 @@ class BeamForCausalLM(nn.Module):
                 p["experts"] = ops.prepare("experts", dict(gate_proj=e.gate_proj, up_proj=e.up_proj,
                                                           down_proj=e.down_proj))
             else:
-                p["dense_mlp"] = ops.prepare("dense_mlp", dict(gate_proj=mlp.gate_proj, up_proj=mlp.up_proj,
-                                                              down_proj=mlp.down_proj))
+                p["dense_mlp"] = ops.prepare("dense_mlp", dict(gate_proj=mlp.gate_proj.weight, up_proj=mlp.up_proj.weight,
+                                                              down_proj=mlp.down_proj.weight))
             layer.prepared = p
         self.head_weights = ops.prepare("head", dict(norm=self.model.norm.weight, lm_head=self.lm_head.weight))
 

@@ -50,11 +50,11 @@ _L = r"model\.layers\.\d+\."
 # expert ([ff, hidden] / [hidden, ff]). A name matching no rule is an error, never replicated.
 _RULES: list[tuple[re.Pattern, int | None]] = [(re.compile(p), d) for p, d in [
     (r"model\.embed_tokens\.weight|lm_head\.weight", 0),
-    (_L + r"self_attn\.(q_proj|k_proj|v_proj|gate_proj|gate_bias)", 0),
-    (_L + r"self_attn\.o_proj", 1),
+    (_L + r"self_attn\.((q_proj|k_proj|v_proj|gate_proj)\.weight|gate_bias)", 0),
+    (_L + r"self_attn\.o_proj\.weight", 1),
     (_L + r"self_attn\.(q_norm|k_norm)\.weight", None),
-    (_L + r"mlp\.(gate_proj|up_proj)", 0),
-    (_L + r"mlp\.down_proj", 1),
+    (_L + r"mlp\.(gate_proj|up_proj)\.weight", 0),
+    (_L + r"mlp\.down_proj\.weight", 1),
     (_L + r"mlp\.experts\.(gate_proj|up_proj)", 1),
     (_L + r"mlp\.experts\.down_proj", 2),
     (_L + r"mlp\.experts\.\d+\.(gate_proj|up_proj)\.weight", 0),

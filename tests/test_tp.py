@@ -96,9 +96,9 @@ def test_two_ranks_match_unsharded(tmp_path):
     # one rank's shapes: attention heads split by 2, router replicated, vocab halved
     shapes = results[0]["shapes"]
     c = full.config
-    assert shapes["model.layers.0.self_attn.q_proj"] == (c.q_width // 2, c.hidden_size)
-    assert shapes["model.layers.0.self_attn.k_proj"] == (c.kv_width // 2, c.hidden_size)
-    assert shapes["model.layers.0.self_attn.o_proj"] == (c.hidden_size, c.q_width // 2)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (c.q_width // 2, c.hidden_size)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (c.kv_width // 2, c.hidden_size)
+    assert shapes["model.layers.0.self_attn.o_proj.weight"] == (c.hidden_size, c.q_width // 2)
     assert shapes["model.layers.6.mlp.experts.down_proj"] == (c.n_routed_experts, c.hidden_size,
                                                              c.moe_intermediate_size // 2)
     assert shapes["model.layers.6.mlp.gate.weight"] == (c.n_routed_experts, c.hidden_size)

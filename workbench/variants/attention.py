@@ -28,7 +28,10 @@ def _attend(q, k, v, q_pos, valid_len, window, scale):
     qg = q.float().view(b, hkv, hq // hkv, d)
     scores = torch.einsum(f"bhgd,{keys}->bhgj", qg, k.float()) * scale
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    return torch.einsum(f"bhgj,{keys}->bhgd", scores.softmax(-1), v.float()).reshape(b, hq, d)
+    # Zero the V rows no query may read: a weight of 0 times a stale NaN there would still be NaN.
+    readable = visible if k.dim() == 4 else visible.any(0)
+    v = torch.where(readable[..., None, None], v.float(), 0.0)
+    return torch.einsum(f"bhgj,{keys}->bhgd", scores.softmax(-1), v).reshape(b, hq, d)
 
 
 def _gather_pages(cache, page_ids):

@@ -13,6 +13,13 @@ import sys
 COMMANDS = {
     "info": "workbench.commands.info",
     "generate": "workbench.commands.generate",
+    "check": "workbench.commands.check",
+    "optimize": "workbench.commands.optimize",
+    "profile": "workbench.commands.profile",
+    "lock": "workbench.commands.lock",
+    "bench": "workbench.commands.bench",
+    "variants": "workbench.commands.variants",
+    "serve": "workbench.commands.serve",
 }
 
 

@@ -32,7 +32,7 @@ class Variant:
     backend: str
     fn: Callable
     prepare: Callable[[dict], Any] | None = None  # weight-layout transform, applied at load time
-    supports: Callable[..., bool] | None = None
+    supports: Callable[..., bool | str] | None = None  # (workload) -> True, or False / the reason it cannot
     configs: list[dict] = field(default_factory=list)  # tuning configs the harness may search
     configure: Callable[[dict], Callable] | None = None  # config -> the variant's callable at that config
 
@@ -46,6 +46,22 @@ class Variant:
 
     def prepare_weights(self, weights: dict) -> Any:
         return self.prepare(weights) if self.prepare else weights
+
+    def unsupported(self, workload=None, device=None) -> str | None:
+        """Why this variant cannot run here: its backend is missing, it needs CUDA and `device` is the
+        CPU, or its `supports(workload)` answered False or a reason (str). None when it can run."""
+        ok, why = backend_available(self.backend)
+        if not ok:
+            return why
+        interpreted = self.backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
+        if device is not None and str(device).split(":")[0] == "cpu" and self.backend in GPU_BACKENDS \
+                and not interpreted:
+            return f"backend {self.backend!r} runs on CUDA devices only"
+        if workload is not None and self.supports is not None:
+            verdict = self.supports(workload)
+            if isinstance(verdict, str) or not verdict:
+                return verdict or f"{self.qualname} does not support {workload.label()}"
+        return None
 
     def at(self, config: dict | None) -> Callable:
         """The callable to run, at a tuning config (a lock file's choice) or the default."""
@@ -96,7 +112,13 @@ def _compiled(fn: Callable) -> Callable:
         nonlocal compiled
         if compiled is None:
             import torch
+            import torch._dynamo
 
+            # One compiled graph per distinct shape/kwargs (layer kinds, prefill layouts): past dynamo's
+            # default limit of 8 it would silently run eagerly and be timed as if compiled.
+            cfg = torch._dynamo.config
+            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, limit, max(getattr(cfg, limit), 64))
             compiled = torch.compile(fn, dynamic=False)
         return compiled(*args, **kwargs)
 
@@ -124,6 +146,7 @@ def reference(point: str) -> Variant:
 
 
 _BACKEND_MODULES = {"triton": "triton", "flashinfer": "flashinfer", "cute": "cutlass"}
+GPU_BACKENDS = ("triton", "flashinfer", "cute")
 
 
 def backend_available(backend: str) -> tuple[bool, str]:

@@ -67,8 +67,13 @@ def _work(evt, on_device: bool) -> list[tuple[str, float]]:
     """(name, us) of the device kernels, or on CPU the leaf ATen ops that compute, under a range."""
     if on_device:
         return [(k.name, k.duration) for e in _walk(evt) for k in getattr(e, "kernels", [])]
-    return [(e.name, e.self_cpu_time_total) for e in _walk(evt)
-            if not e.cpu_children and e.name.startswith("aten::") and e.name not in _NO_WORK]
+
+    def computes(e):
+        return e.name.startswith("aten::") and e.name not in _NO_WORK
+
+    # The innermost computing ops (aten::mm counts though it calls aten::resolve_conj), with their time.
+    return [(e.name, e.cpu_time_total) for e in _walk(evt)
+            if computes(e) and not any(computes(d) for c in e.cpu_children for d in _walk(c))]
 
 
 def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | None = None) -> Profile:

@@ -11,7 +11,9 @@ Contract: `attention(q, cache, meta, *, window, scale) -> o`.
 
 import torch
 
+from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
+from workbench.variants._inputs import DTYPE_BYTES, Rand, paged_kv, visible_keys
 
 
 def _attend(q, k, v, q_pos, valid_len, window, scale):
@@ -57,3 +59,28 @@ def attention(q, cache, meta, *, window, scale):
         o = _attend(q[qs], k, v, meta.positions[qs], meta.seq_lens[b].expand(n), window, scale)
         out[qs] = o.to(q.dtype)
     return out
+
+
+# ---- spec: inputs, roofline and tolerance for the harness ------------------------------------------
+
+
+def _inputs(wl, device, seed):
+    c, r = wl.config, Rand("attention", wl, device, seed)
+    cache, meta = paged_kv(wl, r)
+    window = c.sliding_window if wl.layer == "sliding" else None
+    q = r.normal(wl.tokens, c.num_attention_heads, c.head_dim)
+    return Call((q, cache, meta), dict(window=window, scale=c.head_dim ** -0.5))
+
+
+def _bytes(wl):
+    c, n = wl.config, wl.tokens
+    # The KV the step's queries can see, read once: the window plus the chunk on sliding layers.
+    seen = wl.context if wl.layer == "full" else min(wl.context, wl.tokens_per_seq + c.sliding_window - 1)
+    return DTYPE_BYTES[wl.dtype] * (2 * n * c.q_width + wl.batch * seen * 2 * c.kv_width) + 8 * n
+
+
+declare(PointSpec(
+    "attention", _inputs, bytes=_bytes,
+    flops=lambda wl: 4 * wl.batch * sum(visible_keys(wl)) * wl.config.q_width,  # QK^T and PV per visible key
+    tolerance={"fp32": 1e-5, "fp16": 8e-4, "bf16": 6e-3},  # ~2.5x the reference's worst vs FP64
+))

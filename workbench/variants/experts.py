@@ -15,7 +15,9 @@ same function and tests hold them to each other:
 import torch
 
 from beam_model.functional import swiglu
+from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
+from workbench.variants._inputs import DTYPE_BYTES, Rand
 
 DENSE_MAX_TOKENS = 256
 
@@ -66,3 +68,71 @@ def experts(x, ids, weights, w):
     else:
         out = _grouped(x, ids, weights, w)
     return out.to(x.dtype)
+
+
+# ---- spec: inputs, roofline and tolerance for the harness ------------------------------------------
+
+
+def _inputs(wl, device, seed):
+    c, r = wl.config, Rand("experts", wl, device, seed)
+    h, f, e, n = c.hidden_size, c.moe_intermediate_size, c.n_routed_experts, wl.tokens
+    ids = r.uniform(n, e).topk(c.num_experts_per_tok, dim=-1).indices  # distinct experts per token
+    scores = 0.1 + 0.9 * r.uniform(n, c.num_experts_per_tok)  # sigmoid-like scores, renormalised as route does
+    weights = scores / scores.sum(-1, keepdim=True) * c.routed_scaling_factor
+    w = {"gate_proj": r.linear(e, f, h), "up_proj": r.linear(e, f, h), "down_proj": r.linear(e, h, f)}
+    return Call((r.normal(n, h), ids, weights, w), weights_arg=3)
+
+
+def _bytes(wl):
+    c, n, k = wl.config, wl.tokens, wl.config.num_experts_per_tok
+    touched = min(c.n_routed_experts, n * k)  # at small batch only the selected experts' weights move
+    return DTYPE_BYTES[wl.dtype] * (2 * n * c.hidden_size + touched * 3 * c.hidden_size * c.moe_intermediate_size) \
+        + 12 * n * k
+
+
+declare(PointSpec(
+    "experts", _inputs, bytes=_bytes,
+    flops=lambda wl: 6 * wl.tokens * wl.config.num_experts_per_tok * wl.config.hidden_size
+    * wl.config.moe_intermediate_size,
+    # BF16 capped at 1e-2: 1.6x the reference's worst vs FP64 (two roundings in the SwiGLU chain)
+    tolerance={"fp32": 1e-5, "fp16": 1.5e-3, "bf16": 1e-2},
+))
+
+
+# ---- triton: fused MoE, two kernels per path (workbench/variants/_triton_moe.py) -----------------
+# The kernels are imported on the first call: this module must import without triton, and under the
+# CPU interpreter TRITON_INTERPRET must be set before they are defined. A config's "path" forces
+# GEMV (few pairs: reads only the selected experts) or grouped (tensor-core GEMMs over pairs sorted
+# by expert), so the search picks the path at the target's batch (a GEMV config still groups past
+# 2048 pairs, where it would re-read each expert per pair); no config picks by size.
+
+TRITON_CONFIGS = [
+    # GEMV: BLOCK_N ff rows x BLOCK_K hidden per gate/up step; DOWN_* = hidden rows x ff per down step
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1),
+    dict(path="gemv", BLOCK_N=4, BLOCK_K=1024, DOWN_BLOCK_N=8, DOWN_BLOCK_K=128, num_warps=4, num_stages=1),
+    dict(path="gemv", BLOCK_N=16, BLOCK_K=256, DOWN_BLOCK_N=32, DOWN_BLOCK_K=64, num_warps=8, num_stages=2),
+    # grouped: BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction, for both GEMMs
+    dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+    dict(path="grouped", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+    dict(path="grouped", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
+    dict(path="grouped", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+    dict(path="grouped", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3),
+]
+
+
+def _triton_supports(wl):
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"experts:triton takes bf16, fp16 or fp32 weights, not {wl.dtype}"
+    return True  # any hidden / ff / experts / top_k: every tile is masked or wrapped
+
+
+def _triton_at(config=None):
+    def experts_triton(x, ids, weights, w):
+        from workbench.variants._triton_moe import fused_experts
+
+        return fused_experts(x, ids, weights, w, config)
+    return experts_triton
+
+
+register("experts", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS,
+         configure=_triton_at)(_triton_at())

@@ -6,13 +6,258 @@ dtype, soft-cap `cap * tanh(z / cap)` in FP32. Returns FP32 logits [N, vocab] (t
 of the vocabulary under tensor parallelism).
 """
 
+import math
+
 import torch.nn.functional as F
 
 from beam_model.functional import rms_norm, soft_cap
+from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
+from workbench.variants._inputs import DTYPE_BYTES, Rand
 
 
 @register("head", "torch", "torch")
 def head(h, w, *, eps, softcap):
     x = rms_norm(h, w["norm"], eps).to(h.dtype)
     return soft_cap(F.linear(x, w["lm_head"]), softcap)
+
+
+# ---- spec: inputs, roofline and tolerance for the harness ------------------------------------------
+
+
+def _inputs(wl, device, seed):
+    c, r = wl.config, Rand("head", wl, device, seed)
+    h = c.hidden_size
+    # LM head std 10/sqrt(hidden) as in weights.py: logits reach the soft-cap's curved range.
+    w = {"norm": r.norm(h), "lm_head": r.normal(c.vocab_size, h, std=10.0 / math.sqrt(h))}
+    return Call((r.normal(wl.tokens, h), w), dict(eps=c.rms_norm_eps, softcap=c.final_logit_softcapping),
+                weights_arg=1)
+
+
+def _bytes(wl):
+    c = wl.config
+    return DTYPE_BYTES[wl.dtype] * (wl.tokens + 1 + c.vocab_size) * c.hidden_size + 4 * wl.tokens * c.vocab_size
+
+
+declare(PointSpec(
+    "head", _inputs, bytes=_bytes,
+    flops=lambda wl: 2 * wl.tokens * wl.config.hidden_size * wl.config.vocab_size,
+    tolerance={"fp32": 1e-5, "fp16": 8e-4, "bf16": 6e-3},  # ~2.5x the reference's worst vs FP64
+))
+
+
+# ---- triton: RMSNorm kernel + LM-head GEMM/GEMV with the soft-cap in its epilogue -----------------
+#
+# "triton": two launches. `_head_norm` (FP32 RMSNorm rounded to the model dtype, as the reference),
+# then the LM head with the soft-cap applied to the accumulator before the only store of the logits:
+#   N <= gemv_max_tokens  `_head_gemv`: split-N GEMV, each program streams BLOCK_V vocab rows once
+#                         for all tokens (batch 1 at TP8 reads a 168 MB weight: bandwidth-bound);
+#   larger N              `_head_mm`: tiled tl.dot (tensor cores for BF16/FP16, IEEE FP32 FMAs for
+#                         FP32), tiles over M varying fastest so a weight tile is shared from L2.
+# The epilogue rounds the FP32 accumulator to the model dtype first, exactly as the reference's
+# GEMM output is rounded before its FP32 soft-cap, so results match up to summation order.
+# "triton_softcap": torch norm + GEMM, then `_softcap_kernel` replaces torch's elementwise chain
+# (float(), divide, tanh, multiply) with one pass over the logits (in place when they are FP32).
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the module must import without triton: the variants then report unavailable
+    triton = None
+
+    class tl:  # noqa: N801 -- just enough for the kernel signatures below to evaluate
+        constexpr = None
+
+_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+@_jit
+def _softcap(z, cap):
+    """cap * tanh(z / cap) in FP32. Triton has no portable tanh: an odd Taylor series for |u| < 0.3
+    (error < 1e-7 relative), else 1 - 2 / (exp(2|u|) + 1), which has no cancellation there."""
+    u = z / cap
+    a = tl.abs(u)
+    u2 = u * u
+    small = u * (1.0 + u2 * (-1.0 / 3 + u2 * (2.0 / 15 + u2 * (-17.0 / 315 + u2 * (62.0 / 2835)))))
+    big = 1.0 - 2.0 / (tl.exp(2.0 * a) + 1.0)
+    return cap * tl.where(a < 0.3, small, tl.where(u < 0, -big, big))
+
+
+@_jit
+def _rounded(x, DTYPE: tl.constexpr):
+    """FP32 x rounded to the model dtype DTYPE, returned as FP32. BF16 rounds to nearest even on the
+    bits: what the GPU's conversion does, spelt out because the Triton interpreter truncates."""
+    if DTYPE == tl.bfloat16:
+        b = x.to(tl.int32, bitcast=True)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    else:
+        return x.to(DTYPE).to(tl.float32)
+
+
+@_jit
+def _head_norm(h_ptr, w_ptr, x_ptr, H, eps, BLOCK_H: tl.constexpr):
+    """Final RMSNorm of one row: FP32 as `rms_norm` ((h * rsqrt(mean(h^2) + eps)) * w), rounded to
+    the model dtype, which is what the reference feeds its GEMM."""
+    row = tl.program_id(0)
+    acc = tl.zeros((BLOCK_H,), tl.float32)
+    for k0 in range(0, H, BLOCK_H):
+        o = k0 + tl.arange(0, BLOCK_H)
+        v = tl.load(h_ptr + row * H + o, mask=o < H, other=0.0).to(tl.float32)
+        acc += v * v
+    r = tl.rsqrt(tl.sum(acc, axis=0) / H + eps)
+    for k0 in range(0, H, BLOCK_H):
+        o = k0 + tl.arange(0, BLOCK_H)
+        v = tl.load(h_ptr + row * H + o, mask=o < H, other=0.0).to(tl.float32)
+        wv = tl.load(w_ptr + o, mask=o < H, other=0.0).to(tl.float32)
+        y = _rounded(v * r * wv, x_ptr.dtype.element_ty)
+        tl.store(x_ptr + row * H + o, y.to(x_ptr.dtype.element_ty), mask=o < H)
+
+
+@_jit
+def _head_gemv(x_ptr, w_ptr, out_ptr, N, V, K, cap,
+               BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+    """logits[n, v] = softcap(round(x[n] . W[v])) for a few tokens: a program owns BLOCK_V vocab rows
+    and reads them once for all N tokens. Products accumulate element-wise in a [N, V, K] register
+    tile, reduced over K once at the end (the loop is loads + FMAs only)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    acc = tl.zeros((BLOCK_N, BLOCK_V, BLOCK_K), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        in_k = offs_k < K
+        w = tl.load(w_ptr + offs_v[:, None] * K + offs_k[None, :],
+                    mask=(offs_v[:, None] < V) & in_k[None, :], other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs_n[:, None] * K + offs_k[None, :],
+                    mask=(offs_n[:, None] < N) & in_k[None, :], other=0.0).to(tl.float32)
+        acc += x[:, None, :] * w[None, :, :]
+    z = _rounded(tl.sum(acc, axis=2), x_ptr.dtype.element_ty)  # the reference's GEMM rounding
+    tl.store(out_ptr + offs_n[:, None] * V + offs_v[None, :], _softcap(z, cap),
+             mask=(offs_n[:, None] < N) & (offs_v[None, :] < V))
+
+
+@_jit
+def _head_mm(x_ptr, w_ptr, out_ptr, N, V, K, cap,
+             BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+             DOT: tl.constexpr, IEEE: tl.constexpr):
+    """logits tile = softcap(round(x @ W^T)), soft-cap on the FP32 accumulator in the epilogue.
+    IEEE: FP32 model, tl.dot in IEEE FP32 (as torch without TF32). Otherwise tensor cores in DOT,
+    the model dtype (tl.float32 under the interpreter, whose BF16 tl.dot multiplies raw bits; BF16
+    products are exact in FP32 either way)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    acc = tl.zeros((BLOCK_M, BLOCK_V), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        in_k = offs_k < K
+        a = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :],
+                    mask=(offs_m[:, None] < N) & in_k[None, :], other=0.0)
+        b = tl.load(w_ptr + offs_v[None, :] * K + offs_k[:, None],  # W^T tile [BLOCK_K, BLOCK_V]
+                    mask=(offs_v[None, :] < V) & in_k[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(DOT), b.to(DOT), acc)
+    z = _rounded(acc, x_ptr.dtype.element_ty)  # the reference's GEMM rounding
+    tl.store(out_ptr + offs_m[:, None] * V + offs_v[None, :], _softcap(z, cap),
+             mask=(offs_m[:, None] < N) & (offs_v[None, :] < V))
+
+
+@_jit
+def _softcap_kernel(z_ptr, out_ptr, numel, cap, BLOCK: tl.constexpr):
+    """Soft-cap over the logits in one pass: reads the GEMM output once, writes FP32 once."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    z = tl.load(z_ptr + o, mask=o < numel, other=0.0).to(tl.float32)
+    tl.store(out_ptr + o, _softcap(z, cap), mask=o < numel)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _dot_dtype(dtype):
+    if os.environ.get("TRITON_INTERPRET") == "1" and dtype == torch.bfloat16:
+        return tl.float32
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
+
+
+HEAD_CONFIGS = [
+    # gemv_max_tokens: N up to which the GEMV runs (else tl.dot tiles; 0 = always tiles).
+    dict(gemv_max_tokens=4, gemv_block_v=32, gemv_block_k=256, gemv_warps=4,
+         mm_block_m=64, mm_block_v=128, mm_block_k=64, mm_warps=4, mm_stages=4),
+    dict(gemv_max_tokens=1, gemv_block_v=16, gemv_block_k=512, gemv_warps=4,
+         mm_block_m=64, mm_block_v=64, mm_block_k=128, mm_warps=4, mm_stages=3),
+    dict(gemv_max_tokens=8, gemv_block_v=64, gemv_block_k=128, gemv_warps=8,
+         mm_block_m=128, mm_block_v=128, mm_block_k=64, mm_warps=8, mm_stages=3),
+    dict(gemv_max_tokens=0, gemv_block_v=32, gemv_block_k=256, gemv_warps=4,
+         mm_block_m=32, mm_block_v=64, mm_block_k=128, mm_warps=4, mm_stages=4),
+]
+
+
+def _head_triton_at(cfg):
+    def head_triton(h, w, *, eps, softcap):
+        h, weight = h.contiguous(), w["lm_head"].contiguous()
+        n, k = h.shape
+        v = weight.shape[0]
+        out = torch.empty((n, v), dtype=torch.float32, device=h.device)
+        if n == 0:
+            return out
+        x = torch.empty_like(h)
+        _head_norm[(n,)](h, w["norm"], x, k, float(eps), BLOCK_H=min(_pow2(k), 8192), num_warps=8)
+        if n <= cfg["gemv_max_tokens"]:
+            bn = _pow2(n)
+            bk = max(16, cfg["gemv_block_k"] // bn)  # the register tile stays BLOCK_V x gemv_block_k
+            _head_gemv[(triton.cdiv(v, cfg["gemv_block_v"]),)](
+                x, weight, out, n, v, k, float(softcap), BLOCK_N=bn, BLOCK_V=cfg["gemv_block_v"], BLOCK_K=bk,
+                num_warps=cfg["gemv_warps"])
+        else:
+            bm = min(cfg["mm_block_m"], max(16, _pow2(n)))
+            _head_mm[(triton.cdiv(n, bm), triton.cdiv(v, cfg["mm_block_v"]))](
+                x, weight, out, n, v, k, float(softcap), BLOCK_M=bm, BLOCK_V=cfg["mm_block_v"],
+                BLOCK_K=cfg["mm_block_k"], DOT=_dot_dtype(weight.dtype), IEEE=weight.dtype == torch.float32,
+                num_warps=cfg["mm_warps"], num_stages=cfg["mm_stages"])
+        return out
+
+    return head_triton
+
+
+def _head_triton_supports(wl):
+    c = wl.config
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"head:triton takes bf16/fp16/fp32, not {wl.dtype}"
+    if c.vocab_size * c.hidden_size >= 2 ** 31 or wl.tokens * c.vocab_size >= 2 ** 31:
+        return "head:triton indexes with int32: vocab x hidden and tokens x vocab must stay below 2^31"
+    return True
+
+
+register("head", "triton", "triton", supports=_head_triton_supports, configs=HEAD_CONFIGS,
+         configure=_head_triton_at)(_head_triton_at(HEAD_CONFIGS[0]))
+
+SOFTCAP_CONFIGS = [dict(block=2048, num_warps=4), dict(block=4096, num_warps=8), dict(block=1024, num_warps=4)]
+
+
+def _head_softcap_at(cfg):
+    def head_triton_softcap(h, w, *, eps, softcap):
+        z = F.linear(rms_norm(h, w["norm"], eps).to(h.dtype), w["lm_head"])
+        out = z if z.dtype == torch.float32 else torch.empty(z.shape, dtype=torch.float32, device=z.device)
+        if z.numel():
+            _softcap_kernel[(triton.cdiv(z.numel(), cfg["block"]),)](
+                z, out, z.numel(), float(softcap), BLOCK=cfg["block"], num_warps=cfg["num_warps"])
+        return out
+
+    return head_triton_softcap
+
+
+def _head_softcap_supports(wl):
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"head:triton_softcap takes bf16/fp16/fp32 logits, not {wl.dtype}"
+    if wl.tokens * wl.config.vocab_size >= 2 ** 31:
+        return "head:triton_softcap indexes with int32: tokens x vocab must stay below 2^31"
+    return True
+
+
+register("head", "triton_softcap", "triton", supports=_head_softcap_supports, configs=SOFTCAP_CONFIGS,
+         configure=_head_softcap_at)(_head_softcap_at(SOFTCAP_CONFIGS[0]))

@@ -1,0 +1,95 @@
+"""Prometheus metrics: request counters and latency histograms observed by the handlers, engine
+gauges (running/waiting, KV pages per group, prefix-cache hits) read from the engine's latest
+snapshot at scrape time. A registry per app, so tests can build several apps in one process.
+Must never block on or call into the engine thread."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+disable_created_metrics()  # the *_created series only add noise to every scrape
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _EngineCollector:
+    def __init__(self, async_engine):
+        self.engine = async_engine
+
+    def collect(self):
+        s = self.engine.stats()
+        yield GaugeMetricFamily("beam_requests_running", "Requests being computed", value=s["running"])
+        yield GaugeMetricFamily("beam_requests_waiting", "Requests waiting for admission", value=s["waiting"])
+        for name, key, doc in (("beam_kv_pages_used", "pages_used", "KV pages referenced by requests"),
+                               ("beam_kv_pages_cached", "pages_cached", "Unreferenced KV pages kept for prefix reuse"),
+                               ("beam_kv_pages_total", "pages_total", "KV pages in the pool (page 0 excluded)")):
+            g = GaugeMetricFamily(name, doc, labels=["group"])
+            for group, v in s[key].items():
+                g.add_metric([group], v)
+            yield g
+        yield CounterMetricFamily("beam_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+                                  value=s["prefix_queried_tokens"])
+        yield CounterMetricFamily("beam_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache",
+                                  value=s["prefix_hit_tokens"])
+        q = s["prefix_queried_tokens"]
+        yield GaugeMetricFamily("beam_prefix_cache_hit_rate", "Hit tokens / queried tokens since start",
+                                value=s["prefix_hit_tokens"] / q if q else 0.0)
+        yield CounterMetricFamily("beam_preemptions", "Sequences preempted for lack of KV pages",
+                                  value=s["preemptions"])
+
+
+class Metrics:
+    def __init__(self, async_engine):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("beam_requests", "Finished requests", ["endpoint", "finish_reason"], registry=r)
+        self.rejected = Counter("beam_requests_rejected", "Requests answered with an HTTP error", ["status"],
+                                registry=r)
+        self.prompt_tokens = Counter("beam_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("beam_generation_tokens", "Generated tokens of finished requests",
+                                         registry=r)
+        self.ttft = Histogram("beam_time_to_first_token_seconds", "Arrival to first generated token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("beam_inter_token_latency_seconds", "Time between generated tokens",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("beam_request_latency_seconds", "Arrival to last token", buckets=LATENCY_BUCKETS,
+                             registry=r)
+        r.register(_EngineCollector(async_engine))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def timer(self, endpoint: str) -> "RequestTimer":
+        return RequestTimer(self, endpoint)
+
+
+class RequestTimer:
+    """One request's latencies and, once, its totals."""
+
+    def __init__(self, metrics: Metrics, endpoint: str):
+        self.m, self.endpoint = metrics, endpoint
+        self.start = self.last = time.perf_counter()
+        self.first = True
+        self.done = False
+
+    def tokens(self, n: int) -> None:
+        if not n:
+            return
+        now = time.perf_counter()
+        if self.first:
+            self.m.ttft.observe(now - self.start)
+            self.first = False
+        else:
+            self.m.itl.observe(now - self.last)
+        self.last = now
+
+    def finish(self, reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.m.requests.labels(self.endpoint, reason).inc()
+        self.m.prompt_tokens.inc(prompt_tokens)
+        self.m.generation_tokens.inc(completion_tokens)
+        self.m.e2e.observe(time.perf_counter() - self.start)

@@ -1,0 +1,125 @@
+"""Shared plumbing of the generation endpoints: reading the body, submitting to the engine, server-
+sent events, waiting for a non-streamed result while watching for the client leaving, usage.
+
+Must never leave a request running for a client that is gone: every path closes its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+
+from fastapi import Request
+
+from server.api.errors import APIError, invalid
+from server.engine.async_engine import EngineUnavailable, RequestStream
+from server.engine.output import RequestOutput
+from server.engine.sampling_params import SamplingParams
+
+DONE = "data: [DONE]\n\n"
+log = logging.getLogger("beam.api")
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def read_json(request: Request):
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise invalid(f"the request body is not valid JSON: {e}") from None
+
+
+def sampling_params(state, common, prompt_ids: list[int], prompt_param: str) -> SamplingParams:
+    """Resolve max_tokens against the context length and build the engine's SamplingParams."""
+    limit = state.max_model_len
+    room = limit - len(prompt_ids)
+    if room < 1 or (common.max_tokens is not None and common.max_tokens > room):
+        asked = f" + {common.max_tokens} completion tokens" if common.max_tokens is not None else ""
+        raise invalid(f"this model's maximum context length is {limit} tokens, but the request has "
+                      f"{len(prompt_ids)} prompt tokens{asked}", prompt_param, "context_length_exceeded")
+    try:
+        return SamplingParams(max_tokens=common.max_tokens or room, **common.sampling)
+    except ValueError as e:
+        raise invalid(str(e)) from None
+
+
+def submit(state, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+    try:
+        return state.engine.open(request_id, prompt_ids, params)
+    except EngineUnavailable as e:
+        code = "shutting_down" if not state.engine.accepting else "overloaded"
+        raise APIError(503, str(e), code=code) from None
+    except ValueError as e:
+        raise invalid(str(e), "prompt") from None
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def collect(request: Request, stream: RequestStream, on_output=None) -> list[RequestOutput]:
+    """All outputs of a non-streamed request; aborts it (ClientGone) if the client disconnects.
+    `on_output(num_new_tokens)` is called as outputs arrive (latency metrics)."""
+    async def consume():
+        outs = []
+        async for o in stream:
+            outs.append(o)
+            if on_output is not None:
+                on_output(len(o.token_ids))
+        return outs
+
+    task = asyncio.ensure_future(consume())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.2)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+        stream.close()
+
+
+async def sse_body(events, stream: RequestStream, timer, num_prompt: int):
+    """An endpoint's SSE events, guarded: an error after the stream started becomes an error event
+    followed by [DONE]; the request is closed (aborted if unfinished) and counted exactly once."""
+    reason = "abort"  # what it stays if the client leaves (the generator is closed mid-way)
+    try:
+        async for piece in events:
+            yield piece
+        reason = stream.last.finish_reason if stream.last else "abort"
+    except APIError as e:
+        reason = "error"
+        yield e.sse()
+    except EngineUnavailable as e:
+        reason = "error"
+        yield APIError(503, str(e), code="shutting_down").sse()
+    except Exception:  # noqa: BLE001 - a bug must still end the stream in the documented way
+        log.exception("stream failed")
+        reason = "error"
+        yield APIError(500, "internal server error", code="internal_error").sse()
+    finally:
+        stream.close()
+        timer.finish(reason, num_prompt, stream.last.num_output_tokens if stream.last else 0)
+    yield DONE
+
+
+def usage(last: RequestOutput) -> dict:
+    return {"prompt_tokens": last.num_prompt_tokens, "completion_tokens": last.num_output_tokens,
+            "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens}}
+
+
+def engine_error(out: RequestOutput) -> APIError:
+    return APIError(500, out.error or "generation failed", code="engine_error")

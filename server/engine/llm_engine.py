@@ -1,0 +1,202 @@
+"""The engine: requests in, one step at a time, outputs out. Synchronous and single-threaded.
+
+`Engine(model, tokenizer, ...)` wires a block manager (page ownership), a scheduler (who runs this
+step) and a model runner (the step itself); `add_request` / `abort` / `step` are all it does.
+`variants=` / `variant_configs=` re-bind the model's fusion-point variants (a lock file's
+selection and tuning configs). A failing model step fails the requests of that step, never the
+engine; pages always go back. Must never be called from two threads at once (`AsyncEngine` owns
+it from one thread).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from beam_model.config import FULL, SLIDING
+from beam_model.kv_cache import PAGE_SIZE
+from server.engine import cache_sizing
+from server.engine.block_manager import GROUPS, BlockManager
+from server.engine.detokenizer import IncrementalDetokenizer
+from server.engine.model_runner import ModelRunner
+from server.engine.output import RequestOutput
+from server.engine.sampling_params import SamplingParams
+from server.engine.scheduler import Scheduler
+from server.engine.sequence import Sequence
+
+log = logging.getLogger("beam.engine")
+
+# Captured decode graphs have page tables this many tokens wide: the reference attention reads the
+# whole table every step, so wider costs every step; longer sequences decode eagerly instead.
+GRAPH_MAX_LEN = 8192
+
+
+class Engine:
+    def __init__(self, model, tokenizer, *, variants: dict | None = None, variant_configs: dict | None = None,
+                 num_pages: int | None = None, num_sliding_pages: int | None = None,
+                 gpu_memory_utilization: float = 0.9,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 prefix_caching: bool = True, cuda_graphs: bool | None = None, seed: int = 0,
+                 logits_hook=None):
+        if variants is not None or variant_configs is not None:
+            model.set_variants(variants, variant_configs)  # a lock's selection and tuning configs
+        cuda = model.device.type == "cuda"
+        self.model, self.tokenizer, self.config = model, tokenizer, model.config
+        self.max_num_seqs = max_num_seqs or (256 if cuda else 128)
+        self.max_num_batched_tokens = max_num_batched_tokens or (2048 if cuda else 1024)
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
+        self.page_size = PAGE_SIZE
+        self.num_pages = self._plan_pages(num_pages, num_sliding_pages, gpu_memory_utilization)
+        c = self.config
+        enabled = {g: any(t == g for t in c.layer_types) for g in GROUPS}
+        self.block_manager = BlockManager(self.num_pages, page_size=self.page_size, window=c.sliding_window,
+                                          enabled=enabled, prefix_caching=prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.max_num_seqs,
+                                   max_num_batched_tokens=self.max_num_batched_tokens)
+        self.max_model_len = min(c.max_position_embeddings, (self.num_pages[FULL] - 1) * self.page_size)
+        self.runner = ModelRunner(model, self.num_pages, page_size=self.page_size, max_num_seqs=self.max_num_seqs,
+                                  vocab_limit=min(c.vocab_size, tokenizer.vocab_size),
+                                  cuda_graphs=cuda if cuda_graphs is None else cuda_graphs,
+                                  graph_max_len=min(self.max_model_len, GRAPH_MAX_LEN), seed=seed,
+                                  logits_hook=logits_hook)
+        self.eos_token_id = tokenizer.eos_token_id
+        self.requests: dict[str, Sequence] = {}
+        self.num_steps = 0
+
+    def _plan_pages(self, num_pages, num_sliding_pages, utilization) -> dict[str, int]:
+        c, m, ps = self.config, self.model, PAGE_SIZE
+        need = dict(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                    page_size=ps)
+        if num_pages is not None:
+            sliding = cache_sizing.sliding_pages_needed(c, **need)
+            pages = {FULL: num_pages, SLIDING: sliding}
+        elif m.device.type == "cuda":
+            if not 0 < utilization <= 1:
+                raise ValueError("gpu_memory_utilization must be in (0, 1]")
+            budget = cache_sizing.cuda_kv_budget(m, utilization, self.max_num_batched_tokens)
+            pages = cache_sizing.plan_pages(c, m.dtype, budget, **need)
+        else:
+            pages = cache_sizing.plan_pages(c, m.dtype, cache_sizing.CPU_KV_BYTES, **need)
+        if num_sliding_pages is not None:
+            pages[SLIDING] = num_sliding_pages
+        floor = cache_sizing.min_sliding_pages(c, max_num_batched_tokens=self.max_num_batched_tokens, page_size=ps)
+        if pages[FULL] < 2 or pages[SLIDING] < floor:
+            raise ValueError(f"KV pools too small: {pages[FULL]} full-attention pages (need >= 2) and "
+                             f"{pages[SLIDING]} sliding pages (need >= {floor} for a chunk of "
+                             f"{self.max_num_batched_tokens} tokens)")
+        return pages
+
+    # ---- requests ------------------------------------------------------------------------
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError if the request can never be served. Reads only constants: thread-safe."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        vocab = min(self.config.vocab_size, self.tokenizer.vocab_size)
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"this model's context length is {self.max_model_len} tokens, but the request "
+                             f"needs {len(prompt_ids)} prompt + {params.max_tokens} completion tokens")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.check_request(prompt_ids, params)
+        seq = Sequence(request_id, prompt_ids, params, IncrementalDetokenizer(self.tokenizer, params.stop))
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request now; its pages go back before this returns."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def abort_all(self, error: str) -> list[RequestOutput]:
+        outs = []
+        for rid in list(self.requests):
+            seq = self.requests[rid]
+            self._finish(seq, "error", error)
+            outs.append(self._output(seq, [], "", None))
+        return outs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        outputs = []
+        for seq in batch.finished:  # the scheduler ended it: no room left to grow
+            self.requests.pop(seq.request_id, None)
+            outputs.append(self._output(seq, [], seq.detokenizer.flush(), None))
+        if not batch.seqs:
+            return outputs
+        self.num_steps += 1
+        try:
+            samples = self.runner.run(batch.seqs, batch.num_tokens)
+        except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
+            log.exception("model step failed; failing its %d requests", len(batch.seqs))
+            for seq in batch.seqs:
+                self._finish(seq, "error", f"model step failed: {type(e).__name__}: {e}")
+                outputs.append(self._output(seq, [], "", None))
+            return outputs
+        for seq, n, sample in zip(batch.seqs, batch.num_tokens, samples):
+            seq.num_computed += n
+            self.block_manager.commit(seq)
+            if sample is not None:
+                outputs.append(self._append(seq, sample))
+        return outputs
+
+    def _append(self, seq: Sequence, sample) -> RequestOutput:
+        tid, p = sample.token_id, seq.params
+        seq.token_ids.append(tid)
+        stop_token = (tid == self.eos_token_id and not p.ignore_eos) or tid in p.stop_token_ids
+        text = "" if stop_token else seq.detokenizer.add(tid)  # a stop token's text is never shown
+        reason = None
+        if stop_token or seq.detokenizer.stopped:
+            reason = "stop"
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason:
+            text += seq.detokenizer.flush()
+            self._finish(seq, reason)
+        return self._output(seq, [tid], text, [sample] if p.logprobs else None)
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        self.requests.pop(seq.request_id, None)
+        self.scheduler.finish(seq, reason)
+        seq.error = error
+
+    @staticmethod
+    def _output(seq: Sequence, token_ids, text, logprobs) -> RequestOutput:
+        return RequestOutput(seq.request_id, token_ids, text, logprobs, seq.finished, seq.finish_reason,
+                             seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens or 0, seq.error)
+
+    # ---- introspection & offline use --------------------------------------------------------
+    def stats(self) -> dict:
+        bm, s = self.block_manager, self.scheduler
+        return {
+            "running": len(s.running), "waiting": len(s.waiting),
+            "pages_used": {g: bm.used(g) for g in GROUPS},
+            "pages_cached": {g: bm.cached(g) for g in GROUPS},
+            "pages_total": {g: bm.capacity(g) for g in GROUPS},
+            "prefix_queried_tokens": s.prefix_queried_tokens, "prefix_hit_tokens": s.prefix_hit_tokens,
+            "preemptions": s.num_preemptions, "steps": self.num_steps,
+        }
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Serve prompts to completion (all concurrently); returns each one's generated ids."""
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"offline-{i}-{id(prompts)}" for i in range(len(prompts))]
+        out: dict[str, list[int]] = {r: [] for r in ids}
+        for r, p, sp in zip(ids, prompts, params):
+            self.add_request(r, p, sp)
+        while self.has_unfinished():
+            for o in self.step():
+                out[o.request_id].extend(o.token_ids)
+                if o.error:
+                    raise RuntimeError(o.error)
+        return [out[r] for r in ids]

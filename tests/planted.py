@@ -1,0 +1,152 @@
+"""Planted faulty variants: each is wrong in one way a real kernel can be, and a gate must reject it.
+
+Each entry of PLANTED builds a fresh `Variant` (fresh state: several plants remember earlier calls)
+and names the gate check that must catch it. They are never registered in the product: tests build
+them directly, or register one for the duration of a test and remove it after.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.registry import Variant, reference
+
+
+def _ref(point):
+    return reference(point).fn
+
+
+def window_off_by_one():
+    def attention(q, cache, meta, *, window, scale):  # sees one key too many on sliding layers
+        return _ref("attention")(q, cache, meta, window=None if window is None else window + 1, scale=scale)
+    return attention
+
+
+def bias_in_weights():
+    def route(x, w, *, n_group, topk_group, top_k, scale):  # weights from the *biased* scores
+        ids, _ = _ref("route")(x, w, n_group=n_group, topk_group=topk_group, top_k=top_k, scale=scale)
+        biased = torch.sigmoid(x.float() @ w["weight"].float().t()) + w["bias"].float()
+        weights = biased.gather(1, ids)
+        return ids, weights / weights.sum(-1, keepdim=True) * scale
+    return route
+
+
+def ssmax_on_sliding():
+    def qk_prep(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_theta=None, ssmax=None):
+        return _ref("qk_prep")(q, k, v, w, cache=cache, slot_mapping=slot_mapping, positions=positions, eps=eps,
+                               rope_theta=rope_theta, ssmax=ssmax or (2048.0, 0.1))  # SSMax on SWA layers too
+    return qk_prep
+
+
+def partial_write():
+    def dense_mlp(x, w):  # the last row is never written
+        y = _ref("dense_mlp")(x, w)
+        out = torch.empty_like(y)
+        out[:-1] = y[:-1]
+        return out
+    return dense_mlp
+
+
+def stale_by_pointer():
+    memo = {}
+
+    def attn_out(o, g, w):  # "same input buffer, same result": wrong once the buffer is refilled
+        key = (o.data_ptr(), g.data_ptr())
+        if key not in memo:
+            memo[key] = _ref("attn_out")(o, g, w)
+        return memo[key].clone()
+    return attn_out
+
+
+def first_call_only():
+    memo = []
+
+    def head(h, w, *, eps, softcap):  # right for the first inputs it sees, then replays them
+        if not memo:
+            memo.append(_ref("head")(h, w, eps=eps, softcap=softcap))
+        return memo[0].clone()
+    return head
+
+
+def wrong_dtype():
+    def attn_out(o, g, w):  # forgot to round the output: FP32 instead of the model dtype
+        n, heads, hd = o.shape
+        gate = torch.sigmoid(g.float().view(n, heads, hd) + w["gate_bias"].float()[None, :, None])
+        return (o.float() * gate).reshape(n, heads * hd) @ w["o_proj"].float().t()
+    return attn_out
+
+
+def nondeterministic():
+    def experts(x, ids, weights, w):  # atomics-style: the last bits depend on the run
+        y = _ref("experts")(x, ids, weights, w).float()
+        return (y * (1 + 2e-3 * torch.rand_like(y))).to(x.dtype)
+    return experts
+
+
+def residual_in_place():
+    def boundary(y, h, w, *, eps, group=None):  # vLLM-style fused add: the residual updated in place
+        h_new, x_next = _ref("boundary")(y, h, w, eps=eps, group=group)
+        h.copy_(h_new)
+        return h, x_next
+    return boundary
+
+
+def writes_next_slot():
+    def qk_prep(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_theta=None, ssmax=None):
+        out = _ref("qk_prep")(q, k, v, w, cache=cache, slot_mapping=slot_mapping, positions=positions, eps=eps,
+                              rope_theta=rope_theta, ssmax=ssmax)
+        ps = cache.shape[2]
+        spill = (slot_mapping + 1) % (cache.shape[0] * ps)  # K also stomps on the neighbouring slot
+        cache[spill // ps, 0, spill % ps] = 0
+        return out
+    return qk_prep
+
+
+def decode_only():
+    def attention(q, cache, meta, *, window, scale):  # no `supports`, yet no prefill path either
+        if not meta.decode:
+            raise NotImplementedError("prefill is not implemented in this kernel")
+        return _ref("attention")(q, cache, meta, window=window, scale=scale)
+    return attention
+
+
+def ignores_top_p():
+    def sample(logits, temperature, top_k, top_p, *, generator=None):
+        return _ref("sample")(logits, temperature, top_k, torch.ones_like(top_p), generator=generator)
+    return sample
+
+
+def one_group_score():
+    def route(x, w, *, n_group, topk_group, top_k, scale):  # groups scored by their best expert only
+        scores = torch.sigmoid(x.float() @ w["weight"].float().t())
+        biased = scores + w["bias"].float()
+        n, e = biased.shape
+        kept = biased.view(n, n_group, -1).max(-1).values.topk(topk_group, dim=-1).indices
+        mask = torch.zeros(n, n_group, dtype=torch.bool, device=x.device).scatter_(1, kept, True)
+        ids = biased.masked_fill(~mask.repeat_interleave(e // n_group, 1), float("-inf")).topk(top_k, -1).indices
+        weights = scores.gather(1, ids)
+        return ids, weights / weights.sum(-1, keepdim=True) * scale
+    return route
+
+
+# name -> (point, factory, the check that must fail)
+PLANTED = {
+    "window_off_by_one": ("attention", window_off_by_one, "accuracy"),
+    "bias_in_weights": ("route", bias_in_weights, "route_weights"),
+    "ssmax_on_sliding": ("qk_prep", ssmax_on_sliding, "accuracy"),
+    "partial_write": ("dense_mlp", partial_write, "finite"),
+    "stale_by_pointer": ("attn_out", stale_by_pointer, "fresh_inputs"),
+    "first_call_only": ("head", first_call_only, "fresh_inputs"),
+    "wrong_dtype": ("attn_out", wrong_dtype, "signature"),
+    "nondeterministic": ("experts", nondeterministic, "deterministic"),
+    "residual_in_place": ("boundary", residual_in_place, "inputs_unchanged"),
+    "writes_next_slot": ("qk_prep", writes_next_slot, "inplace_bounds"),
+    "decode_only": ("attention", decode_only, "runs"),
+    "ignores_top_p": ("sample", ignores_top_p, "support"),
+    "one_group_score": ("route", one_group_score, "route_ids"),
+}
+
+
+def planted(name: str) -> Variant:
+    point, factory, _ = PLANTED[name]
+    return Variant(point, f"planted_{name}", "torch", factory())

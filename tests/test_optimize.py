@@ -1,0 +1,117 @@
+"""`workbench optimize` end to end on beam-tiny (CPU): profile -> search -> lock -> report, then the
+lock verifies, and every kind of tampering is named by `lock verify`."""
+
+import json
+import os
+
+import pytest
+import torch
+import yaml
+
+from workbench import lock as lockmod
+from workbench.lock import Lock, verify
+from workbench.optimize import OptimizeOptions, optimize
+from workbench.registry import POINTS
+
+POINTS_SEARCHED = ("boundary", "qkvg_proj")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("opt"))
+    events = []
+    with pytest.MonkeyPatch.context() as mp:
+        # As a user's CPU run: interpreted Triton kernels are for correctness tests, not for timing.
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
+                                          device=torch.device("cpu"), out_dir=out, points=POINTS_SEARCHED,
+                                          command="pytest"), on_event=events.append)
+    return out, report, events
+
+
+def test_run_writes_every_result_file(run):
+    out, report, events = run
+    for name in ("lock.yaml", "report.json", "report.md", "profile.json", "profile.trace.json"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    with open(os.path.join(out, "report.json")) as f:
+        saved = json.load(f)
+    for key in ("target", "preset", "dtype", "gpu", "reference_ms", "locked_ms", "speedup", "floor_ms",
+                "torch_compile_ms", "kernels_per_layer", "points"):
+        assert key in saved, key
+    assert saved["speedup"] == pytest.approx(saved["reference_ms"] / saved["locked_ms"])
+    assert {p["point"] for p in saved["points"]} == set(POINTS)
+    searched = [e["point"] for e in events if e["type"] == "point_done"]
+    assert sorted(searched) == sorted(POINTS_SEARCHED)
+    # every candidate of a searched point was gated before it was timed
+    for e in events:
+        if e["type"] == "candidate" and e["result"]["step_us"] is not None:
+            assert e["result"]["gate_passed"]
+
+
+def test_lock_selects_the_variants_in_the_model(run):
+    out, report, _ = run
+    lock, problems = Lock.load(os.path.join(out, "lock.yaml"))
+    assert problems == []
+    assert set(lock.points) == set(POINTS)
+    from beam_model import BeamForCausalLM
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, variants=lock.selection)
+    assert model.ops.selection == lock.selection
+
+
+def test_lock_verifies(run):
+    out, _, _ = run
+    result = verify(os.path.join(out, "lock.yaml"), run_gates=True)
+    assert result.ok, result.problems
+
+
+def _tampered(out, tmp_path, edit):
+    with open(os.path.join(out, "lock.yaml")) as f:
+        raw = yaml.safe_load(f)
+    edit(raw)
+    path = tmp_path / "lock.yaml"
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+    return str(path)
+
+
+def test_edited_timing_is_detected(run, tmp_path):
+    out, _, _ = run
+    path = _tampered(out, tmp_path, lambda raw: raw["end_to_end"].update(locked_us=0.001))
+    result = verify(path, run_gates=False)
+    assert not result.ok and any("digest" in p for p in result.problems)
+
+
+def test_missing_point_is_detected(run, tmp_path):
+    out, _, _ = run
+    path = _tampered(out, tmp_path, lambda raw: raw["points"].pop("experts"))
+    result = verify(path, run_gates=False)
+    assert any("points missing" in p and "experts" in p for p in result.problems)
+
+
+def test_changed_variant_source_is_detected(run, monkeypatch):
+    out, _, _ = run
+    real = lockmod.source_hash
+    monkeypatch.setattr(lockmod, "source_hash",
+                        lambda point, name: "0" * 16 if point == "boundary" else real(point, name))
+    result = verify(os.path.join(out, "lock.yaml"), run_gates=False)
+    assert any(p.startswith("boundary: source of") for p in result.problems), result.problems
+
+
+def test_other_environment_is_refused_for_serving(run):
+    out, _, _ = run
+    path = os.path.join(out, "lock.yaml")
+    result = verify(path, environment={"gpu": "NVIDIA B200"}, run_gates=False)
+    assert any(p.startswith("environment gpu") for p in result.problems)
+
+
+def test_broken_lock_files_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("points: [unclosed")
+    with pytest.raises(lockmod.LockError, match="not valid YAML"):
+        Lock.load(str(bad))
+    bad.write_text("schema: 1\n")
+    with pytest.raises(lockmod.LockError, match="lacks the fields"):
+        Lock.load(str(bad))
+    with pytest.raises(lockmod.LockError, match="no lock file"):
+        Lock.load(str(tmp_path / "absent.yaml"))

@@ -1,0 +1,300 @@
+"""The serving engine without HTTP: page ownership, prefix caching, stop strings, and continuous
+batching giving the same greedy tokens as serving each request alone (and as beam_model.generate).
+
+beam-tiny in FP32 on the CPU: window 16, pages of 64 tokens, vocab 288.
+"""
+
+import pytest
+import torch
+
+from beam_model.config import FULL, SLIDING
+from beam_model.generate import generate
+from beam_model.model import BeamForCausalLM
+from beam_model.tokenizer import ByteTokenizer, StreamDecoder
+from server.engine import Engine, SamplingParams
+from server.engine.block_manager import BlockManager
+from server.engine.detokenizer import IncrementalDetokenizer
+from server.engine.output import TokenLogprob
+from server.engine.sequence import Sequence
+from server.engine.testing import ScriptedLogits
+
+PS, W = 64, 16
+
+
+class FullVocabTokenizer:
+    """Decodes every id of the model's padded vocab (so the engine may sample all 288, like generate)."""
+
+    vocab_size, eos_token_id = 288, 264
+
+    def stream_decoder(self):
+        return StreamDecoder(lambda ids: "".join(chr(0x100 + i) for i in ids))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matmuls: threads only add OpenMP overhead (and stall badly on a busy machine).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lengths]
+
+
+def seq(tokens, params=None):
+    return Sequence("r", tokens, params or SamplingParams(), IncrementalDetokenizer(ByteTokenizer()))
+
+
+# ------------------------------------------------------------------ block manager
+
+def test_pages_refcounted_and_sliding_pages_released_as_the_window_moves():
+    bm = BlockManager({FULL: 8, SLIDING: 8}, page_size=PS, window=W)
+    s = seq(list(range(200)))
+    bm.allocate(s, 200)
+    assert len(s.pages[FULL]) == len(s.pages[SLIDING]) == 4 and bm.used(FULL) == 4
+    assert 0 not in s.pages[FULL] + s.pages[SLIDING]  # page 0 is reserved
+    s.num_computed = 200
+    bm.release_window(s)  # the next query (position 200) sees 185..200: pages 0-1 can go, 2 stays
+    assert s.pages[SLIDING][:2] == [-1, -1] and min(s.pages[SLIDING][2:]) > 0
+    assert bm.used(SLIDING) == 2 and bm.used(FULL) == 4
+    bm.free(s)
+    assert bm.used(FULL) == bm.used(SLIDING) == 0 and s.num_computed == 0
+
+
+def _computed(bm, tokens):
+    s = seq(tokens)
+    bm.allocate(s, len(tokens))
+    s.num_computed = len(tokens)
+    bm.commit(s)
+    return s
+
+
+def test_prefix_reuse_needs_full_pages_and_the_last_window_of_sliding_pages():
+    bm = BlockManager({FULL: 16, SLIDING: 16}, page_size=PS, window=W)
+    tokens = list(range(3 * PS + 10))
+    first = _computed(bm, tokens)
+    bm.release_window(first)  # sliding pages 0 and 1 leave the window (refcount 0, still cached)
+    hashes = list(first.page_hashes)
+    bm.free(first)
+    assert bm.used(FULL) == 0 and bm.cached(FULL) == 3 and bm.cached(SLIDING) == 3
+    again = seq(tokens + [7])
+    assert bm.match_prefix(again) == 3 * PS
+    assert again.pages[SLIDING][:2] == [-1, -1] and again.pages[SLIDING][2] > 0  # only the last window
+    assert again.pages[FULL] == first_pages(bm, again) and bm.used(FULL) == 3
+    bm.free(again)
+    # A different continuation inside page 2 shares only pages 0-1; but the sliding page 1 then
+    # needed for the window before position 128 is gone once evicted -> fall back to page 0 only.
+    other = tokens[:2 * PS + 5] + [999]
+    sliding_page_1 = bm.pools[SLIDING].page_of[hashes[1]]
+    pool = bm.pools[SLIDING]
+    del pool.page_of[pool.hash_of.pop(sliding_page_1)]
+    del pool.evictable[sliding_page_1]
+    pool.free.append(sliding_page_1)
+    s = seq(other)
+    assert bm.match_prefix(s) == PS
+
+
+def first_pages(bm, s):
+    return [bm.pools[FULL].page_of[h] for h in s.page_hashes]
+
+
+def test_unreferenced_cached_pages_are_evicted_lru_first():
+    bm = BlockManager({FULL: 4, SLIDING: 8}, page_size=PS, window=W, prefix_caching=True)
+    a = _computed(bm, list(range(PS + 1)))
+    bm.free(a)
+    b = _computed(bm, list(range(100, 100 + PS + 1)))
+    bm.free(b)
+    assert bm.cached(FULL) == 2 and bm.available(FULL) == 3
+    c = seq(list(range(500, 500 + 2 * PS)))
+    bm.allocate(c, 2 * PS)  # 1 free page + evicts a's page (the older one)
+    assert bm.match_prefix(seq(list(range(PS + 1)))) == 0
+    d = seq(list(range(100, 100 + PS + 1)))
+    assert bm.match_prefix(d) == PS
+
+
+# ------------------------------------------------------------------ stop strings
+
+def test_stop_strings_spanning_tokens_are_cut_and_never_shown():
+    tok = ByteTokenizer()
+    d = IncrementalDetokenizer(tok, stop=("END", "xyz"))
+    out = "".join(d.add(t) for t in tok.encode("hello EN"))
+    assert out == "hello " and not d.stopped  # "EN" is held: it may become "END"
+    out += d.add(tok.encode("D")[0])
+    assert d.stopped and out == "hello "
+    d = IncrementalDetokenizer(tok, stop=("END",))
+    out = "".join(d.add(t) for t in tok.encode("an E and Zürich")) + d.flush()
+    assert out == "an E and Zürich" and not d.stopped
+
+
+# ------------------------------------------------------------------ continuous batching
+
+GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+LENGTHS = [5, 70, 130, 17, 64, 200, 33, 1]
+
+
+def test_concurrent_greedy_equals_one_at_a_time_and_the_reference(model):
+    tok = FullVocabTokenizer()
+    ps = prompts(LENGTHS)
+    alone = [Engine(model, tok, num_pages=32).generate([p], GREEDY)[0] for p in ps]
+    # generate() is beam_model's plain prefill-then-decode loop over its own cache.
+    assert alone[:3] == [generate(model, [p], 20)[0] for p in ps[:3]]
+    together = Engine(model, tok, num_pages=64).generate(ps, GREEDY)
+    assert together == alone
+    # chunked prefill (budget 48 tokens) and a pool so small that sequences get preempted
+    tight = Engine(model, tok, num_pages=6, max_num_batched_tokens=48, prefix_caching=False)
+    assert tight.generate(ps, GREEDY) == alone
+    assert tight.scheduler.num_preemptions > 0
+    assert tight.stats()["pages_used"] == {FULL: 0, SLIDING: 0}
+
+
+def test_prefix_cache_hits_give_the_same_tokens(model):
+    tok = FullVocabTokenizer()
+    base = prompts([150])[0]
+    eng = Engine(model, tok, num_pages=32)
+    first = eng.generate([base], GREEDY)[0]
+    assert eng.stats()["prefix_hit_tokens"] == 0
+    again = eng.generate([base, base + first[:3]], GREEDY)
+    assert again[0] == first
+    assert again[1] == Engine(model, tok, num_pages=32, prefix_caching=False).generate([base + first[:3]], GREEDY)[0]
+    assert eng.stats()["prefix_hit_tokens"] == 2 * 128  # two full pages each
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(model):
+    tok = FullVocabTokenizer()
+    p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    ps = prompts([12, 40, 90])
+    alone = Engine(model, tok, num_pages=32).generate([ps[0]], p)[0]
+    mixed = Engine(model, tok, num_pages=32).generate(
+        ps, [p, SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True), GREEDY])
+    assert mixed[0] == alone
+    other = Engine(model, tok, num_pages=32).generate([ps[0]], SamplingParams(
+        max_tokens=16, temperature=1.0, top_p=0.9, seed=99, ignore_eos=True))[0]
+    assert other != alone
+
+
+def test_sliding_pages_stay_bounded_during_a_long_decode(model):
+    tok = FullVocabTokenizer()
+    eng = Engine(model, tok, num_pages=16)
+    eng.add_request("long", prompts([10])[0], SamplingParams(max_tokens=150, temperature=0.0, ignore_eos=True))
+    peak = 0
+    while eng.has_unfinished():
+        eng.step()
+        peak = max(peak, eng.stats()["pages_used"][SLIDING])
+    assert peak <= 2 and eng.stats()["pages_used"] == {FULL: 0, SLIDING: 0}
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model):
+    tok = ByteTokenizer()
+    hook = ScriptedLogits(tok, [{"when": "boom", "reply": "abc", "fail_at": 2},
+                                {"when": "hello", "reply": "hi there"}])
+    eng = Engine(model, tok, num_pages=16, logits_hook=hook)
+    eng.add_request("a", tok.encode("boom"), SamplingParams(max_tokens=10))
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    assert outs[-1].finish_reason == "error" and "scripted failure" in outs[-1].error
+    assert [o.token_ids for o in outs[:-1]] == [[ord("a")], [ord("b")]]
+    assert eng.stats()["pages_used"] == {FULL: 0, SLIDING: 0}
+    text = tok.decode(eng.generate([tok.encode("hello")], SamplingParams(max_tokens=30))[0])
+    assert text == "hi there<|end|>"
+
+
+def test_requests_that_cannot_fit_are_refused(model):
+    eng = Engine(model, ByteTokenizer(), num_pages=4)  # 3 pages: a context of 192 tokens
+    assert eng.max_model_len == 3 * PS
+    with pytest.raises(ValueError, match="context length"):
+        eng.add_request("x", [1] * 150, SamplingParams(max_tokens=50))
+    with pytest.raises(ValueError, match="token ids"):
+        eng.add_request("y", [1, 300], SamplingParams(max_tokens=5))
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+# ------------------------------------------------------------------ randomized page bookkeeping
+
+class CheckingRunner:
+    """Stands in for the model: remembers which prefix each written KV slot belongs to, and checks
+    that every slot a step's queries may read (all positions on full layers, the last W on sliding
+    ones) holds exactly this sequence's prefix. Next token: a function of the tokens so far."""
+
+    def __init__(self, page_size, window):
+        self.ps, self.w = page_size, window
+        self.slots = {FULL: {}, SLIDING: {}}
+
+    def run(self, seqs, counts):
+        out = []
+        for s, n in zip(seqs, counts):
+            c, ps = s.num_computed, self.ps
+            keys = [hash(tuple(s.token_ids[:p + 1])) for p in range(c + n)]
+            for t in range(c, c + n):
+                for g in (FULL, SLIDING):
+                    page = s.pages[g][t // ps]
+                    assert page > 0, f"token {t} of {s.request_id} writes to page {page} ({g})"
+                    self.slots[g][page, t % ps] = keys[t]
+            for q in range(c, c + n):
+                for g, lo in ((FULL, 0), (SLIDING, max(0, q - self.w + 1))):
+                    for p in range(lo, q + 1):
+                        page = s.pages[g][p // ps]
+                        assert page > 0 and self.slots[g].get((page, p % ps)) == keys[p], \
+                            f"{s.request_id}: {g} position {p} (query {q}) reads a wrong slot"
+            done = c + n == s.num_tokens
+            out.append(TokenLogprob(sum(s.token_ids) * 31 % 250, 0.0) if done else None)
+        return out
+
+
+def check_pools(eng):
+    """Reference counts equal the page-list entries of live sequences; every page is exactly one of
+    free, cached-unreferenced or referenced; the prefix index is consistent."""
+    bm = eng.block_manager
+    live = eng.scheduler.running + list(eng.scheduler.waiting)
+    for g, pool in bm.pools.items():
+        held = {}
+        for s in live:
+            for p in s.pages[g]:
+                if p >= 0:
+                    held[p] = held.get(p, 0) + 1
+        assert {p: r for p, r in enumerate(pool.ref) if r} == held
+        free, cached = set(pool.free), set(pool.evictable)
+        assert len(free) == len(pool.free) and not free & cached and not (free | cached) & set(held)
+        assert free | cached | set(held) == set(range(1, pool.num_pages))
+        assert all(pool.page_of[h] == p for p, h in pool.hash_of.items()) and cached <= set(pool.hash_of)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traffic_keeps_pages_consistent(model, seed):
+    import random
+
+    rng = random.Random(seed)
+    budget = rng.choice([16, 64, 256])
+    eng = Engine(model, FullVocabTokenizer(), num_pages=rng.choice([6, 7, 9]), max_num_seqs=6,
+                 max_num_batched_tokens=budget)
+    eng.runner = CheckingRunner(PS, W)
+    bases = [[rng.randrange(256) for _ in range(n)] for n in (0, 64, 130, 200)]
+    pending = [(f"r{i}", rng.choice(bases)[:rng.randint(0, 200)] + [rng.randrange(256) for _ in range(rng.randint(1, 40))],
+                SamplingParams(max_tokens=rng.randint(1, 40), temperature=0.0, ignore_eos=True)) for i in range(60)]
+    finished, aborted, lengths = {}, set(), {r: p.max_tokens for r, _, p in pending}
+    while pending or eng.has_unfinished():
+        for _ in range(rng.randint(0, 3)):
+            if pending:
+                eng.add_request(*pending.pop())
+        if eng.requests and rng.random() < 0.05:
+            rid = rng.choice(list(eng.requests))
+            eng.abort(rid)
+            aborted.add(rid)
+        for o in eng.step():
+            if o.finished:
+                finished[o.request_id] = o.num_output_tokens
+        check_pools(eng)
+    assert set(finished) | aborted == set(lengths) and not set(finished) & aborted
+    assert all(n == lengths[r] for r, n in finished.items())  # every survivor ran to max_tokens
+    stats = eng.stats()
+    assert stats["pages_used"] == {FULL: 0, SLIDING: 0} and stats["prefix_hit_tokens"] > 0
+    print(f"seed {seed}: {stats['preemptions']} preemptions, {stats['prefix_hit_tokens']} cached tokens")

@@ -1,0 +1,125 @@
+"""Time a fusion point's variants at one workload against its reference and the roofline floor.
+
+Prints a table (median, spread, % of the roofline floor, speed-up vs the reference, all from this
+one run) or, with --json, the bench.json document; --out DIR also writes bench.json and report.md
+there. Never edits variants or lock files.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from workbench.commands.common import DTYPES, print_json, resolve_device
+
+
+def add_arguments(p) -> None:
+    p.add_argument("point", metavar="POINT", help="fusion point, e.g. boundary, experts, attention")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="variants to time (default: all registered; "
+                   "the reference is always timed)")
+    p.add_argument("--preset", "--shape-preset", dest="preset", default="beam-501b-tp8",
+                   help="model preset whose shapes to use (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=1, help="sequences in the step (default: %(default)s)")
+    p.add_argument("--context", type=int, default=4096, help="KV length per sequence (default: %(default)s)")
+    p.add_argument("--prefill", type=int, metavar="T", help="prefill T tokens per sequence (default: decode)")
+    p.add_argument("--layer", choices=("sliding", "full"), default="sliding",
+                   help="attention kind for attention / qk_prep (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--graph", action="store_true", default=None,
+                   help="replay CUDA graphs of the call (default on CUDA)")
+    p.add_argument("--no-graph", dest="graph", action="store_false", help="time eager calls")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first input copy (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up calls (default: %(default)s)")
+    p.add_argument("--min-reps", type=int, default=50, help="(default: %(default)s)")
+    p.add_argument("--max-reps", type=int, default=2000, help="(default: %(default)s)")
+    p.add_argument("--target-spread", type=float, default=0.05,
+                   help="stop once (p90-p10)/median is below this (default: %(default)s)")
+    p.add_argument("--max-seconds", type=float, default=2.0,
+                   help="timing budget per variant, compilation excluded (default: %(default)s)")
+    p.add_argument("--out", metavar="DIR", help="write bench.json and report.md to DIR (e.g. runs/NAME)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def command_line(args, device, graph: bool) -> str:
+    """The run's exact command with every default spelled out, so the result can be reproduced."""
+    parts = ["workbench", "bench", args.point]
+    if args.variants:
+        parts += ["--variants", *args.variants]
+    parts += ["--preset", args.preset, "--batch", str(args.batch), "--context", str(args.context)]
+    if args.prefill:
+        parts += ["--prefill", str(args.prefill)]
+    parts += ["--layer", args.layer, "--dtype", args.dtype, "--device", str(device),
+              "--graph" if graph else "--no-graph", "--seed", str(args.seed), "--warmup", str(args.warmup),
+              "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps),
+              "--target-spread", str(args.target_spread), "--max-seconds", str(args.max_seconds)]
+    if args.out:
+        parts += ["--out", args.out]
+    return shlex.join(parts + (["--json"] if args.json else []))
+
+
+def _print_table(rows, title) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("variant", "backend", "median us", "spread", "% floor", "vs ref", "note"):
+        left = col in ("variant", "backend", "note")
+        table.add_column(col, justify="left" if left else "right", no_wrap=col != "note",
+                         min_width=12 if col == "note" else None)
+    for r in rows:
+        if r["error"]:
+            table.add_row(r["variant"], r["backend"], "", "", "", "", f"[red]{r['error']}[/]")
+            continue
+        note = f"graph fallback: {r['graph_error']}" if r["graph_error"] else ("graph" if r["graph"] else "eager")
+        table.add_row(r["variant"], r["backend"], f"{r['median_us']:.2f}", f"{r['spread']:.1%}",
+                      f"{r['pct_of_floor']:.1f}" if r["pct_of_floor"] is not None else "",
+                      f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "", note)
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 140)  # logs and pipes: keep a row on one line
+    console.print(table)
+
+
+def run(args) -> int:
+    from workbench import bench
+    from workbench.points import Workload
+
+    device = resolve_device(args.device)
+    graph = device.type == "cuda" if args.graph is None else args.graph
+    if graph and device.type != "cuda":
+        raise ValueError("--graph needs a CUDA device")
+    tokens = args.prefill or 1
+    if args.batch < 1 or tokens < 1 or args.context < tokens:
+        raise ValueError("need --batch >= 1, --prefill >= 1 and --context >= the prefill tokens")
+    workload = Workload(preset=args.preset, batch=args.batch, tokens_per_seq=tokens, context=args.context,
+                        layer=args.layer, dtype=args.dtype)
+    workload.config  # an unknown preset fails here, before any timing
+    timing = dict(warmup=args.warmup, min_reps=args.min_reps, max_reps=args.max_reps,
+                  target_spread=args.target_spread, max_seconds=args.max_seconds, use_graph=graph)
+    command = command_line(args, device, graph)
+
+    if args.json:
+        rows = bench.bench_point(args.point, args.variants, workload, device=device, seed=args.seed, **timing)
+    else:
+        from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+        with Progress(SpinnerColumn(), *Progress.get_default_columns(), TimeElapsedColumn(), transient=True) as bar:
+            task = bar.add_task(f"{args.point}: ceilings", total=None)
+
+            def progress(name, i, n):
+                bar.update(task, total=n, completed=i, description=f"{args.point}: timing {name}")
+
+            rows = bench.bench_point(args.point, args.variants, workload, device=device, seed=args.seed,
+                                     on_progress=progress, **timing)
+    env = bench.environment(device)
+    if args.out:
+        bench.write_results(rows, args.out, command, env)
+    if args.json:
+        print_json({"command": command, "environment": env, "rows": rows})
+    else:
+        floor = rows[0]["floor_us"]
+        _print_table(rows, f"{args.point}  {workload.label()}  on {env['gpu'] or device}"
+                           + (f"  (floor {floor:.2f} us)" if floor else ""))
+        if args.out:
+            print(f"wrote {args.out}/bench.json and {args.out}/report.md")
+    return 0 if rows[0]["error"] is None else 1

@@ -1,0 +1,42 @@
+"""Profile a target, search the variants under the gates, lock the winning set and report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from workbench.commands.common import DTYPES, print_json, resolve_device, resolve_dtype
+from workbench.registry import POINTS
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", default="decode-b1", help="decode-b1, decode-b8, decode-b64 or prefill-8x2k")
+    p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--out", default=None, help="run folder (default: runs/optimize-<target>-<preset>)")
+    p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to search")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON")
+
+
+def run(args) -> int:
+    from workbench.optimize import OptimizeOptions, optimize
+
+    device = resolve_device(args.device)
+    preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
+    dtype = resolve_dtype(args.dtype, device)
+    opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device,
+                           out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
+                           points=tuple(args.points), trust=args.trust,
+                           command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    if args.json:
+        print_json(optimize(opts))
+        return 0
+    from workbench.progress import ConsoleProgress
+
+    with ConsoleProgress() as progress:
+        report = optimize(opts, on_event=progress.event)
+    progress.summary(report, opts.out_dir)
+    return 0

@@ -1,0 +1,83 @@
+"""Serve the model over an OpenAI-compatible HTTP API (chat, completions, metrics).
+
+Loads a checkpoint (--model) or a preset with random weights (--preset), optionally the variant
+selection of a lock file (--lock), and runs the continuous-batching engine behind FastAPI/uvicorn.
+Hidden test flag: --fake-model-script FILE forces scripted replies (server/engine/testing.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+
+from workbench.commands.common import add_model_arguments, load_model, resolve_device
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("--lock", metavar="FILE", help="serve the variant selection of a lock file (verified first)")
+    p.add_argument("--force-lock", action="store_true", help="serve a lock even if it fails verification")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("BEAM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $BEAM_API_KEY, else none)")
+    p.add_argument("--served-model-name", help="model id clients send (default: the preset or folder name)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of the GPU the server may use, KV pages included (default: %(default)s)")
+    p.add_argument("--num-pages", type=int, help="full-attention KV pages (overrides the memory-based size)")
+    p.add_argument("--max-num-seqs", type=int, help="most requests computed at once (default: 256 CUDA, 128 CPU)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help="token budget of one step, decode + prompt chunks (default: 2048 CUDA, 1024 CPU)")
+    p.add_argument("--max-queue-len", type=int, default=1024,
+                   help="requests that may wait beyond --max-num-seqs before new ones get 503 (default: %(default)s)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV pages across requests")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--fake-model-script", help=argparse.SUPPRESS)  # test-only, see server/engine/testing.py
+
+
+def load_lock(path: str, *, force: bool, device):
+    """The verified lock (refused with the reason if it does not verify, unless forced)."""
+    if importlib.util.find_spec("workbench.lock") is None:
+        raise RuntimeError(f"cannot serve --lock {path}: lock loading is not available yet "
+                           "(workbench/lock.py does not exist); serve without --lock for the reference variants")
+    from workbench.lock import load_for_serving
+
+    return load_for_serving(path, force=force, device=device)
+
+
+def check_lock_matches(lock, model, force: bool) -> None:
+    """A lock was measured on one model config; serving its variants on another is refused."""
+    locked = (lock.model or {}).get("config_hash")
+    if locked and locked != model.config.config_hash() and not force:
+        raise ValueError(f"the lock was made for model config {locked} ({lock.model.get('preset')}), "
+                         f"but this model has config {model.config.config_hash()}; use --force-lock to serve anyway")
+
+
+def run(args) -> int:
+    from beam_model.tokenizer import load_tokenizer
+    from server.api.server import serve
+    from server.engine import Engine
+
+    device = resolve_device(args.device)
+    lock = load_lock(args.lock, force=args.force_lock, device=device) if args.lock else None  # before the model
+    model = load_model(args)
+    if lock is not None:
+        check_lock_matches(lock, model, args.force_lock)
+    tokenizer = load_tokenizer(args.model)
+    hook = None
+    if args.fake_model_script:
+        from server.engine.testing import ScriptedLogits
+
+        hook = ScriptedLogits.from_file(tokenizer, args.fake_model_script)
+    engine = Engine(model, tokenizer, variants=lock.selection if lock else None,
+                    variant_configs=lock.configs if lock else None, num_pages=args.num_pages,
+                    gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=not args.no_prefix_caching,
+                    cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook)
+    name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else args.preset)
+    print(f"serving {name} on http://{args.host}:{args.port} ({device}, {engine.num_pages} KV pages, "
+          f"context {engine.max_model_len}, variants {model.ops.selection if lock else 'reference'})", flush=True)
+    return serve(engine, tokenizer, host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,
+                 max_queue_len=args.max_queue_len, log_level=args.log_level)

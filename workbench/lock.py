@@ -1,0 +1,203 @@
+"""Lock files: the winning variant set of an optimize run, with the evidence that it was earned.
+
+A lock (YAML, `runs/<name>/lock.yaml`) records the model (preset, config hash, dtype), the target,
+the environment it was measured in, and per fusion point: the variant, its backend, the hash of its
+source file, its tuning config, candidate and reference timings and the gate evidence. A digest
+over the whole body makes any later edit (a timing touched up, a point deleted) visible. `verify`
+re-checks all of it and names exactly what differs; loading a lock that fails verification is
+refused unless forced. This module never times or gates anything itself: `verify` calls the gates.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from workbench.registry import POINTS, get
+
+SCHEMA = 1
+ENV_KEYS = ("gpu", "torch", "triton", "flashinfer", "cutlass")  # a difference here invalidates timings
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LockError(ValueError):
+    """A lock file that cannot be read or does not describe a build."""
+
+
+# Harness modules a variant module imports to declare its point; they are not the variant's code.
+_HARNESS = {"workbench.registry", "workbench.points", "workbench.variants._inputs"}
+
+
+def _project_imports(path: str, seen: set[str] | None = None) -> list[str]:
+    """Project files a module imports, transitively (module level or inside functions), read statically."""
+    seen = set() if seen is None else seen
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    for name in sorted(names - _HARNESS):
+        candidate = os.path.join(ROOT, *name.split(".")) + ".py"
+        if name.split(".")[0] in ("workbench", "beam_model") and os.path.isfile(candidate) and candidate not in seen:
+            seen.add(candidate)
+            _project_imports(candidate, seen)
+    return sorted(seen)
+
+
+def source_hash(point: str, variant: str) -> str:
+    """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
+    v = get(point, variant)
+    h = hashlib.sha256()
+    for path in [v.source_file, *_project_imports(v.source_file)]:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def _relative(path: str) -> str:
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
+
+
+@dataclass
+class Lock:
+    model: dict                      # preset, config_hash, dtype
+    target: str
+    environment: dict
+    points: dict[str, dict]          # point -> {variant, backend, source, source_hash, config, timing, gate}
+    end_to_end: dict = field(default_factory=dict)
+    command: str = ""
+    created: str = ""
+
+    # ---- building ----------------------------------------------------------------------
+    @staticmethod
+    def entry(point: str, variant: str, *, config: dict | None = None, timing: dict | None = None,
+              gate: dict | None = None) -> dict:
+        v = get(point, variant)
+        return {"variant": variant, "backend": v.backend, "source": _relative(v.source_file),
+                "source_hash": source_hash(point, variant), "config": config or None,
+                "timing": timing or {}, "gate": gate or {}}
+
+    @property
+    def selection(self) -> dict[str, str]:
+        return {p: e["variant"] for p, e in self.points.items()}
+
+    @property
+    def configs(self) -> dict[str, dict]:
+        return {p: e["config"] for p, e in self.points.items() if e.get("config")}
+
+    # ---- (de)serialisation -------------------------------------------------------------
+    def _body(self) -> dict:
+        body = {"schema": SCHEMA, "created": self.created, "command": self.command, "model": self.model,
+                "target": self.target, "environment": self.environment, "points": self.points,
+                "end_to_end": self.end_to_end}
+        return json.loads(json.dumps(body, default=str))  # plain types only (versions are str subclasses)
+
+    @staticmethod
+    def _digest(body: dict) -> str:
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def save(self, path: str) -> None:
+        body = self._body()
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            yaml.safe_dump({**body, "digest": self._digest(body)}, f, sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str) -> tuple["Lock", list[str]]:
+        """The lock and the problems found just by reading it (digest mismatch, missing points)."""
+        if not os.path.isfile(path):
+            raise LockError(f"no lock file at {path}")
+        with open(path) as f:
+            try:
+                raw = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise LockError(f"{path} is not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise LockError(f"{path} does not hold a lock (expected a mapping at the top)")
+        missing = [k for k in ("schema", "model", "target", "environment", "points", "digest") if k not in raw]
+        if missing:
+            raise LockError(f"{path} lacks the fields {missing}")
+        if raw["schema"] != SCHEMA:
+            raise LockError(f"{path} has lock schema {raw['schema']}, this workbench reads {SCHEMA}")
+        if not isinstance(raw["points"], dict):
+            raise LockError(f"{path}: 'points' must map fusion points to entries")
+        for point, e in raw["points"].items():
+            if not isinstance(e, dict) or "variant" not in e:
+                raise LockError(f"{path}: point {point!r} has no variant")
+        lock = cls(model=raw["model"], target=raw["target"], environment=raw["environment"],
+                   points=raw["points"], end_to_end=raw.get("end_to_end") or {},
+                   command=raw.get("command", ""), created=raw.get("created", ""))
+        problems = []
+        if cls._digest(lock._body()) != raw["digest"]:
+            problems.append("lock contents were edited after it was written (digest mismatch)")
+        absent = [p for p in POINTS if p not in lock.points]
+        if absent:
+            problems.append(f"points missing from the lock: {absent}")
+        unknown = [p for p in lock.points if p not in POINTS]
+        if unknown:
+            problems.append(f"unknown fusion points in the lock: {unknown}")
+        return lock, problems
+
+
+@dataclass
+class Verification:
+    problems: list[str]
+    gate_reports: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(path: str, *, environment: dict | None = None, run_gates: bool = True, device=None) -> Verification:
+    """Re-check a lock: its digest, every point's variant and source hash, the environment, the gates."""
+    lock, problems = Lock.load(path)
+    for point, e in lock.points.items():
+        if point not in POINTS:
+            continue
+        try:
+            now = source_hash(point, e["variant"])
+        except KeyError as err:
+            problems.append(f"{point}: {err.args[0]}")
+            continue
+        if now != e.get("source_hash"):
+            problems.append(f"{point}: source of {e['variant']} ({e.get('source')}) changed "
+                            f"(locked {e.get('source_hash')}, now {now})")
+    if environment is None:
+        from workbench.bench import environment as current_environment
+
+        environment = current_environment()
+    for key in ENV_KEYS:
+        if lock.environment.get(key) != environment.get(key):
+            problems.append(f"environment {key}: locked {lock.environment.get(key)!r}, here {environment.get(key)!r}")
+    from beam_model.config import BeamConfig
+
+    preset = lock.model.get("preset")
+    if preset and BeamConfig.from_preset(preset).config_hash() != lock.model.get("config_hash"):
+        problems.append(f"model: preset {preset} no longer has config hash {lock.model.get('config_hash')}")
+    report = Verification(problems)
+    if run_gates and not problems:
+        from workbench.gates import lock_gates
+
+        report.gate_reports = lock_gates(lock, device=device)
+        report.problems += [f"{p}: gate failed again ({r.get('failed')})"
+                            for p, r in report.gate_reports.items() if not r.get("passed")]
+    return report
+
+
+def load_for_serving(path: str, *, force: bool = False, device=None) -> Lock:
+    """A lock fit to serve: verified (without re-running gates if forced), else a LockError naming why."""
+    result = verify(path, run_gates=False, device=device)
+    if result.problems and not force:
+        raise LockError(f"lock {path} failed verification: " + "; ".join(result.problems)
+                        + " (use --force to serve it anyway)")
+    return Lock.load(path)[0]

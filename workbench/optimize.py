@@ -1,0 +1,156 @@
+"""`workbench optimize`: profile a target, search the variants under the gates, lock, report.
+
+The product's main job, as a library call the CLI and the TUI share. Everything it claims lands in
+the run folder: `profile.json` (+ a Chrome/Perfetto trace), `search/<point>.json` (resumable),
+`lock.yaml`, `report.json` and `report.md` with the command that made them. Speed-ups are ratios
+of timings taken in this one run on this one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from beam_model import BeamForCausalLM
+from workbench import bench
+from workbench.lock import Lock
+from workbench.profiler import profile_step
+from workbench.registry import POINTS, REFERENCE, get
+from workbench.search import Search
+from workbench.targets import StepRunner, for_device, get_target
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass
+class OptimizeOptions:
+    target: str = "decode-b1"
+    preset: str = "beam-tiny"
+    dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+    out_dir: str = "runs/optimize-decode-b1"
+    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1)
+    points: tuple[str, ...] = POINTS
+    trust: bool = False
+    command: str = ""
+
+
+def rank_points(profile) -> list[str]:
+    """Points by what they could save: time above the floor (the whole time when no floor is known)."""
+    def saving(p):
+        return p.time_us - (p.floor_us or 0.0)
+    return [p.point for p in sorted(profile.points, key=saving, reverse=True)]
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
+
+
+def optimize(opts: OptimizeOptions, on_event=None) -> dict:
+    on_event = on_event or (lambda e: None)
+    os.makedirs(opts.out_dir, exist_ok=True)
+    dtype = DTYPE_NAMES[opts.dtype]
+    on_event({"type": "stage", "stage": "build", "preset": opts.preset})
+    model = BeamForCausalLM.from_preset(opts.preset, seed=opts.seed, dtype=opts.dtype, device=opts.device)
+    target = for_device(get_target(opts.target), opts.device)
+    runner = StepRunner(model, target)
+    ceilings = bench.measure_device_ceilings(opts.device)
+
+    def workload_for(kind):
+        return target.workload(opts.preset, dtype, kind)
+
+    on_event({"type": "stage", "stage": "profile"})
+    profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
+                           trace_path=os.path.join(opts.out_dir, "profile.trace.json"))
+    _write_json(os.path.join(opts.out_dir, "profile.json"), profile.to_dict())
+    on_event({"type": "profile", "profile": profile})
+
+    calls = {p.point: p.calls_by_kind for p in profile.points}
+    search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event, trust=opts.trust)
+    order = [p for p in rank_points(profile) if p in opts.points]
+    on_event({"type": "stage", "stage": "search", "order": order})
+    results = {p: search.search_point(p) for p in order}
+
+    on_event({"type": "stage", "stage": "end-to-end"})
+    final = search.finalize(results)
+    compiled = search.time_build({p: "torch_compile" for p in POINTS})
+    search.runner.rebind(final["selection"], final["configs"])
+    locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings)
+
+    floor_us = sum(p.floor_us or 0.0 for p in profile.points)
+    env = bench.environment()
+    selection = {p: final["selection"].get(p, REFERENCE) for p in POINTS}
+    entries = {}
+    for point in POINTS:
+        r = results.get(point)
+        cand = next((c for c in r.candidates if c.variant == selection[point]), None) if r else None
+        timing = {"step_us": r.choice_us if selection[point] != REFERENCE else r.reference_us,
+                  "reference_us": r.reference_us, "noise_band": r.band} if r else {}
+        entries[point] = Lock.entry(point, selection[point], config=final["configs"].get(point), timing=timing,
+                                    gate=(cand.gate if cand and cand.gate else {"passed": True, "reference": True}))
+    lock = Lock(model={"preset": opts.preset, "config_hash": model.config.config_hash(), "dtype": dtype},
+                target=opts.target, environment=env, points=entries, command=opts.command,
+                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                end_to_end={"reference_us": final["reference"]["median_us"],
+                            "locked_us": final["locked"]["median_us"],
+                            "torch_compile_us": compiled["median_us"], "model_gate": final["model_gate"]})
+    lock.save(os.path.join(opts.out_dir, "lock.yaml"))
+
+    report = {
+        "target": opts.target, "preset": opts.preset, "dtype": dtype, "gpu": env.get("gpu"),
+        "command": opts.command, "environment": env,
+        "step": {"batch": target.batch, "tokens_per_seq": target.tokens_per_seq, "context": target.context},
+        "reference_ms": final["reference"]["median_us"] / 1e3,
+        "locked_ms": final["locked"]["median_us"] / 1e3,
+        "torch_compile_ms": compiled["median_us"] / 1e3,
+        "speedup": final["reference"]["median_us"] / final["locked"]["median_us"],
+        "speedup_vs_torch_compile": compiled["median_us"] / final["locked"]["median_us"],
+        "floor_ms": floor_us / 1e3,
+        "fraction_of_floor": floor_us / final["locked"]["median_us"] if floor_us else None,
+        "kernels_per_layer": {"reference": profile.kernels_per_layer, "locked": locked_profile.kernels_per_layer},
+        "points": [
+            {"point": p, "variant": selection[p], "backend": get(p, selection[p]).backend,
+             "ms": (results[p].choice_us if selection[p] != REFERENCE else results[p].reference_us) / 1e3
+             if p in results else None,
+             "reference_ms": results[p].reference_us / 1e3 if p in results else None,
+             "reverted_ms": final["reverted_us"][p] / 1e3 if p in final["reverted_us"] else None}
+            for p in POINTS
+        ],
+    }
+    _write_json(os.path.join(opts.out_dir, "report.json"), report)
+    with open(os.path.join(opts.out_dir, "report.md"), "w") as f:
+        f.write(report_markdown(report))
+    on_event({"type": "done", "report": report})
+    return report
+
+
+def report_markdown(r: dict) -> str:
+    lines = [
+        f"# optimize {r['target']} on {r['preset']} ({r['dtype']})", "",
+        f"Command: `{r['command']}`", "",
+        f"Device: {r['gpu'] or 'cpu'}; torch {r['environment'].get('torch')}, "
+        f"triton {r['environment'].get('triton')}; commit {r['environment'].get('git_commit')}", "",
+        "| build | step ms | speed-up of locked |", "| --- | ---: | ---: |",
+        f"| reference | {r['reference_ms']:.3f} | {r['speedup']:.2f}x |",
+        f"| torch.compile (every point) | {r['torch_compile_ms']:.3f} | {r['speedup_vs_torch_compile']:.2f}x |",
+        f"| locked | {r['locked_ms']:.3f} | |", "",
+        f"Roofline floor of the step: {r['floor_ms']:.3f} ms"
+        + (f" (locked step at {100 * r['fraction_of_floor']:.0f}% of floor speed)" if r["fraction_of_floor"] else ""),
+        "", f"Kernels per layer: reference {r['kernels_per_layer']['reference']}, "
+            f"locked {r['kernels_per_layer']['locked']}", "",
+        "| point | locked variant | backend | ms/step | reference ms/step | step ms with it reverted |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for p in r["points"]:
+        def fmt(x):
+            return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
+        lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {fmt(p['ms'])} | "
+                     f"{fmt(p['reference_ms'])} | {fmt(p['reverted_ms'])} |")
+    return "\n".join(lines) + "\n"

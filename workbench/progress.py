@@ -1,0 +1,74 @@
+"""Live console output for long runs (optimize): one line per stage, candidate and point, then a summary.
+
+Presentation only: it reads the events `workbench.optimize` and `workbench.search` emit.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+class ConsoleProgress:
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def event(self, e: dict) -> None:
+        c, kind = self.console, e["type"]
+        if kind == "stage":
+            extra = f" ({', '.join(e['order'])})" if "order" in e else ""
+            c.print(f"[bold]== {e['stage']}[/]{extra}")
+        elif kind == "profile":
+            c.print(profile_table(e["profile"]))
+        elif kind == "point_start":
+            c.print(f"[bold]{e['point']}[/]: gating and timing candidates")
+        elif kind == "point_cached":
+            c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
+        elif kind == "candidate":
+            r = e["result"]
+            if r["skipped"]:
+                c.print(f"  {r['variant']:<16} skipped: {r['skipped']}")
+            elif not r["gate_passed"]:
+                c.print(f"  {r['variant']:<16} [red]gate failed[/]: {r['failed_check']}")
+            else:
+                cfg = f" {r['config']}" if r["config"] else ""
+                c.print(f"  {r['variant']:<16} {r['step_us']:10.1f} us/step  x{r['speedup']:.2f}  "
+                        f"spread {100 * r['spread']:.1f}%{cfg}")
+        elif kind == "point_done":
+            r = e["result"]
+            c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step, "
+                    f"noise band {100 * r['band']:.1f}%)")
+        elif kind == "revert":
+            c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
+
+    def summary(self, r: dict, out_dir: str) -> None:
+        t = Table(title=f"{r['target']} on {r['preset']} ({r['dtype']}, {r['gpu'] or 'cpu'})")
+        for col in ("build", "step ms", "locked speed-up"):
+            t.add_column(col, justify="right" if col != "build" else "left")
+        t.add_row("reference", f"{r['reference_ms']:.3f}", f"{r['speedup']:.2f}x")
+        t.add_row("torch.compile", f"{r['torch_compile_ms']:.3f}", f"{r['speedup_vs_torch_compile']:.2f}x")
+        t.add_row("locked", f"{r['locked_ms']:.3f}", "")
+        self.console.print(t)
+        locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != "torch"}
+        self.console.print(f"locked variants: {locked or 'reference everywhere'}")
+        self.console.print(f"wrote {out_dir}/lock.yaml, report.md, report.json, profile.json")
+
+
+def profile_table(profile) -> Table:
+    unit = "device" if profile.time_unit == "device" else "CPU"
+    t = Table(title=f"{profile.target} on {profile.preset} ({profile.dtype}, {profile.device}): "
+                    f"{profile.total_us / 1e3:.3f} ms of {unit} time, {profile.kernels_per_step} kernels")
+    for col in ("point", "variant", "calls", "us/step", "share", "kernels", "floor us", "x floor"):
+        t.add_column(col, justify="left" if col in ("point", "variant") else "right")
+    for p in profile.points:
+        floor = f"{p.floor_us:.1f}" if p.floor_us else "-"
+        head = f"{p.headroom:.1f}" if p.headroom else "-"
+        t.add_row(p.point, p.variant, str(p.calls), f"{p.time_us:.1f}", f"{100 * p.share:.1f}%", str(p.kernels),
+                  floor, head)
+    return t

@@ -1,0 +1,193 @@
+"""The search loop: gate and time every candidate variant per fusion point, keep what really helps.
+
+Order: points ranked by what they could save (step time above their roofline floor). Per point,
+every available variant (and each of its tuning configs) passes the op gate first, then is timed
+at the shapes the target calls it with, weighted by how often one step calls it; it replaces the
+incumbent only if faster beyond the noise band (the incumbent timed twice). Per-point results are
+cached as JSON under the run folder, keyed by the variants' source hashes, so a stopped run resumes
+where it was. Then the chosen set is timed end to end (the target's graph-replayed step) and must
+pass the model gate; a choice whose reversal does not slow the step beyond the noise band is
+dropped. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
+lock or the report (`workbench.optimize` does) and never edits variants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from workbench import bench, gates
+from workbench.lock import source_hash
+from workbench.registry import REFERENCE, variants
+
+MIN_BAND = 0.02  # never trust a speed-up smaller than 2%, however quiet the machine looked
+
+
+@dataclass
+class CandidateResult:
+    point: str
+    variant: str
+    backend: str
+    config: dict | None
+    gate_passed: bool
+    failed_check: str | None = None
+    step_us: float | None = None      # this point's time per target step with the candidate
+    spread: float | None = None
+    speedup: float | None = None      # vs the reference, same run
+    skipped: str | None = None        # why it was not tried here
+    gate: dict = field(default_factory=dict)
+
+
+@dataclass
+class PointResult:
+    point: str
+    choice: str
+    config: dict | None
+    reference_us: float
+    choice_us: float
+    band: float
+    candidates: list[CandidateResult]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PointResult":
+        return cls(**{**d, "candidates": [CandidateResult(**c) for c in d["candidates"]]})
+
+
+class Search:
+    def __init__(self, runner, *, calls: dict[str, dict[str, int]], out_dir: str, seeds=(0, 1),
+                 on_event: Callable[[dict], None] | None = None, trust: bool = False):
+        """`calls[point][kind]`: how often one step calls the point in "sliding"/"full" layers."""
+        self.runner, self.calls, self.out_dir, self.seeds = runner, calls, out_dir, seeds
+        self.model = runner.model
+        self.device = self.model.device
+        self.dtype = str(self.model.dtype).replace("torch.", "").replace("bfloat16", "bf16") \
+            .replace("float32", "fp32").replace("float16", "fp16")
+        self.on_event = on_event or (lambda e: None)
+        self.trust = trust
+        self.skip = set()             # points the user asked to skip (TUI)
+        self.resume = threading.Event()
+        self.resume.set()             # cleared = paused between candidates
+
+    # ---- per point ---------------------------------------------------------------------
+    def workloads(self, point: str) -> dict[str, object]:
+        preset = self.model.config.preset
+        return {kind: self.runner.target.workload(preset, self.dtype, kind) for kind in self.calls[point]}
+
+    def _cache_file(self, point: str) -> str:
+        return os.path.join(self.out_dir, "search", f"{point}.json")
+
+    def _fingerprint(self, point: str) -> dict:
+        return {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
+                "device": str(self.device.type), "calls": self.calls[point],
+                "sources": {name: source_hash(point, name) for name in variants(point)}}
+
+    def _step_time(self, variant, config, workloads) -> dict:
+        """Median time one step spends in this point with this candidate, and the spread."""
+        total, spread = 0.0, 0.0
+        for kind, workload in workloads.items():
+            t = bench.time_variant(variant, workload, device=self.device, config=config)
+            total += self.calls[variant.point][kind] * t["median_us"]
+            spread = max(spread, t["spread"])
+        return {"step_us": total, "spread": spread}
+
+    def search_point(self, point: str) -> PointResult:
+        cached = self._load(point)
+        if cached:
+            self.on_event({"type": "point_cached", "point": point, "result": cached.to_dict()})
+            return cached
+        self.on_event({"type": "point_start", "point": point})
+        workloads = self.workloads(point)
+        table = variants(point)
+        ref = table[REFERENCE]
+        first = self._step_time(ref, None, workloads)
+        second = self._step_time(ref, None, workloads)
+        band = max(MIN_BAND, abs(first["step_us"] - second["step_us"]) / min(first["step_us"], second["step_us"]))
+        ref_us = min(first["step_us"], second["step_us"])
+        best = CandidateResult(point, REFERENCE, ref.backend, None, True, step_us=ref_us,
+                               spread=first["spread"], speedup=1.0)
+        results = [best]
+        for name, v in table.items():
+            if name == REFERENCE:
+                continue
+            why = self._unavailable(v, workloads)
+            for config in ([None] if why else (v.configs or [None])):  # an unavailable variant: one row
+                if point in self.skip:
+                    break
+                self.resume.wait()
+                result = CandidateResult(point, name, v.backend, config, False, skipped=why) if why else \
+                    self._try(v, config, workloads, ref_us)
+                results.append(result)
+                self.on_event({"type": "candidate", "point": point, "result": asdict(result)})
+                if result.step_us is not None and result.step_us < best.step_us * (1 - band):
+                    best = result
+        out = PointResult(point, best.variant, best.config, ref_us, best.step_us, band, results)
+        self._save(point, out)
+        self.on_event({"type": "point_done", "point": point, "result": out.to_dict()})
+        return out
+
+    def _unavailable(self, v, workloads) -> str | None:
+        """Why a variant cannot run here at these shapes, or None."""
+        return next((r for r in (v.unsupported(w, self.device) for w in workloads.values()) if r), None)
+
+    def _try(self, v, config, workloads, ref_us) -> CandidateResult:
+        r = CandidateResult(v.point, v.name, v.backend, config, False)
+        report = gates.op_gate(v, list(workloads.values()), device=self.device, seeds=self.seeds, config=config)
+        r.gate, r.gate_passed = report.to_dict(), report.passed
+        if not report.passed:
+            r.failed_check = report.first_failure()
+            return r
+        t = self._step_time(v, config, workloads)
+        r.step_us, r.spread, r.speedup = t["step_us"], t["spread"], ref_us / t["step_us"]
+        return r
+
+    def _load(self, point: str) -> PointResult | None:
+        path = self._cache_file(point)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("fingerprint") != self._fingerprint(point):
+            return None  # a variant's source, the target or the machine changed: search again
+        return PointResult.from_dict(saved["result"])
+
+    def _save(self, point: str, result: PointResult) -> None:
+        path = self._cache_file(point)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict()}, f, indent=1)
+
+    # ---- end to end --------------------------------------------------------------------
+    def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None) -> dict:
+        self.runner.rebind(selection, configs)
+        return bench.time_fn(self.runner, device=self.device)
+
+    def finalize(self, results: dict[str, PointResult]) -> dict:
+        """Time the chosen set end to end, gate it, and drop choices that do not help the step."""
+        chosen = {p: r.choice for p, r in results.items() if r.choice != REFERENCE}
+        configs = {p: r.config for p, r in results.items() if r.config and p in chosen}
+        reference = self.time_build({})
+        locked = self.time_build(chosen, configs)
+        band = max(MIN_BAND, locked["spread"])
+        reverted = {}
+        for point in list(chosen):
+            trial = {p: v for p, v in chosen.items() if p != point}
+            t = self.time_build(trial, {p: c for p, c in configs.items() if p in trial})
+            reverted[point] = t["median_us"]
+            self.on_event({"type": "revert", "point": point, "reverted_us": t["median_us"],
+                           "locked_us": locked["median_us"]})
+            if t["median_us"] <= locked["median_us"] * (1 + band):
+                del chosen[point]  # no end-to-end gain beyond the noise: keep the reference
+                configs.pop(point, None)
+                locked = self.time_build(chosen, configs)
+        gate = gates.model_gate(self.model, chosen, configs=configs)
+        if not gate.passed:
+            raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
+        self.runner.rebind(chosen, configs)
+        return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
+                "reverted_us": reverted, "model_gate": gate.to_dict()}

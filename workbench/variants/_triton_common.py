@@ -1,0 +1,34 @@
+"""Helpers shared by the Triton variants of `boundary`, `qk_prep` and `attn_out`.
+
+Imports without triton (then `triton` is None and no helper kernel exists): the variants register
+either way and the registry reports the backend as unavailable. Never import a variant from here.
+"""
+
+import os
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+# Whether kernels run under the Triton interpreter (TRITON_INTERPRET is set before this import, see
+# tests/conftest.py). The interpreter casts FP32 -> BF16 by truncation and its tl.dot multiplies
+# BF16 operands as raw bits, so interpreted kernels work around both; compiled kernels never do.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+if triton is not None:
+    _INTERPRETED = tl.constexpr(INTERPRETED)
+
+    @triton.jit
+    def round_to(x, dtype: tl.constexpr):
+        """FP32 `x` rounded to nearest-even in `dtype`, as torch's `.to(dtype)` rounds.
+
+        On the GPU this is the plain cast (cvt.rn). The interpreter truncates FP32 -> BF16 instead, so
+        there BF16 is rounded through the bits, letting CPU tests check the GPU's rounding."""
+        if _INTERPRETED and dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(tl.bfloat16)
+        else:
+            return x.to(dtype)

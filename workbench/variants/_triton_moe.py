@@ -1,0 +1,327 @@
+"""Triton kernels of the `experts:triton` variant: a fused MoE in two GEMMs (see `experts.py` for the
+contract). Imported on the variant's first call, never by `experts.py` at import time, so the point
+imports without triton and TRITON_INTERPRET can still be set before these kernels are defined.
+
+Two paths compute the same function, each with two kernels:
+- GEMV (few routed pairs, decode): one program per (token, k) pair x a block of ff rows computes
+  gate, up and SwiGLU with FP32 FMAs; then one program per token x a block of hidden rows runs the
+  down projection over all top_k experts, applies the routing weights and combines in FP32. Only
+  the selected experts' weights are read, streamed once with wide loads; no sorting, no scratch
+  beyond the activation.
+- grouped (many pairs, prefill): routed pairs are sorted by expert into blocks of BLOCK_M padded per
+  expert (vLLM's `moe_align_block_size`, here two small Triton kernels: no host sync, so it is
+  CUDA-graph capturable; the grid is sized for the worst case and surplus blocks exit at once).
+  Kernel 1 is a grouped gate+up GEMM (tl.dot, FP32 accumulation) with SwiGLU in the epilogue;
+  kernel 2 the grouped down GEMM with the routing weight in the epilogue, writing each pair's FP32
+  row; a small kernel sums each token's top_k rows in a fixed order and rounds once.
+
+Nothing here uses atomics: every output element is owned by one program, so results are bitwise
+identical run to run. The activation is rounded once to the model dtype (as in the reference); the
+combine is FP32 and rounded once.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
+GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group
+
+# Defaults when no tuning config is given; each is also in `experts.TRITON_CONFIGS` (a test checks).
+GEMV = dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1)
+GROUPED_SMALL = dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+GROUPED_LARGE = dict(path="grouped", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
+
+
+# The CPU interpreter mishandles bf16 in two ways these kernels meet: `tl.dot` multiplies the raw
+# bits (triton-lang/triton#11584) and FP32 -> bf16 casts truncate. Under it (only), dots upcast to
+# FP32 (exact for bf16/fp16) and `_round` rounds to nearest even by hand, as the GPU cast does.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def default_config(n_pairs: int, n_experts: int) -> dict:
+    if n_pairs <= GEMV_MAX_PAIRS:
+        return GEMV
+    # vLLM's rule of thumb: with few rows per expert a tall BLOCK_M is mostly padding
+    return GROUPED_SMALL if n_pairs <= 4 * n_experts else GROUPED_LARGE
+
+
+@triton.jit
+def _round(v, dtype: tl.constexpr, INTERP: tl.constexpr):
+    """FP32 -> dtype, round to nearest even (on the GPU just the cast)."""
+    if INTERP and dtype == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        v = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return v.to(dtype)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, INTERP: tl.constexpr):
+    if INTERP:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+# ---- GEMV path -----------------------------------------------------------------------------------
+
+@triton.jit
+def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, HIDDEN, FF, stride_we, stride_wf,
+                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    """act[pair, n-block] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair].
+
+    Fuses both GEMVs and SwiGLU: each gate/up weight element is loaded once (BLOCK_K-wide rows
+    along hidden, which is contiguous) and FMA'd into an FP32 tile that is reduced only at the end,
+    so the inner loop is pure loads + FMAs. Only the pair's own expert is touched.
+    """
+    pair = tl.program_id(0)
+    token = pair // TOP_K
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_off = e * stride_we + offs_n[:, None] * stride_wf + offs_k[None, :]
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        k_ok = offs_k + k0 < HIDDEN
+        xk = tl.load(x_ptr + token.to(tl.int64) * HIDDEN + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        m = (offs_n[:, None] < FF) & k_ok[None, :]  # rows past FF would be the next expert's: never read
+        acc_g += tl.load(wg_ptr + w_off + k0, mask=m, other=0.0).to(tl.float32) * xk[None, :]
+        acc_u += tl.load(wu_ptr + w_off + k0, mask=m, other=0.0).to(tl.float32) * xk[None, :]
+    g = tl.sum(acc_g, axis=1)
+    u = tl.sum(acc_u, axis=1)
+    act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u in FP32 (tl.sigmoid inlined: cheaper interpreted)
+    act = _round(act, act_ptr.dtype.element_ty, INTERP)
+    tl.store(act_ptr + pair.to(tl.int64) * FF + offs_n, act, mask=offs_n < FF)
+
+
+@triton.jit
+def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, stride_wh,
+               TOP_K: tl.constexpr, K_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               INTERP: tl.constexpr):
+    """y[token, n-block] = sum_k rw[token, k] * (act[token, k] @ down[ids[token, k]].T), rounded once.
+
+    One program owns its output rows across all top_k experts, so the weighted combine happens in
+    FP32 registers in a fixed order: no per-pair scratch, no atomics, deterministic. Each step loads
+    one [top_k, BLOCK_N, BLOCK_K] tile (all experts at once: top_k independent wide loads in
+    flight, which ff = 320 alone could not give); the routing weight scales the activation.
+    """
+    token = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_f = tl.arange(0, BLOCK_K)
+    slot = tl.arange(0, K_P2)
+    slot_ok = slot < TOP_K
+    pairs = token * TOP_K + slot
+    e = tl.load(ids_ptr + pairs, mask=slot_ok, other=0).to(tl.int64)
+    rw = tl.load(rw_ptr + pairs, mask=slot_ok, other=0.0)
+    a_ptrs = act_ptr + pairs[:, None] * FF + offs_f[None, :]
+    w_ptrs = wd_ptr + e[:, None, None] * stride_we + offs_n[None, :, None] * stride_wh + offs_f[None, None, :]
+    w_ok = slot_ok[:, None, None] & (offs_n < HIDDEN)[None, :, None]
+    acc = tl.zeros([K_P2, BLOCK_N, BLOCK_K], tl.float32)
+    for f0 in range(0, FF, BLOCK_K):
+        f_ok = offs_f + f0 < FF
+        a = tl.load(a_ptrs + f0, mask=slot_ok[:, None] & f_ok[None, :], other=0.0).to(tl.float32) * rw[:, None]
+        wd = tl.load(w_ptrs + f0, mask=w_ok & f_ok[None, None, :], other=0.0)
+        acc += wd.to(tl.float32) * a[:, None, :]
+    y = _round(tl.sum(tl.sum(acc, axis=2), axis=0), y_ptr.dtype.element_ty, INTERP)
+    tl.store(y_ptr + token * HIDDEN + offs_n, y, mask=offs_n < HIDDEN)
+
+
+# ---- grouped path --------------------------------------------------------------------------------
+
+@triton.jit
+def _count_by_expert(ids_ptr, counts_ptr, N_PAIRS, BLOCK: tl.constexpr):
+    """counts[e] = how many routed pairs go to expert e. One program per expert scans all ids:
+    no atomics (deterministic) and no host-side bincount (which syncs)."""
+    e = tl.program_id(0)
+    n = tl.zeros([BLOCK], tl.int32)
+    for p0 in range(0, N_PAIRS, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        n += (tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1) == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(n))
+
+
+@triton.jit
+def _align_by_expert(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS, MAX_BLOCKS,
+                     E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """vLLM's `moe_align_block_size`, one program per expert: writes expert e's pair ids (in token
+    order) into its run of pairs[], padded to a multiple of BLOCK_M with the sentinel N_PAIRS, and
+    marks its blocks in block_expert[]. Runs are disjoint, so no atomics; the last program marks
+    the worst-case grid's surplus blocks with N_EXPERTS (= skip)."""
+    e = tl.program_id(0)
+    experts = tl.arange(0, E_P2)
+    counts = tl.load(counts_ptr + experts, mask=experts < N_EXPERTS, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    start = tl.sum(tl.where(experts < e, padded, 0))
+    count = tl.sum(tl.where(experts == e, counts, 0))
+    end = start + tl.sum(tl.where(experts == e, padded, 0))
+    rank = start
+    for p0 in range(0, N_PAIRS, BLOCK):
+        offs = p0 + tl.arange(0, BLOCK)
+        hit = tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1) == e
+        pos = rank + tl.cumsum(hit.to(tl.int32), axis=0) - 1
+        tl.store(pairs_ptr + pos, offs, mask=hit)
+        rank += tl.sum(hit.to(tl.int32))
+    pad = start + count + tl.arange(0, BLOCK_M)
+    tl.store(pairs_ptr + pad, tl.full([BLOCK_M], N_PAIRS, tl.int32), mask=pad < end)
+    for b0 in range(start // BLOCK_M, end // BLOCK_M, BLOCK):
+        b = b0 + tl.arange(0, BLOCK)
+        tl.store(block_expert_ptr + b, tl.full([BLOCK], 0, tl.int32) + e, mask=b < end // BLOCK_M)
+    if e == N_EXPERTS - 1:
+        for b0 in range(end // BLOCK_M, MAX_BLOCKS, BLOCK):
+            b = b0 + tl.arange(0, BLOCK)
+            tl.store(block_expert_ptr + b, tl.full([BLOCK], N_EXPERTS, tl.int32), mask=b < MAX_BLOCKS)
+
+
+def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int):
+    """Routed pairs grouped by expert, on the device with no host sync (CUDA-graph capturable):
+    sorted_pairs [max_blocks * block_m] int32 (pair = token * top_k + k; padding = n_pairs) and
+    block_expert [max_blocks] int32 (n_experts past the end). max_blocks is the worst case for
+    this many pairs, so every shape depends only on ids' shape."""
+    n_pairs = ids.numel()
+    max_blocks = triton.cdiv(n_pairs + min(n_experts, n_pairs) * (block_m - 1), block_m)
+    counts = torch.empty(n_experts, dtype=torch.int32, device=ids.device)
+    sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
+    block = min(4096, triton.next_power_of_2(n_pairs))  # each program scans all pairs: few, wide steps
+    _count_by_expert[(n_experts,)](ids, counts, n_pairs, BLOCK=block)
+    _align_by_expert[(n_experts,)](ids, counts, sorted_pairs, block_expert, n_pairs, n_experts, max_blocks,
+                                   E_P2=triton.next_power_of_2(n_experts), BLOCK_M=block_m, BLOCK=block)
+    return sorted_pairs, block_expert
+
+
+@triton.jit
+def _gate_up_grouped(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr,
+                     N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
+                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr):
+    """act[block rows, n-block] = silu(X_e @ gate[e].T) * (X_e @ up[e].T) for one expert's block of
+    BLOCK_M routed rows (X_e gathered from x by token). Fuses the two GEMMs (same A tile, two
+    tensor-core dots into FP32 accumulators) and SwiGLU in the epilogue, so gate and up never reach
+    memory. act rows are written at their sorted position, where kernel 2 reads them contiguously.
+    """
+    # n fastest: the N_BLOCKS_N programs of one row block run together and share its x rows in L2
+    pid_m = tl.program_id(0) // N_BLOCKS_N
+    pid_n = tl.program_id(0) % N_BLOCKS_N
+    e = tl.load(block_expert_ptr + pid_m)
+    if e >= N_EXPERTS:  # a worst-case block nobody needed
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pairs_ptr + offs_m)
+    tokens = tl.where(pairs < N_PAIRS, pairs // TOP_K, 0)  # padding rows read token 0, never stored
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % FF  # wrap, so weight loads stay in expert e
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + offs_k[None, :]
+    w_off = e.to(tl.int64) * stride_we + offs_n[None, :] * stride_wf + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        k_ok = offs_k + k0 < HIDDEN
+        a = tl.load(x_ptrs + k0, mask=k_ok[None, :], other=0.0)
+        bg = tl.load(wg_ptr + w_off + k0, mask=k_ok[:, None], other=0.0)
+        bu = tl.load(wu_ptr + w_off + k0, mask=k_ok[:, None], other=0.0)
+        acc_g = _dot(a, bg, acc_g, PRECISION, INTERP)
+        acc_u = _dot(a, bu, acc_u, PRECISION, INTERP)
+    act = _round(acc_g / (1.0 + tl.exp(-acc_g)) * acc_u, act_ptr.dtype.element_ty, INTERP)  # silu(g) * u
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(act_ptr + offs_m.to(tl.int64)[:, None] * FF + cols[None, :], act, mask=cols[None, :] < FF)
+
+
+@triton.jit
+def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
+                  N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr):
+    """out[pair, n-block] = rw[pair] * (act[row] @ down[e].T) in FP32, for one expert's block of rows.
+
+    The grouped down GEMM with the routing weight in the epilogue. Rows of one token land in
+    different programs, so instead of atomics each pair gets its own FP32 row (scattered back to
+    pair order) and `_combine` sums them: deterministic, rounded once.
+    """
+    pid_m = tl.program_id(0) // N_BLOCKS_N
+    pid_n = tl.program_id(0) % N_BLOCKS_N
+    e = tl.load(block_expert_ptr + pid_m)
+    if e >= N_EXPERTS:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pairs_ptr + offs_m)
+    row_ok = pairs < N_PAIRS
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % HIDDEN
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + offs_m.to(tl.int64)[:, None] * FF + offs_k[None, :]
+    w_off = e.to(tl.int64) * stride_we + offs_n[None, :] * stride_wh + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for f0 in range(0, FF, BLOCK_K):
+        f_ok = offs_k + f0 < FF
+        a = tl.load(a_ptrs + f0, mask=f_ok[None, :], other=0.0)
+        b = tl.load(wd_ptr + w_off + f0, mask=f_ok[:, None], other=0.0)
+        acc = _dot(a, b, acc, PRECISION, INTERP)
+    rw = tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc * rw[:, None],
+             mask=row_ok[:, None] & (cols[None, :] < HIDDEN))
+
+
+@triton.jit
+def _combine(out_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """y[token] = sum_k out[token * TOP_K + k] in FP32, in k order, rounded once to the model dtype."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < HIDDEN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(out_ptr + (token * TOP_K + k) * HIDDEN + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + token * HIDDEN + offs, _round(acc, y_ptr.dtype.element_ty, INTERP), mask=ok)
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+
+def fused_experts(x, ids, weights, w, config: dict | None = None):
+    """The `experts` contract. `config` is one of the variant's tuning configs; its "path" forces
+    GEMV or grouped (the harness times both at the target's batch); None picks by size."""
+    wg, wu, wd = w["gate_proj"], w["up_proj"], w["down_proj"]
+    n, top_k = ids.shape
+    n_experts, ff, hidden = wg.shape
+    if not (wg.stride(-1) == wu.stride(-1) == wd.stride(-1) == 1 and wg.stride() == wu.stride()):
+        raise ValueError("experts:triton needs weights contiguous along their last dim, gate/up alike")
+    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous().float()
+    y = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    n_pairs = n * top_k
+    if n_pairs == 0:
+        return y
+    cfg = config or default_config(n_pairs, n_experts)
+    if cfg["path"] == "gemv" and n_pairs > GEMV_HARD_MAX_PAIRS:
+        cfg = default_config(n_pairs, n_experts)
+    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], INTERP=_INTERPRETED)
+
+    if cfg["path"] == "gemv":
+        act = torch.empty(n_pairs, ff, dtype=x.dtype, device=x.device)
+        bn, bk = cfg["BLOCK_N"], min(cfg["BLOCK_K"], triton.next_power_of_2(hidden))
+        _gate_up_gemv[(n_pairs, triton.cdiv(ff, bn))](
+            x, ids, wg, wu, act, hidden, ff, wg.stride(0), wg.stride(1),
+            TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, **launch)
+        bn, bk = cfg["DOWN_BLOCK_N"], min(cfg["DOWN_BLOCK_K"], triton.next_power_of_2(ff))
+        _down_gemv[(n, triton.cdiv(hidden, bn))](
+            act, ids, rw, wd, y, hidden, ff, wd.stride(0), wd.stride(1),
+            TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk, **launch)
+        return y
+
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    # FP32 weights (CPU tests, FP32 builds) must not silently drop to TF32 on the tensor cores
+    launch["PRECISION"] = "ieee" if x.dtype == torch.float32 else None
+    sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm)
+    n_blocks = block_expert.numel()
+    act = torch.empty(n_blocks * bm, ff, dtype=x.dtype, device=x.device)
+    grid_n = triton.cdiv(ff, bn)
+    _gate_up_grouped[(n_blocks * grid_n,)](
+        x, sorted_pairs, block_expert, wg, wu, act, n_pairs, n_experts, hidden, ff, wg.stride(0), wg.stride(1),
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, **launch)
+    out = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
+    grid_n = triton.cdiv(hidden, bn)
+    _down_grouped[(n_blocks * grid_n,)](
+        act, sorted_pairs, block_expert, rw, wd, out, n_pairs, n_experts, hidden, ff, wd.stride(0), wd.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, **launch)
+    block = min(1024, triton.next_power_of_2(hidden))
+    _combine[(n, triton.cdiv(hidden, block))](out, y, hidden, TOP_K=top_k, BLOCK=block, INTERP=_INTERPRETED)
+    return y

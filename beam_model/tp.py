@@ -192,8 +192,7 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     own slices; nothing is communicated."""
     from safetensors import safe_open
 
-    from beam_model.weights import (CheckpointError, _checkpoint_files, _listing, _set_param, _shapes, _target,
-                                    checkpoint_tensors)
+    from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     full_config = BeamConfig.from_pretrained(path)
@@ -201,34 +200,16 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     model = BeamForCausalLM(shard_config(full_config, world_size), dtype)
 
     expected = {n: tuple(t.shape) for n, t in checkpoint_tensors(BeamForCausalLM(full_config, dtype)).items()}
-    files = _checkpoint_files(path)
-    found = _shapes(files)
-    problems = []
-    missing = [n for n in expected if n not in found]
-    extra = [n for n in found if n not in expected]
-    if missing:
-        problems.append(f"missing tensors: {_listing(missing)}")
-    if extra:
-        problems.append(f"unexpected tensors: {_listing(extra)}")
-    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
-                 for n, s in expected.items() if n in found and found[n] != s]
-    if problems:
-        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
-
-    for name, p in list(model.named_parameters()):
-        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device=device))
-    params = dict(model.named_parameters())
-    by_file: dict[str, list[str]] = {}
-    for name, file in files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
+    files = checked_files(path, expected)
+    params = materialize(model, device)
+    for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in names:
                 dim = split_dim(name)
                 if dim is None or world_size == 1:
                     t = f.get_tensor(name)
                 else:
-                    n = found[name][dim] // world_size
+                    n = expected[name][dim] // world_size
                     index = (slice(None),) * dim + (slice(rank * n, (rank + 1) * n),)
                     t = f.get_slice(name)[index]
                 _target(params, name).copy_(t)

@@ -145,11 +145,9 @@ def _shapes(files: dict[str, str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@torch.no_grad()
-def load_checkpoint(model, path: str, *, device=None) -> None:
-    """Fill a meta-device model from a checkpoint folder, after checking every name and shape."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    expected = {name: tuple(t.shape) for name, t in checkpoint_tensors(model).items()}
+def checked_files(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Tensor name -> file of a checkpoint whose names and shapes are exactly `expected`; else a
+    CheckpointError naming every missing, unexpected or mis-shaped tensor (before any data is read)."""
     files = _checkpoint_files(path)
     found = _shapes(files)
     problems = []
@@ -159,19 +157,34 @@ def load_checkpoint(model, path: str, *, device=None) -> None:
         problems.append(f"missing tensors: {_listing(missing)}")
     if extra:
         problems.append(f"unexpected tensors: {_listing(extra)}")
-    for n in expected:
-        if n in found and found[n] != expected[n]:
-            problems.append(f"tensor {n} has shape {list(found[n])}, expected {list(expected[n])}")
+    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
+                 for n, s in expected.items() if n in found and found[n] != s]
     if problems:
         raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
+    return files
 
+
+def materialize(model, device) -> dict[str, torch.nn.Parameter]:
+    """Allocate every (meta) parameter on `device`, uninitialised; returns the parameters by name."""
     for name, p in list(model.named_parameters()):
         _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device=device))
-    params = dict(model.named_parameters())
-    by_file: dict[str, list[str]] = {}
+    return dict(model.named_parameters())
+
+
+def by_file(files: dict[str, str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
     for name, file in files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
+        out.setdefault(file, []).append(name)
+    return out
+
+
+@torch.no_grad()
+def load_checkpoint(model, path: str, *, device=None) -> None:
+    """Fill a meta-device model from a checkpoint folder, after checking every name and shape."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    files = checked_files(path, {name: tuple(t.shape) for name, t in checkpoint_tensors(model).items()})
+    params = materialize(model, device)
+    for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device=str(device)) as f:
             for name in names:
                 _target(params, name).copy_(f.get_tensor(name))

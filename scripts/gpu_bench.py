@@ -80,6 +80,7 @@ def main() -> int:
     p.add_argument("--repeat-reserve-s", type=float, default=60, help="kept for the repeat (default: %(default)s)")
     p.add_argument("--point-timeout-s", type=float, default=120)
     p.add_argument("--repeat", default="boundary", help="point to run twice (default: %(default)s)")
+    p.add_argument("--points", nargs="+", default=None, help="only these points (default: all)")
     args = p.parse_args()
 
     outs = [Path(os.environ["OUT"]) / args.name] if os.environ.get("OUT") else []
@@ -92,6 +93,8 @@ def main() -> int:
 
     rows, commands = [], []
     for point, layer in RUNS:
+        if args.points and point not in args.points:
+            continue
         left = deadline - time.monotonic()
         label = f"{point}-{layer}" if point in LAYERED else point
         if left < 20:

@@ -22,7 +22,7 @@ from beam_model.chat_template import END_THINK, END_TOOL_CALL, THINK, TOOL_CALL,
 from beam_model.tokenizer import ByteTokenizer
 from server.api import protocol
 from server.api.errors import invalid
-from server.api.streaming import (ClientGone, collect, engine_error, new_id, read_json, sampling_params, sse,
+from server.api.streaming import (engine_error, finished, new_id, read_json, sampling_params, sse,
                                   sse_body, submit, usage)
 
 
@@ -120,15 +120,10 @@ async def create(request: Request, state) -> Response:
         events = _events(state, req, stream, timer, translator, head)
         return StreamingResponse(sse_body(events, stream, timer, len(prompt_ids)),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    try:
-        outs = await collect(request, stream, on_output=timer.tokens)
-    except ClientGone:
-        timer.finish("abort", len(prompt_ids), 0)
+    outs = await finished(request, stream, timer, len(prompt_ids))
+    if outs is None:
         return Response(status_code=499)
     last = outs[-1]
-    timer.finish(last.finish_reason, last.num_prompt_tokens, last.num_output_tokens)
-    if last.finish_reason == "error":
-        raise engine_error(last)
     for o in outs:
         translator.feed(o.text)
     translator.finish()

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.api import protocol
-from server.api.streaming import (ClientGone, collect, engine_error, new_id, read_json, sampling_params, sse,
+from server.api.streaming import (engine_error, finished, new_id, read_json, sampling_params, sse,
                                   sse_body, submit, usage)
 
 
@@ -38,15 +38,10 @@ async def create(request: Request, state) -> Response:
     if req.common.stream:
         return StreamingResponse(sse_body(_events(state, req, stream, timer, head), stream, timer, len(prompt_ids)),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    try:
-        outs = await collect(request, stream, on_output=timer.tokens)
-    except ClientGone:
-        timer.finish("abort", len(prompt_ids), 0)
+    outs = await finished(request, stream, timer, len(prompt_ids))
+    if outs is None:
         return Response(status_code=499)
     last = outs[-1]
-    timer.finish(last.finish_reason, last.num_prompt_tokens, last.num_output_tokens)
-    if last.finish_reason == "error":
-        raise engine_error(last)
     lps = [lp for o in outs for lp in (o.logprobs or [])]
     choice = {"index": 0, "text": "".join(o.text for o in outs), "finish_reason": last.finish_reason,
               "logprobs": legacy_logprobs(state.tokenizer, lps, 0) if params.logprobs else None}

@@ -91,6 +91,21 @@ async def collect(request: Request, stream: RequestStream, on_output=None) -> li
         stream.close()
 
 
+async def finished(request: Request, stream: RequestStream, timer, num_prompt: int) -> list[RequestOutput] | None:
+    """A non-streamed request's outputs, counted once in the metrics; None if the client left (the
+    caller answers 499); an engine failure is raised as a 500."""
+    try:
+        outs = await collect(request, stream, on_output=timer.tokens)
+    except ClientGone:
+        timer.finish("abort", num_prompt, 0)
+        return None
+    last = outs[-1]
+    timer.finish(last.finish_reason, last.num_prompt_tokens, last.num_output_tokens)
+    if last.finish_reason == "error":
+        raise engine_error(last)
+    return outs
+
+
 async def sse_body(events, stream: RequestStream, timer, num_prompt: int):
     """An endpoint's SSE events, guarded: an error after the stream started becomes an error event
     followed by [DONE]; the request is closed (aborted if unfinished) and counted exactly once."""

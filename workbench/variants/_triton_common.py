@@ -1,4 +1,4 @@
-"""Helpers shared by the Triton variants of `boundary`, `qk_prep` and `attn_out`.
+"""Helpers shared by the Triton variants: the guarded triton import, `jit`, `round_to`.
 
 Imports without triton (then `triton` is None and no helper kernel exists): the variants register
 either way and the registry reports the backend as unavailable. Never import a variant from here.
@@ -10,7 +10,13 @@ try:
     import triton
     import triton.language as tl
 except ImportError:
-    triton = tl = None
+    triton = None
+
+    class tl:  # noqa: N801 -- just enough for kernel signatures (tl.constexpr annotations) to evaluate
+        constexpr = None
+
+# `@jit` defines a kernel where triton is installed, and leaves a plain function where it is not.
+jit = triton.jit if triton is not None else (lambda fn: fn)
 
 # Whether kernels run under the Triton interpreter (TRITON_INTERPRET is set before this import, see
 # tests/conftest.py). The interpreter casts FP32 -> BF16 by truncation and its tl.dot multiplies

@@ -63,16 +63,7 @@ import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the module must import without triton: the variants then report unavailable
-    triton = None
-
-    class tl:  # noqa: N801 -- just enough for the kernel signatures below to evaluate
-        constexpr = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from workbench.variants._triton_common import jit as _jit, tl, triton  # noqa: E402
 
 
 @_jit

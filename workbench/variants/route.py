@@ -123,16 +123,7 @@ declare(PointSpec(
 
 import os
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the module must import without triton: the variant then reports unavailable
-    triton = None
-
-    class tl:  # noqa: N801 -- just enough for the kernel signatures below to evaluate
-        constexpr = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from workbench.variants._triton_common import jit as _jit, tl, triton  # noqa: E402
 
 ROUTE_GEMV_MAX = 16   # tokens: up to here the FP32 GEMV
 ROUTE_FP32_MAX = 96   # tokens: up to here FP32 tiles; above, tensor cores on the BF16x3 split

@@ -140,16 +140,7 @@ declare(PointSpec(
 #    reference pairs noise with sorted positions and this kernel with vocab positions: the same
 #    distribution, not the same ids.
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the module must import without triton: the variant then reports unavailable
-    triton = None
-
-    class tl:  # noqa: N801 -- just enough for the kernel signature below to evaluate
-        constexpr = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from workbench.variants._triton_common import jit as _jit, tl  # noqa: E402
 
 
 @_jit

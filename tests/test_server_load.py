@@ -69,7 +69,9 @@ def test_64_concurrent_streaming_clients(server):
     for kind, max_tokens, reasons, usage in done:
         assert len(reasons) == 1 and reasons[0] in ("stop", "length"), (kind, reasons)
         assert usage is not None and 1 <= usage.completion_tokens <= max_tokens
-        assert (usage.completion_tokens == max_tokens) == (reasons[0] == "length")
+        # "length" exactly at the cap; "stop" anywhere up to it (a stop token may be the last allowed one)
+        if reasons[0] == "length":
+            assert usage.completion_tokens == max_tokens, (kind, usage)
     stats = server.wait_idle(timeout=10)
     assert stats["running"] == stats["waiting"] == stats["in_flight"] == 0
     assert stats["pages_used"] == {"full_attention": 0, "sliding_attention": 0}

@@ -56,7 +56,7 @@ def _tools_section(tools: list) -> str:
     return "# Tools\n" + "\n".join(lines)
 
 
-def _tool_call_block(call: Any, where: str) -> str:
+def _tool_call_block(call: Any, where: str) -> list[tuple[str, bool]]:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise ValueError(f"{where}: expected {{'function': {{'name': ..., 'arguments': ...}}}}")
@@ -71,12 +71,13 @@ def _tool_call_block(call: Any, where: str) -> str:
     if not isinstance(args, dict):
         raise ValueError(f"{where}: arguments must be a JSON object")
     body = json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
-    return TOOL_CALL + body + END_TOOL_CALL
+    return [(TOOL_CALL, True), (body, False), (END_TOOL_CALL, True)]
 
 
-def render_chat(messages: list[dict], tools: list[dict] | None = None,
-                add_generation_prompt: bool = True) -> str:
-    """Render OpenAI chat messages (and offered tools) to a Beam prompt."""
+def chat_segments(messages: list[dict], tools: list[dict] | None = None,
+                  add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    """OpenAI chat messages (and offered tools) as Beam prompt pieces (text, is_marker): markers are
+    the template's special tokens; every other piece is client text, never to be read as a marker."""
     if not isinstance(messages, list):
         raise ValueError("messages must be a list")
     if tools is not None and not isinstance(tools, list):
@@ -95,7 +96,7 @@ def render_chat(messages: list[dict], tools: list[dict] | None = None,
             text = f"{text}\n\n{tools_text}" if text else tools_text
             tools_text = None
         if role in _ROLE_TOKENS:
-            out.append(_ROLE_TOKENS[role] + text + END)
+            out += [(_ROLE_TOKENS[role], True), (text, False), (END, True)]
         else:  # assistant
             reasoning = msg.get("reasoning_content")
             if reasoning is None:
@@ -105,14 +106,31 @@ def render_chat(messages: list[dict], tools: list[dict] | None = None,
             calls = msg.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise ValueError(f"{where}: tool_calls must be a list")
-            blocks = "".join(_tool_call_block(c, f"{where} tool_calls[{j}]")
-                             for j, c in enumerate(calls))
-            out.append(f"{ASSISTANT}{THINK}{reasoning or ''}{END_THINK}{text}{blocks}{END}")
+            out += [(ASSISTANT, True), (THINK, True), (reasoning or "", False), (END_THINK, True), (text, False)]
+            for j, c in enumerate(calls):
+                out += _tool_call_block(c, f"{where} tool_calls[{j}]")
+            out.append((END, True))
     if tools_text is not None:  # no leading system message to carry the tools
-        out.insert(0, SYSTEM + tools_text + END)
+        out[:0] = [(SYSTEM, True), (tools_text, False), (END, True)]
     if add_generation_prompt:
-        out.append(ASSISTANT)
-    return "".join(out)
+        out.append((ASSISTANT, True))
+    return [(t, marker) for t, marker in out if t]
+
+
+def render_chat(messages: list[dict], tools: list[dict] | None = None,
+                add_generation_prompt: bool = True) -> str:
+    """Render OpenAI chat messages (and offered tools) to a Beam prompt string."""
+    return "".join(t for t, _ in chat_segments(messages, tools, add_generation_prompt))
+
+
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the prompt: markers as their special tokens, client text encoded as plain text,
+    so a message that contains "<|end|>" cannot end its turn or forge another one."""
+    ids: list[int] = []
+    for text, marker in chat_segments(messages, tools, add_generation_prompt):
+        ids += [tokenizer.token_to_id(text)] if marker else tokenizer.encode(text, allow_special=False)
+    return ids
 
 
 # ------------------------------------------------------------------ parsing

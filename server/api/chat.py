@@ -18,7 +18,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from beam_model.chat_template import END_THINK, END_TOOL_CALL, THINK, TOOL_CALL, AssistantStreamParser, render_chat
+from beam_model.chat_template import END_THINK, END_TOOL_CALL, THINK, TOOL_CALL, AssistantStreamParser, encode_chat
 from beam_model.tokenizer import ByteTokenizer
 from server.api import protocol
 from server.api.errors import invalid
@@ -104,11 +104,11 @@ async def create(request: Request, state) -> Response:
     req = protocol.parse_chat(await read_json(request), state.served_models)
     tools = req.tools if req.tool_choice != "none" else None  # "none": the model is not offered tools
     try:
-        text = render_chat(req.messages, tools)
+        prompt_ids = encode_chat(state.tokenizer, req.messages, tools)
     except ValueError as e:
         raise invalid(str(e), "messages") from None
-    prefix = forced_prefix(req)
-    prompt_ids = state.tokenizer.encode(text + prefix)
+    prefix = forced_prefix(req)  # the server's own markers (forced tool calls): special tokens allowed
+    prompt_ids += state.tokenizer.encode(prefix)
     params = sampling_params(state, req.common, prompt_ids, "messages")
     rid = new_id("chatcmpl")
     stream = submit(state, rid, prompt_ids, params)

@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
-    from beam_model.chat_template import render_chat
+    from beam_model.chat_template import encode_chat
     from beam_model.generate import generate
     from beam_model.tokenizer import load_tokenizer
 
@@ -30,8 +30,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     model = load_model(args)
     tok = load_tokenizer(args.model)
-    text = render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
-    prompt = tok.encode(text)
+    prompt = encode_chat(tok, [{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
     t1 = time.perf_counter()
     out = generate(model, [prompt], args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop_ids=(tok.eos_token_id,))[0]

@@ -18,6 +18,11 @@ except ImportError:
 # `@jit` defines a kernel where triton is installed, and leaves a plain function where it is not.
 jit = triton.jit if triton is not None else (lambda fn: fn)
 
+def gemv_config(bn, bk, split_k=1, warps=4, stages=1, bm=16, dot=False) -> dict:
+    """A tuning config of `_triton_gemv.linear` (plain data: defined whether or not triton is installed)."""
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k, DOT=dot, num_warps=warps, num_stages=stages)
+
+
 # Whether kernels run under the Triton interpreter (TRITON_INTERPRET is set before this import, see
 # tests/conftest.py). The interpreter casts FP32 -> BF16 by truncation and its tl.dot multiplies
 # BF16 operands as raw bits, so interpreted kernels work around both; compiled kernels never do.

@@ -72,9 +72,7 @@ def dense_mlp_triton(x, w, cfg=ACT_CONFIGS[0]):
     return F.linear(_triton_gemv.silu_mul(F.linear(x, w["gate_up"]), cfg), w["down"])
 
 
-def _cfg(bn, bk, split_k=1, warps=4, stages=1, bm=16, dot=False):
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k, DOT=dot, num_warps=warps, num_stages=stages)
-
+from workbench.variants._triton_common import gemv_config as _cfg  # noqa: E402
 
 # One config drives both GEMVs (TP8: gate/up 5120 -> 2x2560 rows, down 2560 -> 5120 rows). FMA for
 # M = 1-4, tl.dot with M padded to 16 for M = 8-16, tiled tl.dot for M = 64 and prefill.

@@ -75,9 +75,7 @@ def qkvg_packed(x, w):
     return tuple(outs)
 
 
-def _cfg(bn, bk, split_k=1, warps=4, stages=1, bm=16, dot=False):
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k, DOT=dot, num_warps=warps, num_stages=stages)
-
+from workbench.variants._triton_common import gemv_config as _cfg  # noqa: E402
 
 # Tuned for TP8 (5120 -> 1792 rows): FMA GEMVs for M = 1-4 (224-560 CTAs, so 132 SMs keep enough
 # weight loads in flight), tl.dot with M padded to 16 for M = 8-16, tiled tl.dot for M = 64 and prefill.

@@ -112,15 +112,6 @@ def invoke(fn: Callable, call: Call):
     return fn(*call.args, **call.kwargs)
 
 
-def with_weights(call: Call, transform: Callable[[dict], Any]) -> Call:
-    """The call with its weights argument replaced by `transform(weights)` (a variant's layout)."""
-    if call.weights_arg is None:
-        return call
-    args = list(call.args)
-    args[call.weights_arg] = transform(args[call.weights_arg])
-    return Call(tuple(args), dict(call.kwargs), call.weights_arg)
-
-
 # ---- statistics ------------------------------------------------------------------------------------
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -444,7 +435,9 @@ def _timed_variant(variant: registry.Variant, base_call: Callable[[int], Call], 
 
     def make_call(i: int) -> Call:
         if i not in prepared:  # the weight-layout transform runs once per copy, outside the timing
-            prepared[i] = with_weights(base_call(i), variant.prepare_weights)
+            call = base_call(i)
+            prepared[i] = call if call.weights_arg is None else \
+                call.with_weights(variant.prepare_weights(call.args[call.weights_arg]))
         return prepared[i]
 
     try:

@@ -136,14 +136,6 @@ def _copy(call: Call, dtype=None) -> Call:
     return Call(_map(call.args, cast), _map(call.kwargs, cast), call.weights_arg)
 
 
-def _with_weights(call: Call, weights) -> Call:
-    if call.weights_arg is None:
-        return call
-    args = list(call.args)
-    args[call.weights_arg] = weights
-    return Call(tuple(args), call.kwargs, call.weights_arg)
-
-
 def _activations(call: Call) -> list:
     """Leaves of every argument but the weights dict."""
     args = [a for i, a in enumerate(call.args) if i != call.weights_arg]
@@ -267,7 +259,7 @@ def op_gate(variant: Variant, workloads, *, device="cpu", seeds=(0, 1, 2), captu
 
 def _invoke(variant: Variant, call: Call, weights) -> list:
     with _poisoned(), torch.no_grad():
-        return _outputs(variant.fn(*_with_weights(call, weights).args, **call.kwargs))
+        return _outputs(variant.fn(*call.with_weights(weights).args, **call.kwargs))
 
 
 def _reference(point: str, call: Call, dtype, device) -> tuple[list, dict]:
@@ -469,7 +461,7 @@ def capture_calls(model, input_ids: torch.Tensor, points=POINTS) -> dict[str, li
                 weights_arg = next((i for i, a in enumerate(args) if isinstance(a, dict)), None)
                 call = Call(args, kwargs, weights_arg)
                 # Activations are copied (the cache changes later); weights are parameters: referenced.
-                copy = _with_weights(_copy(_with_weights(call, {})), args[weights_arg]) if weights_arg is not None \
+                copy = _copy(call.with_weights({})).with_weights(args[weights_arg]) if weights_arg is not None \
                     else _copy(call)
                 out[point].append(CapturedCall(copy.args, copy.kwargs, weights_arg, layer, label, wl))
             return originals[point](*args, **kwargs)

@@ -51,6 +51,14 @@ class Call:
     kwargs: dict = field(default_factory=dict)
     weights_arg: int | None = None  # index into args of the weights dict, if the point has weights
 
+    def with_weights(self, weights) -> "Call":
+        """The same call with its weights argument replaced (e.g. by a variant's weight layout)."""
+        if self.weights_arg is None:
+            return self
+        args = list(self.args)
+        args[self.weights_arg] = weights
+        return Call(tuple(args), dict(self.kwargs), self.weights_arg)
+
 
 @dataclass
 class PointSpec:

@@ -150,6 +150,7 @@ class Lock:
 
 @dataclass
 class Verification:
+    lock: Lock
     problems: list[str]
     gate_reports: dict[str, dict] = field(default_factory=dict)
 
@@ -184,7 +185,7 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
     preset = lock.model.get("preset")
     if preset and BeamConfig.from_preset(preset).config_hash() != lock.model.get("config_hash"):
         problems.append(f"model: preset {preset} no longer has config hash {lock.model.get('config_hash')}")
-    report = Verification(problems)
+    report = Verification(lock, problems)
     if run_gates and not problems:
         from workbench.gates import lock_gates
 
@@ -200,4 +201,4 @@ def load_for_serving(path: str, *, force: bool = False, device=None) -> Lock:
     if result.problems and not force:
         raise LockError(f"lock {path} failed verification: " + "; ".join(result.problems)
                         + " (use --force to serve it anyway)")
-    return Lock.load(path)[0]
+    return result.lock

@@ -115,3 +115,25 @@ def test_broken_lock_files_name_the_problem(tmp_path):
         Lock.load(str(bad))
     with pytest.raises(lockmod.LockError, match="no lock file"):
         Lock.load(str(tmp_path / "absent.yaml"))
+
+
+def test_spent_budget_stops_between_points_and_the_run_resumes(run, tmp_path):
+    out, _, _ = run
+    opts = dict(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                points=POINTS_SEARCHED, command="pytest", budget_s=0.0)
+    fresh = optimize(OptimizeOptions(out_dir=str(tmp_path / "fresh"), **opts))
+    assert fresh["stopped"] and sorted(fresh["pending"]) == sorted(POINTS_SEARCHED) and fresh["searched"] == []
+    assert not os.path.exists(tmp_path / "fresh" / "lock.yaml")
+
+    # A run folder holding every point's search result finishes even with no budget left: nothing new to search.
+    import shutil
+
+    shutil.copytree(os.path.join(out, "search"), tmp_path / "resumed" / "search")
+    events = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        report = optimize(OptimizeOptions(out_dir=str(tmp_path / "resumed"), **opts), on_event=events.append)
+    assert not report.get("stopped")
+    assert sorted(e["point"] for e in events if e["type"] == "point_cached") == sorted(POINTS_SEARCHED)
+    assert not any(e["type"] == "point_start" for e in events)
+    assert os.path.isfile(tmp_path / "resumed" / "lock.yaml")

@@ -37,6 +37,7 @@ class OptimizeOptions:
     seeds: tuple[int, ...] = (0, 1)
     points: tuple[str, ...] = POINTS
     trust: bool = False
+    budget_s: float | None = None  # stop before a new point's search once spent; the run resumes
     command: str = ""
 
 
@@ -55,6 +56,7 @@ def _write_json(path: str, obj) -> None:
 
 def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     on_event = on_event or (lambda e: None)
+    started = time.monotonic()
     os.makedirs(opts.out_dir, exist_ok=True)
     dtype = DTYPE_NAMES[opts.dtype]
     on_event({"type": "stage", "stage": "build", "preset": opts.preset})
@@ -75,8 +77,15 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     calls = {p.point: p.calls_by_kind for p in profile.points}
     search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event, trust=opts.trust)
     order = [p for p in rank_points(profile) if p in opts.points]
-    on_event({"type": "stage", "stage": "search", "order": order})
-    results = {p: search.search_point(p) for p in order}
+    # The live Search rides on this event so a UI can skip points and pause (`search.skip`, `search.resume`).
+    on_event({"type": "stage", "stage": "search", "order": order, "search": search})
+    results = {}
+    for p in order:
+        if opts.budget_s is not None and time.monotonic() - started > opts.budget_s and not search.cached(p):
+            pending = [q for q in order if q not in results]
+            on_event({"type": "stopped", "pending": pending})
+            return {"stopped": True, "pending": pending, "searched": list(results), "out_dir": opts.out_dir}
+        results[p] = search.search_point(p)
 
     on_event({"type": "stage", "stage": "end-to-end"})
     final = search.finalize(results)

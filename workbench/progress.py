@@ -47,6 +47,11 @@ class ConsoleProgress:
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
 
+    def stopped(self, r: dict) -> None:
+        self.console.print(f"[yellow]budget spent[/]: searched {', '.join(r['searched']) or 'nothing'}; "
+                           f"pending {', '.join(r['pending'])}. Run the same command again to resume "
+                           f"from {r['out_dir']}.")
+
     def summary(self, r: dict, out_dir: str) -> None:
         t = Table(title=f"{r['target']} on {r['preset']} ({r['dtype']}, {r['gpu'] or 'cpu'})")
         for col in ("build", "step ms", "locked speed-up"):

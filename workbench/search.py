@@ -96,6 +96,10 @@ class Search:
             spread = max(spread, t["spread"])
         return {"step_us": total, "spread": spread}
 
+    def cached(self, point: str) -> bool:
+        """Whether this point's result is in the run folder and still valid (resuming costs nothing)."""
+        return self._load(point) is not None
+
     def search_point(self, point: str) -> PointResult:
         cached = self._load(point)
         if cached:
@@ -127,7 +131,8 @@ class Search:
                 if result.step_us is not None and result.step_us < best.step_us * (1 - band):
                     best = result
         out = PointResult(point, best.variant, best.config, ref_us, best.step_us, band, results)
-        self._save(point, out)
+        if point not in self.skip:  # a skipped point was not searched: a resumed run searches it
+            self._save(point, out)
         self.on_event({"type": "point_done", "point": point, "result": out.to_dict()})
         return out
 

@@ -21,6 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("target", nargs="?", metavar="POINT|VARIANT",
                    help="a fusion point, POINT:VARIANT, or a variant name (default: everything)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", nargs="+", metavar="B",
+                   help="only variants of these backends (torch, torch_compile, triton, flashinfer, cute)")
     p.add_argument("--preset", default="beam-tiny", help="shapes of this preset (default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 3], metavar="B",
@@ -82,7 +84,9 @@ def _capture(args, points):
 def gate_all(args) -> list[dict]:
     from workbench.gates import op_gate
 
-    chosen = targets(args.target)
+    chosen = [v for v in targets(args.target) if not args.backend or v.backend in args.backend]
+    if not chosen:
+        raise KeyError(f"no variant of {args.target or 'any point'} has backend {' or '.join(args.backend)}")
     captured = _capture(args, sorted({v.point for v in chosen}))
     rows = []
     for v in chosen:

@@ -8,6 +8,8 @@ import sys
 from workbench.commands.common import DTYPES, print_json, resolve_device, resolve_dtype
 from workbench.registry import POINTS
 
+STOPPED = 3  # exit status of a run that spent its --budget before the search finished
+
 
 def add_arguments(p) -> None:
     p.add_argument("--target", default="decode-b1", help="decode-b1, decode-b8, decode-b64 or prefill-8x2k")
@@ -17,6 +19,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=None, help="run folder (default: runs/optimize-<target>-<preset>)")
     p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to search")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="start no new point's search after this long; the same command resumes the run")
     p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
 
@@ -29,14 +33,18 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device,
                            out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
-                           points=tuple(args.points), trust=args.trust,
+                           points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.json:
-        print_json(optimize(opts))
-        return 0
+        report = optimize(opts)
+        print_json(report)
+        return STOPPED if report.get("stopped") else 0
     from workbench.progress import ConsoleProgress
 
     with ConsoleProgress() as progress:
         report = optimize(opts, on_event=progress.event)
+    if report.get("stopped"):
+        progress.stopped(report)
+        return STOPPED
     progress.summary(report, opts.out_dir)
     return 0

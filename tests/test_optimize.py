@@ -137,3 +137,32 @@ def test_spent_budget_stops_between_points_and_the_run_resumes(run, tmp_path):
     assert sorted(e["point"] for e in events if e["type"] == "point_cached") == sorted(POINTS_SEARCHED)
     assert not any(e["type"] == "point_start" for e in events)
     assert os.path.isfile(tmp_path / "resumed" / "lock.yaml")
+
+
+def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):
+    """The op gate sees the target's decode shapes only; a kernel with no prefill path passes it,
+    then fails the model gate's ragged prefill: finalize drops that choice and keeps the others."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from planted import planted
+
+    from beam_model import BeamForCausalLM
+    from workbench import registry
+    from workbench.search import Search
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    events = []
+    search = Search(runner, calls={}, out_dir=str(tmp_path), on_event=events.append)
+    table = registry.variants("attention")
+    table["planted_decode_only"] = planted("decode_only")
+    try:
+        chosen, configs = {"attention": "planted_decode_only", "qkvg_proj": "packed"}, {}
+        search._drop_model_gate_failures(chosen, configs)
+    finally:
+        del table["planted_decode_only"]
+    assert chosen == {"qkvg_proj": "packed"}
+    assert [(e["point"], e["variant"]) for e in events if e["type"] == "model_gate_dropped"] == \
+        [("attention", "planted_decode_only")]

@@ -21,7 +21,7 @@ from workbench.variants.sample import _probs  # noqa: E402
 # (experts, groups, kept groups, top_k, hidden): beam-tiny's router, and the real 256 / 8 layout.
 # "long": hidden 3000 is a multiple of no block size: masked K tails, several K steps and split-K.
 ROUTE_SHAPES = {"tiny": (16, 4, 2, 4, 64), "e256": (256, 8, 4, 8, 32), "long": (16, 4, 2, 4, 3000)}
-ROUTE_N = (1, 5, 20, 100)  # GEMV (1, 5), FP32 tiles (20), BF16x3 tensor cores (100)
+ROUTE_N = (1, 2, 5, 20, 100)  # GEMV (1, 2, 5), FP32 tiles (20), BF16x3 tensor cores (100)
 
 
 # ====================================================================== route
@@ -58,6 +58,20 @@ def test_route_matches_reference(shape, n, config):
     v = get("route", "triton")
     got = v.at(v.configs[config])(x, v.prepare_weights(w), **kw)
     _assert_routes_equal(got, reference("route").fn(x, w, **kw))
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_route_nan_rows_still_select_top_k_distinct_experts(n):
+    """A NaN activation row must not leave ids unwritten: the experts would gather out of bounds."""
+    x, w, kw = _route_case("e256", n, seed=3)
+    x[0] = float("nan")
+    v = get("route", "triton")
+    ids, wts = v.fn(x, v.prepare_weights(w), **kw)
+    assert ((ids >= 0) & (ids < 256)).all()
+    assert all(len(set(row.tolist())) == kw["top_k"] for row in ids)
+    assert wts[0].isnan().all()
+    if n > 1:
+        _assert_routes_equal((ids[1:], wts[1:]), reference("route").fn(x[1:], w, **kw))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

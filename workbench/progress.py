@@ -44,6 +44,13 @@ class ConsoleProgress:
             r = e["result"]
             c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step, "
                     f"noise band {100 * r['band']:.1f}%)")
+        elif kind == "agent_round":
+            c.print(f"[bold]{e['point']}[/]: agent round {e['round']} in {e['task']}")
+        elif kind == "agent_attempt":
+            verdict = "[green]accepted[/]" if e["accepted"] else f"[red]rejected[/] ({e['stage']})"
+            c.print(f"  {e['variant']:<16} {verdict}: {e['reason']}")
+        elif kind == "model_gate_dropped":
+            c.print(f"  [red]{e['point']}:{e['variant']} dropped[/]: fails the model gate ({e['why']})")
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
 

@@ -167,6 +167,18 @@ class Search:
         with open(path, "w") as f:
             json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict()}, f, indent=1)
 
+    def _drop_model_gate_failures(self, chosen: dict, configs: dict) -> None:
+        """The op gate saw the target's shapes only; the model gate runs a ragged prefill and decode.
+        If the chosen set fails it, each choice is gated alone and those that fail are dropped."""
+        if gates.model_gate(self.model, chosen, configs=configs).passed:
+            return
+        for point in list(chosen):
+            alone = gates.model_gate(self.model, {point: chosen[point]}, configs={point: configs.get(point)})
+            if not alone.passed:
+                self.on_event({"type": "model_gate_dropped", "point": point, "variant": chosen.pop(point),
+                               "why": alone.first_failure()})
+                configs.pop(point, None)
+
     # ---- end to end --------------------------------------------------------------------
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None) -> dict:
         self.runner.rebind(selection, configs)
@@ -176,6 +188,7 @@ class Search:
         """Time the chosen set end to end, gate it, and drop choices that do not help the step."""
         chosen = {p: r.choice for p, r in results.items() if r.choice != REFERENCE}
         configs = {p: r.config for p, r in results.items() if r.config and p in chosen}
+        self._drop_model_gate_failures(chosen, configs)
         reference = self.time_build({})
         locked = self.time_build(chosen, configs)
         band = max(MIN_BAND, locked["spread"])

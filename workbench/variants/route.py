@@ -223,30 +223,38 @@ def _route_select(part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT:
         logit += tl.load(part_ptr + (s * N + t3) * E + e3, mask=valid, other=0.0)
     score = 1.0 / (1.0 + tl.exp(-logit))
     neg_inf = float("-inf")
-    biased = tl.where(valid, score + tl.load(bias_ptr + e3, mask=valid, other=0.0), neg_inf)
+    # NaN scores (a broken GEMM upstream) rank lowest: selection still writes top_k in-range ids, so
+    # the gate sees wrong weights instead of the experts' gather reading out of bounds.
+    biased = tl.where(valid & (score == score), score + tl.load(bias_ptr + e3, mask=valid, other=0.0), neg_inf)
     # Group score: top-2 sum. Remove only the first maximum so a tied pair counts twice, as topk(2).
     top1 = tl.max(biased, axis=2)
     first = tl.min(tl.where(biased == top1[:, :, None], j3, BLOCK_J), axis=2)
     top2 = tl.max(tl.where(j3 == first[:, :, None], neg_inf, biased), axis=2)
     g2 = g[None, :]
-    group_score = tl.where(g2 < N_GROUP, top1 + top2, neg_inf)
+    group_score = top1 + top2
+    # Arg-max rounds pick among the still-free entries only, so each round takes a new one even when
+    # every score left is -inf.
+    free_g = (g2 < N_GROUP) & (tok[:, None] >= 0)
     keep = tl.zeros((BLOCK_T, BLOCK_G), tl.int32)
     for _ in tl.static_range(TOPK_GROUP):  # best group, lowest index on a tie
-        best = tl.max(group_score, axis=1)
-        hit = g2 == tl.min(tl.where(group_score == best[:, None], g2, BLOCK_G), axis=1)[:, None]
+        best = tl.max(tl.where(free_g, group_score, neg_inf), axis=1)
+        pick = tl.min(tl.where(free_g & (group_score == best[:, None]), g2, BLOCK_G), axis=1)
+        hit = g2 == pick[:, None]
         keep = tl.where(hit, 1, keep)
-        group_score = tl.where(hit, neg_inf, group_score)
+        free_g = free_g & (g2 != pick[:, None])
     # Experts of the kept groups, flattened to [token, slot]: slot f is member f % BLOCK_J of group
     # f // BLOCK_J, so slot order is expert order (the tie order: lowest expert index first).
-    cand = tl.reshape(tl.where(keep[:, :, None] != 0, biased, neg_inf), (BLOCK_T, BLOCK_G * BLOCK_J))
+    cand = tl.reshape(biased, (BLOCK_T, BLOCK_G * BLOCK_J))
+    free = tl.reshape((keep[:, :, None] != 0) & (g3 < N_GROUP) & (j3 < EPG), (BLOCK_T, BLOCK_G * BLOCK_J))
     score = tl.reshape(score, (BLOCK_T, BLOCK_G * BLOCK_J))
     f = tl.arange(0, BLOCK_G * BLOCK_J)[None, :]
     chosen = tl.zeros((BLOCK_T, BLOCK_G * BLOCK_J), tl.int32)
     for _ in tl.static_range(TOP_K):
-        best = tl.max(cand, axis=1)
-        hit = f == tl.min(tl.where(cand == best[:, None], f, BLOCK_G * BLOCK_J), axis=1)[:, None]
+        best = tl.max(tl.where(free, cand, neg_inf), axis=1)
+        pick = tl.min(tl.where(free & (cand == best[:, None]), f, BLOCK_G * BLOCK_J), axis=1)
+        hit = f == pick[:, None]
         chosen = tl.where(hit, 1, chosen)
-        cand = tl.where(hit, neg_inf, cand)
+        free = free & (f != pick[:, None])
     picked = tl.where(chosen != 0, score, 0.0)
     wts = picked / tl.sum(picked, axis=1)[:, None] * scale
     # Scatter the TOP_K chosen slots of each token to outputs 0..TOP_K-1 (rank = prefix count).
@@ -344,7 +352,9 @@ def _route_triton_at(cfg):
             return ids, weights
         part = _route_logits(x, w, cfg)
         epg = e // n_group
-        block_t = min(cfg["select_tokens"], _pow2(n))
+        # Never 2 tokens per program: BLOCK_T = 2 selected wrong experts on the H200 (triton 3.6),
+        # twice, while passing interpreted; 1 (decode) and >= 4 pass the gates there.
+        block_t = 1 if n == 1 else max(min(4, cfg["select_tokens"]), min(cfg["select_tokens"], _pow2(n)))
         _route_select[(triton.cdiv(n, block_t),)](
             part, w["bias"], ids, weights, n, e, epg, float(scale), SPLIT=part.shape[0], N_GROUP=n_group,
             TOPK_GROUP=topk_group, TOP_K=top_k, BLOCK_T=block_t, BLOCK_G=_pow2(n_group), BLOCK_J=_pow2(epg),

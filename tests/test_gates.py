@@ -17,7 +17,7 @@ from planted import PLANTED, planted
 from workbench import registry
 from workbench.gates import CheckResult, GateReport, _leaves, capture_calls, model_gate, op_gate
 from workbench.points import Workload, spec
-from workbench.registry import POINTS, variants
+from workbench.registry import POINTS, Variant, reference, variants
 
 LAYERED = ("attention", "qk_prep")
 DECODE = Workload(batch=2, context=1000)        # long context: SSMax and RoPE at large positions, windowed pages
@@ -198,3 +198,20 @@ def test_lock_gates_rerun_the_locked_points():
     lock = Lock(model={"preset": "beam-tiny", "dtype": "bf16"}, target="decode-b1", environment={}, points=points)
     results = lock_gates(lock, device="cpu")
     assert set(results) == {"attn_out", "model"} and all(r["passed"] for r in results.values())
+
+
+def test_model_gate_forces_routing_yet_checks_the_candidates_own():
+    """The candidate's MoE layers use the reference's expert choice (teacher forcing), but a route
+    variant that picks wrong experts on ragged batches only is still caught by the routing check."""
+    def batched_wrong(x, w, *, n_group, topk_group, top_k, scale):
+        ids, weights = reference("route").fn(x, w, n_group=n_group, topk_group=topk_group, top_k=top_k,
+                                             scale=scale)
+        return (ids + 1) % w["weight"].shape[0] if x.shape[0] > 1 else ids, weights
+
+    table = registry.variants("route")
+    table["planted_batched_wrong"] = Variant("route", "planted_batched_wrong", "torch", batched_wrong)
+    try:
+        report = model_gate({"route": "planted_batched_wrong"}, dtype="bf16")
+    finally:
+        del table["planted_batched_wrong"]
+    assert [c.name for c in report.failures] == ["routing"], [c.name for c in report.failures]

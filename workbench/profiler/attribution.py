@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -10,6 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from workbench.profiler.ranges import LAYER_RANGE, POINT_RANGE, instrument
+from workbench.profiler.trace import device_work, layer_kind, load
 
 
 @dataclass
@@ -49,6 +52,14 @@ class Profile:
             p["headroom"] = src.headroom
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Profile":
+        """A saved `profile.json` back as a Profile (what `to_dict` wrote; `headroom` is recomputed)."""
+        points = [PointProfile(**{**{k: v for k, v in p.items() if k != "headroom"},
+                                  "top_kernels": [tuple(k) for k in p.get("top_kernels", [])]})
+                  for p in d["points"]]
+        return cls(**{**d, "points": points})
+
 
 def _walk(evt):
     yield evt
@@ -63,17 +74,23 @@ _NO_WORK = {"aten::view", "aten::as_strided", "aten::reshape", "aten::expand", "
             "aten::alias", "aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "aten::unbind"}
 
 
-def _work(evt, on_device: bool) -> list[tuple[str, float]]:
-    """(name, us) of the device kernels, or on CPU the leaf ATen ops that compute, under a range."""
-    if on_device:
-        return [(k.name, k.duration) for e in _walk(evt) for k in getattr(e, "kernels", [])]
-
+def _cpu_work(evt) -> list[tuple[str, float]]:
+    """(name, us) of the leaf ATen ops that compute under a range: the CPU stands in for a device."""
     def computes(e):
         return e.name.startswith("aten::") and e.name not in _NO_WORK
 
     # The innermost computing ops (aten::mm counts though it calls aten::resolve_conj), with their time.
     return [(e.name, e.cpu_time_total) for e in _walk(evt)
             if computes(e) and not any(computes(d) for c in e.cpu_children for d in _walk(c))]
+
+
+def _trace_events(prof, trace_path: str | None) -> list[dict]:
+    if trace_path:
+        return load(trace_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return load(path)
 
 
 def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | None = None) -> Profile:
@@ -94,20 +111,19 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
     if trace_path:
         prof.export_chrome_trace(trace_path)
 
-    roots = [e for e in prof.events() if e.cpu_parent is None]
     per_point: dict[str, list[tuple[str, float]]] = {}
     per_layer: dict[str, list[int]] = {}
+    if on_device:  # from the trace: Triton's driver-API launches are missing from the op tree
+        ranges, all_work = device_work(_trace_events(prof, trace_path))
+    else:
+        ranges = [(e.name, _cpu_work(e)) for e in prof.events() if e.name.startswith((POINT_RANGE, LAYER_RANGE))]
+        all_work = [w for e in prof.events() if e.cpu_parent is None for w in _cpu_work(e)]
+    for name, work in ranges:
+        if name.startswith(POINT_RANGE):
+            per_point.setdefault(name[len(POINT_RANGE):], []).extend(work)
+        else:
+            per_layer.setdefault(layer_kind(model.config, int(name[len(LAYER_RANGE):])), []).append(len(work))
     attributed = 0.0
-    all_work = [w for r in roots for w in _work(r, on_device)]
-    for evt in prof.events():
-        if evt.name.startswith(POINT_RANGE):
-            work = _work(evt, on_device)
-            per_point.setdefault(evt.name[len(POINT_RANGE):], []).extend(work)
-        elif evt.name.startswith(LAYER_RANGE):
-            layer = model.model.layers[int(evt.name[len(LAYER_RANGE):])]
-            kind = ("full" if layer.kind == "full_attention" else "sliding") + \
-                   ("+moe" if "experts" in layer.prepared else "+dense")
-            per_layer.setdefault(kind, []).append(len(_work(evt, on_device)))
     total = sum(us for _, us in all_work)
     points = []
     for point, work in per_point.items():

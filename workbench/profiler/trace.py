@@ -1,0 +1,81 @@
+"""Device kernels of a torch.profiler Chrome trace, attributed to the workbench's ranges by launch time.
+
+torch.profiler links a kernel to the CPU op that launched it through the launch's "External id".
+Kernels that Triton (and Inductor's Triton code) launch through the driver API (`cuLaunchKernelEx`)
+carry no External id, so the op tree shows them under no range: a Triton build looked like 8
+kernels per layer. Here every launch event (runtime or driver API) is joined to its kernel by
+correlation id and placed in the fusion-point and layer ranges whose CPU interval holds it.
+
+`python -m workbench.profiler.trace TRACE[.gz] --preset P` re-attributes a saved trace.
+Never runs a model; reads the trace only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import statistics
+from collections import defaultdict
+
+from workbench.profiler.ranges import LAYER_RANGE, POINT_RANGE
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
+
+
+def load(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def device_work(events: list[dict]) -> tuple[list[tuple[str, list[tuple[str, float]]]], list[tuple[str, float]]]:
+    """([(range name, [(kernel, us), ...]) for each point / layer range occurrence], all kernels)."""
+    device = {e["args"]["correlation"]: (e["name"], float(e.get("dur", 0.0)))
+              for e in events if e.get("cat") in DEVICE_CATS and "correlation" in e.get("args", {})}
+    launches = sorted((e["ts"], e.get("tid"), device[e["args"]["correlation"]]) for e in events
+                      if e.get("cat") in LAUNCH_CATS and e.get("args", {}).get("correlation") in device)
+    starts = [ts for ts, _, _ in launches]
+    ranges = []
+    for e in events:
+        if e.get("cat") == "user_annotation" and e["name"].startswith((POINT_RANGE, LAYER_RANGE)):
+            lo = bisect.bisect_left(starts, e["ts"])
+            hi = bisect.bisect_right(starts, e["ts"] + e.get("dur", 0.0))
+            ranges.append((e["name"], [w for _, tid, w in launches[lo:hi] if tid == e.get("tid")]))
+    return ranges, list(device.values())
+
+
+def layer_kind(config, index: int) -> str:
+    return ("full" if config.layer_types[index] == "full_attention" else "sliding") + \
+           ("+moe" if config.is_moe_layer(index) else "+dense")
+
+
+def summarize(events: list[dict], config) -> dict:
+    """Kernels per layer (median by layer kind) and kernels / device us per fusion point."""
+    ranges, all_work = device_work(events)
+    per_layer, per_point = defaultdict(list), defaultdict(list)
+    for name, work in ranges:
+        if name.startswith(LAYER_RANGE):
+            per_layer[layer_kind(config, int(name[len(LAYER_RANGE):]))].append(len(work))
+        else:
+            per_point[name[len(POINT_RANGE):]].extend(work)
+    return {"kernels_per_step": len(all_work), "device_us": sum(us for _, us in all_work),
+            "kernels_per_layer": {k: statistics.median(v) for k, v in sorted(per_layer.items())},
+            "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from beam_model.config import BeamConfig
+
+    p = argparse.ArgumentParser(prog="python -m workbench.profiler.trace", description=__doc__.splitlines()[0])
+    p.add_argument("trace", help="a Chrome trace written by `workbench profile` / `optimize` (.json or .json.gz)")
+    p.add_argument("--preset", required=True, help="the preset the trace was taken on (for layer kinds)")
+    args = p.parse_args(argv)
+    print(json.dumps(summarize(load(args.trace), BeamConfig.from_preset(args.preset)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

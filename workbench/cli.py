@@ -19,7 +19,9 @@ COMMANDS = {
     "lock": "workbench.commands.lock",
     "bench": "workbench.commands.bench",
     "variants": "workbench.commands.variants",
+    "variant": "workbench.commands.variant",
     "serve": "workbench.commands.serve",
+    "tui": "workbench.commands.tui",
 }
 
 

@@ -1,0 +1,63 @@
+"""Open the terminal UI: watch and steer a profile, a search and a lock from the keyboard.
+
+`workbench tui` opens an empty session (r profiles the target, g starts a search with the options
+below); `--run DIR` shows a run folder (its profile, search results and lock; g then resumes that
+run); `--lock FILE` opens a lock; `--start` starts the search at once (`workbench optimize --tui`
+does the same). Press ? in the app for every key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+from workbench.commands.common import DTYPES, resolve_device, resolve_dtype
+from workbench.registry import POINTS
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--run", metavar="DIR", help="open a run folder: profile.json, search/, lock.yaml")
+    p.add_argument("--lock", metavar="FILE", help="open a lock file in the Lock view")
+    p.add_argument("--start", action="store_true", help="start the search at once")
+    p.add_argument("--target", default=None, help="decode-b1, decode-b8, decode-b64 or prefill-8x2k "
+                                                  "(default: the run's, else decode-b1)")
+    p.add_argument("--preset", default=None, help="model preset (default: the run's, else beam-501b-tp8 on CUDA, "
+                                                  "beam-tiny on CPU)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="default: the run's, else bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--out", default=None, help="run folder of a search (default: --run, else "
+                                               "runs/optimize-<target>-<preset>)")
+    p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to search")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
+
+
+def options(args):
+    """The search a `g` in the app starts: the optimize options, defaulting to the opened run's own."""
+    from workbench.optimize import OptimizeOptions
+
+    saved = {}
+    if args.run and os.path.isfile(os.path.join(args.run, "profile.json")):
+        with open(os.path.join(args.run, "profile.json")) as f:
+            saved = json.load(f)  # so that g resumes the run: same target, preset and dtype
+    device = resolve_device(args.device)
+    target = args.target or saved.get("target") or "decode-b1"
+    preset = args.preset or saved.get("preset") or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
+    saved_dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(saved.get("dtype"))
+    dtype = resolve_dtype(args.dtype or saved_dtype, device)
+    return OptimizeOptions(target=target, preset=preset, dtype=dtype, device=device,
+                           out_dir=args.out or args.run or f"runs/optimize-{target}-{preset}", seed=args.seed,
+                           points=tuple(args.points), trust=args.trust,
+                           command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+
+
+def run(args) -> int:
+    from workbench.tui import WorkbenchApp
+
+    if args.run and not os.path.isdir(args.run):
+        raise FileNotFoundError(f"no run folder at {args.run}")
+    WorkbenchApp(options(args), run_dir=args.run, lock_path=args.lock, start_search=args.start).run()
+    return 0

@@ -1,0 +1,176 @@
+"""Live search view: an optimize run as it happens, and the keys that steer it.
+
+Per point: queued, gating & timing, done (or resumed from the run folder, or skipped); each
+candidate's result as it arrives (pass, or FAIL with the failing check; median us per step, spread,
+speed-up); the incumbent set and a running end-to-end estimate (the profiled step minus the
+savings the search has measured so far), then the measured end-to-end result and the locked set.
+Presentation only: it draws the events `workbench.optimize` emits and forwards `s` to the app; it
+never decides anything.
+"""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.markup import escape
+from textual.widgets import DataTable, Static
+
+from workbench.registry import REFERENCE
+from workbench.tui.style import candidate_status, num, percent, styled
+
+_ROLE = {"queued": "muted", "gating & timing": "accent", "done": "success", "resumed": "success",
+         "skipped": "warning", "skip asked": "warning"}
+
+
+class SearchView(Vertical):
+    BINDINGS = [Binding("s", "skip", "skip point")]  # g (start) and p (pause) work in every view
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.reset()
+
+    def reset(self, points=()) -> None:
+        self.points = list(points)
+        self.state = {p: "queued" for p in self.points}
+        self.tried: dict[str, int] = {}
+        self.passed: dict[str, int] = {}
+        self.leader: dict[str, dict] = {}   # fastest passing candidate so far, per point
+        self.results: dict[str, dict] = {}  # point -> PointResult dict
+        self.candidates: list[dict] = []    # every candidate result, in arrival order
+        self.stage, self.note = "not started", ""
+        self.profile_us: float | None = None
+        self.locked: dict[str, str] | None = None  # the lock's selection, once written
+        self.paused = False
+
+    def compose(self):
+        yield Static("Press g to start a search.", id="search-status")
+        yield Static("", id="search-estimate")
+        yield DataTable(id="search-points", cursor_type="row")
+        yield DataTable(id="search-candidates", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#search-points", DataTable).add_columns(
+            "point", "state", "tried", "passed", "reference us", "best us", "choice", "speed-up")
+        self.query_one("#search-candidates", DataTable).add_columns(
+            "point", "variant", "config", "gate", "us/step", "spread", "speed-up")
+
+    # ---- events in ----------------------------------------------------------------------------
+    def start(self, options) -> None:
+        self.reset(options.points)
+        self.stage = "starting"
+        self.note = f"{options.target} on {options.preset}, run folder {options.out_dir}"
+        self.query_one("#search-candidates", DataTable).clear()
+        self._draw()
+
+    def redraw(self) -> None:
+        self.query_one("#search-candidates", DataTable).clear()
+        for r in self.candidates:
+            self._add_candidate_row(r)
+        self._draw()
+
+    def handle(self, e: dict) -> None:
+        kind = e["type"]
+        if kind == "stage":
+            self.stage = e["stage"]
+            if "order" in e:  # the search's ranking: show points in the order they will be searched
+                self.points = list(e["order"])
+                self.state = {p: self.state.get(p, "queued") for p in self.points}
+        elif kind == "profile":
+            self.profile_us = e["profile"].total_us
+        elif kind == "point_start":
+            self.state[e["point"]] = "skip asked" if self.state.get(e["point"]) == "skip asked" \
+                else "gating & timing"
+        elif kind == "candidate":
+            self._candidate(e["point"], e["result"])
+        elif kind in ("point_done", "point_cached"):
+            p = e["point"]
+            self.results[p] = e["result"]
+            self.state[p] = "resumed" if kind == "point_cached" else \
+                "skipped" if self.state.get(p) == "skip asked" else "done"
+        elif kind == "revert":
+            self.note = (f"end to end: locked step {e['locked_us'] / 1e3:.3f} ms, "
+                         f"{e['reverted_us'] / 1e3:.3f} ms with {e['point']} reverted")
+        elif kind == "stopped":
+            self.stage = "stopped"
+            self.note = f"budget spent; pending {', '.join(e['pending'])}: the same command resumes the run"
+        elif kind == "done":
+            r = e["report"]
+            self.stage = "done"
+            self.locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != REFERENCE}
+            self.note = (f"reference {r['reference_ms']:.3f} ms -> locked {r['locked_ms']:.3f} ms per step "
+                         f"(x{r['speedup']:.2f}; torch.compile everywhere {r['torch_compile_ms']:.3f} ms); "
+                         f"lock written")
+        self._draw()
+
+    def show_paused(self, paused: bool) -> None:
+        self.paused = paused
+        self._draw()
+
+    def failed(self, message: str) -> None:
+        self.stage, self.note = "failed", message
+        self._draw()
+
+    def _candidate(self, point: str, r: dict) -> None:
+        self.tried[point] = self.tried.get(point, 0) + 1
+        if r["step_us"] is not None:
+            self.passed[point] = self.passed.get(point, 0) + 1
+            if point not in self.leader or r["step_us"] < self.leader[point]["step_us"]:
+                self.leader[point] = r
+        self.candidates.append(r)
+        self._add_candidate_row(r)
+
+    def _add_candidate_row(self, r: dict) -> None:
+        table = self.query_one("#search-candidates", DataTable)
+        table.add_row(r["point"], r["variant"], str(r["config"] or ""), candidate_status(self.app, r),
+                      num(r["step_us"]), percent(r["spread"]), num(r["speedup"], "x{:.2f}"))
+        table.move_cursor(row=table.row_count - 1)  # follow the newest result
+
+    # ---- drawing ------------------------------------------------------------------------------
+    def _draw(self) -> None:
+        paused = " [b]paused[/] (after the current candidate)" if self.paused else ""
+        done = sum(s in ("done", "resumed", "skipped") for s in self.state.values())
+        self.query_one("#search-status", Static).update(
+            f"[b]{self.stage}[/]{paused}: {done}/{len(self.points)} points"
+            + (f" -- {escape(self.note)}" if self.note else ""))
+        self.query_one("#search-estimate", Static).update(self._incumbents())
+        table = self.query_one("#search-points", DataTable)
+        row = table.cursor_row
+        table.clear()
+        for p in self.points:
+            r, lead = self.results.get(p), self.leader.get(p)
+            best = r["choice_us"] if r else lead["step_us"] if lead else None
+            table.add_row(p, styled(self.app, self.state[p], _ROLE[self.state[p]]), str(self.tried.get(p, 0)),
+                          str(self.passed.get(p, 0)), num(r["reference_us"]) if r else "-", num(best),
+                          r["choice"] if r else (f"{lead['variant']} (leading)" if lead else "-"),
+                          num(r["reference_us"] / r["choice_us"], "x{:.2f}") if r else "-", key=p)
+        if self.points:
+            table.move_cursor(row=min(row, len(self.points) - 1))
+
+    def _incumbents(self) -> str:
+        """The set the search holds now and the step it points to; once done, the set that was locked."""
+        def listed(sel):
+            return ", ".join(f"{p}={v}" for p, v in sel.items()) or "reference everywhere"
+
+        chosen = {p: r["choice"] for p, r in self.results.items() if r["choice"] != REFERENCE}
+        if self.locked is not None:
+            dropped = [p for p in chosen if p not in self.locked]
+            why = f"; dropped end to end (no step gain beyond the noise): {', '.join(dropped)}" if dropped else ""
+            return f"locked: {listed(self.locked)}{why}"
+        if not self.profile_us:
+            return f"incumbents: {listed(chosen)}"
+        saved = sum(r["reference_us"] - r["choice_us"] for r in self.results.values())
+        return (f"incumbents: {listed(chosen)}; estimated step {(self.profile_us - saved) / 1e3:.3f} ms "
+                f"(profiled {self.profile_us / 1e3:.3f} ms minus {saved:.0f} us measured savings)")
+
+    # ---- keys ---------------------------------------------------------------------------------
+    def action_skip(self) -> None:
+        table = self.query_one("#search-points", DataTable)
+        if not self.points:
+            return
+        point = self.points[table.cursor_row]
+        if self.state.get(point) not in ("queued", "gating & timing"):
+            self.app.notify(f"{point} is {self.state.get(point)}: nothing to skip", severity="warning")
+            return
+        if self.app.skip_point(point):
+            self.state[point] = "skip asked"
+            self._draw()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import inspect
 import json
 import math
@@ -364,7 +365,7 @@ def _measure(device: torch.device) -> dict:
     n_copy = (1 << 30) if cuda else (32 << 20)  # elements of bf16: 2 GiB (GPU) / 64 MiB (CPU) each way
     src = torch.randn(n_copy, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
-    t_copy = _median_time_s(lambda: dst.copy_(src), device, 3, 10)
+    t_copy = _median_time_s(functools.partial(dst.copy_, src), device, 3, 10)
     del src, dst
     n = 8192 if cuda else 512
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)

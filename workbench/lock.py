@@ -159,6 +159,17 @@ class Verification:
         return not self.problems
 
 
+def _register_outside_source(point: str, entry: dict) -> None:
+    """A variant from outside the package (an agent's accepted file under runs/) is registered from
+    the file the lock names; its source hash is then checked like any other."""
+    from workbench.agent.plugins import PluginError, ensure_registered
+
+    try:
+        ensure_registered(point, entry["variant"], entry.get("source"), ROOT)
+    except PluginError as e:
+        raise KeyError(str(e)) from None
+
+
 def verify(path: str, *, environment: dict | None = None, run_gates: bool = True, device=None) -> Verification:
     """Re-check a lock: its digest, every point's variant and source hash, the environment, the gates."""
     lock, problems = Lock.load(path)
@@ -166,6 +177,7 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
         if point not in POINTS:
             continue
         try:
+            _register_outside_source(point, e)
             now = source_hash(point, e["variant"])
         except KeyError as err:
             problems.append(f"{point}: {err.args[0]}")

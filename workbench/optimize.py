@@ -39,6 +39,7 @@ class OptimizeOptions:
     trust: bool = False
     budget_s: float | None = None  # stop before a new point's search once spent; the run resumes
     command: str = ""
+    agent: object | None = None    # workbench.agent.loop.AgentOptions: agent rounds after the search
 
 
 def rank_points(profile) -> list[str]:
@@ -86,6 +87,12 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
             on_event({"type": "stopped", "pending": pending})
             return {"stopped": True, "pending": pending, "searched": list(results), "out_dir": opts.out_dir}
         results[p] = search.search_point(p)
+
+    if opts.agent is not None and results:
+        from workbench.agent.loop import agent_rounds
+
+        on_event({"type": "stage", "stage": "agent"})
+        agent_rounds(search, results, profile, opts.agent, out_dir=opts.out_dir, trust=opts.trust, on_event=on_event)
 
     on_event({"type": "stage", "stage": "end-to-end"})
     final = search.finalize(results)

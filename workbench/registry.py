@@ -96,12 +96,21 @@ def _load(point: str) -> None:
     if point not in _LOADED:
         importlib.import_module(f"workbench.variants.{point}")
         _LOADED.add(point)
+        for module in _added_modules(point):  # `workbench variant new` scaffolds: <point>__<name>.py
+            importlib.import_module(f"workbench.variants.{module}")
         ref = _VARIANTS[point].get(REFERENCE)
         if ref is None:
             raise RuntimeError(f"workbench/variants/{point}.py registers no reference variant {REFERENCE!r}")
         if "torch_compile" not in _VARIANTS[point]:
             _VARIANTS[point]["torch_compile"] = Variant(point, "torch_compile", "torch_compile", _compiled(ref.fn),
                                                         prepare=ref.prepare)
+
+
+def _added_modules(point: str) -> list[str]:
+    """Modules `workbench/variants/<point>__<name>.py` that add variants to a point, sorted."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants")
+    prefix = f"{point}__"
+    return sorted(f[:-3] for f in os.listdir(folder) if f.startswith(prefix) and f.endswith(".py"))
 
 
 def _compiled(fn: Callable) -> Callable:

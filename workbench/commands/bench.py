@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-seconds", type=float, default=2.0,
                    help="timing budget per variant, compilation excluded (default: %(default)s)")
     p.add_argument("--out", metavar="DIR", help="write bench.json and report.md to DIR (e.g. runs/NAME)")
+    p.add_argument("--dir", action="append", metavar="DIR",
+                   help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
+                        "loaded and run in an isolated worker process")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -45,6 +48,8 @@ def command_line(args, device, graph: bool) -> str:
     parts = ["workbench", "bench", args.point]
     if args.variants:
         parts += ["--variants", *args.variants]
+    for d in getattr(args, "dir", None) or []:
+        parts += ["--dir", d]
     parts += ["--preset", args.preset, "--batch", str(args.batch), "--context", str(args.context)]
     if args.prefill:
         parts += ["--prefill", str(args.prefill)]
@@ -82,7 +87,11 @@ def _print_table(rows, title) -> None:
 
 def run(args) -> int:
     from workbench import bench
+    from workbench.agent import plugins, worker
     from workbench.points import Workload
+
+    if plugins.plugin_dirs(args.dir) and not worker.inside_worker():
+        return worker.run_command("bench", args)  # plugin code runs only in a worker process
 
     device = resolve_device(args.device)
     graph = device.type == "cuda" if args.graph is None else args.graph

@@ -35,6 +35,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seeds", type=int, default=3, help="fresh seeds per workload (default: 3)")
     p.add_argument("--no-capture", action="store_true",
                    help="skip activations captured from a model forward (default: captured on presets < 5B params)")
+    p.add_argument("--dir", action="append", metavar="DIR",
+                   help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
+                        "loaded and run in an isolated worker process")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -117,6 +120,10 @@ def gate_all(args) -> list[dict]:
 
 
 def run(args) -> int:
+    from workbench.agent import plugins, worker
+
+    if plugins.plugin_dirs(args.dir) and not worker.inside_worker():
+        return worker.run_command("check", args)  # plugin code runs only in a worker process
     t0 = time.perf_counter()
     rows = gate_all(args)
     failed = [r for r in rows if r["status"] == "fail"]

@@ -22,7 +22,25 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="start no new point's search after this long; the same command resumes the run")
     p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
+    p.add_argument("--agent", metavar="CMD", help="after the search, run `CMD TASK_DIR` for the points with the "
+                   "most headroom and judge the variant it leaves there (see AGENTS.md)")
+    p.add_argument("--rounds", type=int, default=3, help="agent rounds per point (default: %(default)s)")
+    p.add_argument("--agent-budget", type=float, default=900.0, metavar="SECONDS",
+                   help="wall-clock budget of one agent run (default: %(default)s)")
+    p.add_argument("--agent-points", type=int, default=1, metavar="N",
+                   help="how many points, most headroom first, get agent rounds (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
+    p.add_argument("--tui", action="store_true", help="watch and steer the run in the terminal UI")
+
+
+def _agent(args):
+    if not getattr(args, "agent", None):
+        return None
+    from workbench.agent.loop import AgentOptions
+
+    if args.rounds < 1 or args.agent_points < 1:
+        raise ValueError("--rounds and --agent-points must be at least 1")
+    return AgentOptions(args.agent, rounds=args.rounds, budget_s=args.agent_budget, points=args.agent_points)
 
 
 def run(args) -> int:
@@ -33,8 +51,13 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device,
                            out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
-                           points=tuple(args.points), trust=args.trust, budget_s=args.budget,
+                           points=tuple(args.points), trust=args.trust, budget_s=args.budget, agent=_agent(args),
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    if args.tui:
+        from workbench.tui import WorkbenchApp
+
+        WorkbenchApp(opts, start_search=True).run()
+        return 0
     if args.json:
         report = optimize(opts)
         print_json(report)

@@ -162,6 +162,44 @@ class HFTokenizer:
         return StreamDecoder(lambda ids: self.decode(ids, skip_special=skip_special))
 
 
+def _byte_to_char() -> dict[int, str]:
+    """The byte -> printable character table of byte-level BPE (GPT-2's): printable Latin-1 bytes
+    stand for themselves, the other 68 bytes take the characters from U+0100 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def save_hf_tokenizer(directory: str | Path) -> Path:
+    """Write the byte-level tokenizer as a Hugging Face tokenizer folder (tokenizer.json +
+    tokenizer_config.json) with the same ids: byte b is id b, SPECIAL_TOKENS follow from 256, no
+    merges, nothing added around a prompt. For tools that need `AutoTokenizer.from_pretrained(dir)`
+    (benchmark clients counting tokens). `HFTokenizer(dir/tokenizer.json)` encodes and decodes
+    exactly like `ByteTokenizer`."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    table = _byte_to_char()
+    tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(256, 256 + len(SPECIAL_TOKENS)))
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
+              "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != EOS_TOKEN],
+              "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
 def load_tokenizer(model_dir: str | Path | None) -> ByteTokenizer | HFTokenizer:
     """`model_dir/tokenizer.json` if present, else the byte-level tokenizer."""
     if model_dir is not None:

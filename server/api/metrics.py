@@ -1,7 +1,8 @@
-"""Prometheus metrics: request counters and latency histograms observed by the handlers, engine
-gauges (running/waiting, KV pages per group, prefix-cache hits) read from the engine's latest
-snapshot at scrape time. A registry per app, so tests can build several apps in one process.
-Must never block on or call into the engine thread."""
+"""Prometheus metrics: request counters and latency histograms observed by the handlers, the model
+step time observed by the engine thread (beam_engine_step_seconds), engine gauges (running/waiting,
+KV pages per group, prefix-cache hits) read from the engine's latest snapshot at scrape time. A
+registry per app, so tests can build several apps in one process. Must never block on or call into
+the engine thread."""
 
 from __future__ import annotations
 
@@ -13,6 +14,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025,
+                0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+# The `batch` label of beam_engine_step_seconds: sequences in the step, rounded up to one of these
+# (the CUDA-graph batch sizes), so the label has few values.
+STEP_BATCH_LABELS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+
+
+def batch_label(n: int) -> str:
+    return str(next((b for b in STEP_BATCH_LABELS if b >= n), STEP_BATCH_LABELS[-1]))
 
 
 class _EngineCollector:
@@ -56,7 +66,20 @@ class Metrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("beam_request_latency_seconds", "Arrival to last token", buckets=LATENCY_BUCKETS,
                              registry=r)
+        self.step = Histogram(
+            "beam_engine_step_seconds",
+            "Wall time of one model step on the engine thread (ModelRunner.run: inputs, forward or graph "
+            "replay, sampling), from its start until its sampled tokens are on the host; no extra device "
+            "synchronization is added, so a step that samples nothing (a prompt chunk mid-prompt) shows "
+            "launch time only and its device time lands in the next step. kind: decode (every sequence "
+            "feeds one token), prefill (prompt tokens only) or mixed; batch: sequences in the step, rounded "
+            "up to 1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256",
+            ["kind", "batch"], buckets=STEP_BUCKETS, registry=r)
+        async_engine.engine.step_observer = self.observe_step  # called on the engine thread (thread-safe)
         r.register(_EngineCollector(async_engine))
+
+    def observe_step(self, kind: str, num_seqs: int, seconds: float) -> None:
+        self.step.labels(kind, batch_label(num_seqs)).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

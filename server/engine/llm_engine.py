@@ -11,6 +11,7 @@ it from one thread).
 from __future__ import annotations
 
 import logging
+import time
 
 from beam_model.config import FULL, SLIDING
 from beam_model.kv_cache import PAGE_SIZE
@@ -24,6 +25,16 @@ from server.engine.scheduler import Scheduler
 from server.engine.sequence import Sequence
 
 log = logging.getLogger("beam.engine")
+
+
+def step_kind(seqs: list, counts: list[int]) -> str:
+    """What a step feeds: `decode` (every sequence one token after its prompt), `prefill` (prompt
+    tokens only) or `mixed`."""
+    decoding = [s.num_computed >= s.num_prompt_tokens for s in seqs]
+    if all(decoding) and all(n == 1 for n in counts):
+        return "decode"
+    return "prefill" if not any(decoding) else "mixed"
+
 
 # Captured decode graphs have page tables this many tokens wide: the reference attention reads the
 # whole table every step, so wider costs every step; longer sequences decode eagerly instead.
@@ -62,6 +73,12 @@ class Engine:
         self.eos_token_id = tokenizer.eos_token_id
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
+        # Called on the engine thread after each model step as (kind, num_seqs, seconds): the wall
+        # time of `ModelRunner.run`, from the step's start until its sampled tokens are on the host
+        # (the runner's `.tolist()` of the samples is the only synchronization; none is added). A
+        # step that samples nothing (a prompt chunk mid-prompt) is not waited for: its GPU time
+        # lands in the next step. The server's metrics set this (beam_engine_step_seconds).
+        self.step_observer = None
 
     def _plan_pages(self, num_pages, num_sliding_pages, utilization) -> dict[str, int]:
         c, m, ps = self.config, self.model, PAGE_SIZE
@@ -136,7 +153,11 @@ class Engine:
             return outputs
         self.num_steps += 1
         try:
+            started = time.perf_counter()
             samples = self.runner.run(batch.seqs, batch.num_tokens)
+            if self.step_observer is not None:
+                self.step_observer(step_kind(batch.seqs, batch.num_tokens), len(batch.seqs),
+                                   time.perf_counter() - started)
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             log.exception("model step failed; failing its %d requests", len(batch.seqs))
             for seq in batch.seqs:

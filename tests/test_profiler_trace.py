@@ -35,3 +35,17 @@ def test_summary_counts_kernels_per_layer_kind_and_point():
     assert s["kernels_per_layer"] == {"sliding+dense": 3}
     assert s["points"]["attention"] == {"kernels": 2, "us": 6.0}
     assert s["kernels_per_step"] == 5
+
+
+def test_profile_command_summarizes_a_saved_trace(tmp_path, capsys):
+    import gzip
+    import json
+
+    from workbench.cli import main
+
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": _trace()}, f)
+    assert main(["profile", "--from-trace", str(path), "--preset", "beam-tiny"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels_per_layer"] == {"sliding+dense": 3}
+    assert main(["profile", "--from-trace", str(path)]) == 2  # which model: named, not guessed

@@ -14,10 +14,21 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--lock", default=None, help="profile the build a lock file selects")
     p.add_argument("--out", default=None, help="folder for profile.json and profile.trace.json")
+    p.add_argument("--from-trace", metavar="FILE",
+                   help="only count a saved trace's kernels per layer and per point (.json or .json.gz; "
+                        "--preset names the model it was taken on); runs nothing")
     p.add_argument("--json", action="store_true")
 
 
 def run(args) -> int:
+    if args.from_trace:
+        from beam_model.config import BeamConfig
+        from workbench.profiler.trace import load, summarize
+
+        if not args.preset:
+            raise ValueError("--from-trace needs --preset: the model the trace was taken on")
+        print_json(summarize(load(args.from_trace), BeamConfig.from_preset(args.preset)))
+        return 0
     from beam_model import BeamForCausalLM
     from workbench import bench
     from workbench.lock import Lock

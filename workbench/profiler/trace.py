@@ -6,13 +6,12 @@ carry no External id, so the op tree shows them under no range: a Triton build l
 kernels per layer. Here every launch event (runtime or driver API) is joined to its kernel by
 correlation id and placed in the fusion-point and layer ranges whose CPU interval holds it.
 
-`python -m workbench.profiler.trace TRACE[.gz] --preset P` re-attributes a saved trace.
+`workbench profile --from-trace TRACE[.gz] --preset P` re-attributes a saved trace.
 Never runs a model; reads the trace only.
 """
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import gzip
 import json
@@ -64,18 +63,3 @@ def summarize(events: list[dict], config) -> dict:
     return {"kernels_per_step": len(all_work), "device_us": sum(us for _, us in all_work),
             "kernels_per_layer": {k: statistics.median(v) for k, v in sorted(per_layer.items())},
             "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from beam_model.config import BeamConfig
-
-    p = argparse.ArgumentParser(prog="python -m workbench.profiler.trace", description=__doc__.splitlines()[0])
-    p.add_argument("trace", help="a Chrome trace written by `workbench profile` / `optimize` (.json or .json.gz)")
-    p.add_argument("--preset", required=True, help="the preset the trace was taken on (for layer kinds)")
-    args = p.parse_args(argv)
-    print(json.dumps(summarize(load(args.trace), BeamConfig.from_preset(args.preset)), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

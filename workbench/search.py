@@ -121,9 +121,9 @@ class Search:
                 continue
             why = self._unavailable(v, workloads)
             for config in ([None] if why else (v.configs or [None])):  # an unavailable variant: one row
+                self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
                     break
-                self.resume.wait()
                 result = CandidateResult(point, name, v.backend, config, False, skipped=why) if why else \
                     self._try(v, config, workloads, ref_us)
                 results.append(result)

@@ -62,6 +62,7 @@ class WorkbenchApp(App):
         self.run_dir, self.lock_path, self.start_at_once = run_dir, lock_path, start_search
         self.session: SearchSession | None = None
         self.search_worker = None
+        self.start_paused = False  # p before g: the next search waits before its first candidate
 
     def compose(self):
         yield Header()
@@ -128,6 +129,8 @@ class WorkbenchApp(App):
             self.notify("a search is already running", severity="warning")
             return
         self.session = SearchSession(self.options, self.post_message)
+        if self.start_paused:
+            self.session.pause(True)
         self.search_view.start(self.options)
         self.search_worker = self.run_worker(self.session.run, thread=True, name="optimize", exit_on_error=False)
         self.action_view("search")
@@ -137,7 +140,10 @@ class WorkbenchApp(App):
 
     def action_pause(self) -> None:
         if not self.searching:
-            self.notify("no search is running (g starts one)", severity="warning")
+            self.start_paused = not self.start_paused
+            self.search_view.show_paused(self.start_paused)
+            self.notify("the next search starts paused (g starts it, p resumes)" if self.start_paused
+                        else "the next search starts at once")
             return
         paused = not self.session.paused
         self.session.pause(paused)

@@ -13,7 +13,7 @@ NOTES = """\
 variants, escape goes back. No mouse is needed; everything works over SSH.
 
 [b]Pause[/]  p asks the search to wait before its next candidate: the candidate being gated or timed \
-finishes first. p again resumes.
+finishes first. p again resumes. p before g starts the next search paused.
 
 [b]Skip[/]  s on a highlighted point in the Search view: no more of its candidates are tried. Its reference \
 is still timed (the lock needs it), and a skipped point is not cached, so a later run searches it.

@@ -84,3 +84,47 @@ declare(PointSpec(
     flops=lambda wl: 4 * wl.batch * sum(visible_keys(wl)) * wl.config.q_width,  # QK^T and PV per visible key
     tolerance={"fp32": 1e-5, "fp16": 8e-4, "bf16": 6e-3},  # ~2.5x the reference's worst vs FP64
 ))
+
+
+# ---- triton: portable paged attention, split-K decode + flash prefill (_triton_attention.py) ------
+# The kernels are imported on the first call: this module must import without triton, and under the
+# CPU interpreter TRITON_INTERPRET must be set before they are defined. One config tunes both paths
+# (the search times it at its target's shape, decode or prefill): decode BLOCK_N keys per step, at
+# least MIN_BLOCKS blocks per split, splits for WAVES waves over the SMs (at most MAX_SPLITS);
+# prefill PREFILL_BLOCK_M queries x PREFILL_BLOCK_N keys per step.
+
+TRITON_CONFIGS = [
+    dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
+         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2),
+    dict(BLOCK_N=64, MIN_BLOCKS=4, WAVES=1, MAX_SPLITS=64, num_warps=4, num_stages=3,
+         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=64, PREFILL_WARPS=8, PREFILL_STAGES=2),
+    dict(BLOCK_N=32, MIN_BLOCKS=2, WAVES=4, MAX_SPLITS=256, num_warps=2, num_stages=2,
+         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=32, PREFILL_WARPS=4, PREFILL_STAGES=3),
+    dict(BLOCK_N=128, MIN_BLOCKS=2, WAVES=2, MAX_SPLITS=128, num_warps=8, num_stages=2,
+         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=128, PREFILL_WARPS=8, PREFILL_STAGES=1),
+]
+
+
+def _triton_supports(wl):
+    c = wl.config
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"attention:triton takes bf16, fp16 or fp32 q and KV cache, not {wl.dtype}"
+    if c.head_dim > 256:
+        return f"attention:triton handles head_dim <= 256 (one FP32 accumulator row per query), got {c.head_dim}"
+    if c.num_attention_heads // c.num_key_value_heads > 64:
+        return "attention:triton holds at most 64 query heads per kv head in a decode program"
+    # Any head_dim <= 256 (padded to a power of two >= 16 and masked), any page size (page ids are
+    # gathered per key), any window, any GQA ratio up to 64.
+    return True
+
+
+def _triton_at(config=None):
+    def attention_triton(q, cache, meta, *, window, scale):
+        from workbench.variants._triton_attention import paged_attention
+
+        return paged_attention(q, cache, meta, window=window, scale=scale, config=config)
+    return attention_triton
+
+
+register("attention", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS,
+         configure=_triton_at)(_triton_at())

@@ -1,0 +1,301 @@
+"""`attention:triton` (split-K paged decode, flash prefill) against the torch reference.
+
+On the CPU the kernels run under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET), so
+caches are hand-built at tiny shapes with small pages: contexts cross page boundaries, windows are
+smaller than a page or span several, batches mix lengths, and everything a kernel must not read
+(pages not in the table, -1 holes of released sliding pages, rows past a sequence's length, keys
+before the window) holds NaN, so a read that leaks shows up as a NaN output. Every tuning config is
+checked, since each is a separately compiled kernel. The `gpu` tests run the op gate at
+beam-501b-tp8 shapes (decode b1/b8/b64 at 4K and 32K of context, prefill 2K and 8K) and replay a
+decode step in a CUDA graph with new lengths, as the server does.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from beam_model.kv_cache import AttentionMetadata
+from workbench import gates, registry
+from workbench.points import Workload
+
+NAN = float("nan")
+
+
+def _variant():
+    v = registry.get("attention", "triton")
+    ok, why = registry.backend_available(v.backend)
+    if not ok:
+        pytest.skip(why)
+    return v
+
+
+def _callables(v, extra=()):
+    """The default callable and the callable at every tuning config (plus `extra` configs)."""
+    return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in [*v.configs, *extra]]
+
+
+def _case(ctx_before, new, *, heads, kv_heads, hd, page, window, dtype, seed=0, extra_pages=3,
+          poison_window=True, device="cpu"):
+    """A paged cache holding len(new) sequences of ctx_before[b] + new[b] tokens on scattered pages.
+
+    Slots outside every sequence's live rows are NaN. On sliding layers (window set) pages entirely
+    before the first query's window are released (-1 in the table, NaN in the cache) as the cache
+    does; with `poison_window` the out-of-window rows of held pages are NaN too. The table is wider
+    than any sequence needs (-1 padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [c + n for c, n in zip(ctx_before, new)]
+    need = [math.ceil(n / page) for n in lens]
+    n_pages = sum(need) + extra_pages + 1
+    cache = torch.full((n_pages, 2, page, kv_heads, hd), NAN)
+    ids = (1 + torch.randperm(n_pages - 1, generator=gen)).tolist()  # page 0 reserved, as in the cache
+    table = torch.full((len(lens), max(need) + 2), -1, dtype=torch.int32)
+    for b, (c, length) in enumerate(zip(ctx_before, lens)):
+        first_seen = max(0, c - window + 1) if window is not None else 0  # the chunk's first query
+        for i in range(need[b]):
+            pid = ids.pop()
+            if (i + 1) * page <= first_seen:
+                continue  # released: -1, the page stays NaN
+            table[b, i] = pid
+            rows = torch.arange(i * page, (i + 1) * page)
+            live = rows < length
+            if poison_window:
+                live &= rows >= first_seen
+            cache[pid, :, live] = torch.randn(2, int(live.sum()), kv_heads, hd, generator=gen)
+    positions = torch.tensor([p for c, n in zip(ctx_before, new) for p in range(c, c + n)], dtype=torch.int64)
+    starts = [0]
+    for n in new:
+        starts.append(starts[-1] + n)
+    q = 2 * torch.randn(len(positions), heads, hd, generator=gen)  # scores of a few units, as after SSMax
+    meta = AttentionMetadata(
+        positions=positions.to(device), seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        query_start=torch.tensor(starts, dtype=torch.int32, device=device), page_table=table.to(device),
+        slot_mapping=torch.zeros(len(positions), dtype=torch.int64, device=device), page_size=page,
+        decode=all(n == 1 for n in new), query_start_host=starts, seq_lens_host=lens)
+    return q.to(device, dtype), cache.to(device, dtype), meta
+
+
+def _ulps(out, ref):
+    def ordered(x):
+        bits = x.contiguous().view(torch.int16).int()
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (ordered(out) - ordered(ref)).abs()
+
+
+def _assert_close(out, ref, label):
+    """FP32: within the point's tolerance of the reference. 16-bit: the reference's single rounding
+    of an FP32 result, so at most 1 ulp apart where the two FP32 sums straddle a rounding boundary."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype, label
+    assert torch.isfinite(out).all(), f"{label}: NaN/Inf in the output (a masked row leaked)"
+    if out.dtype == torch.float32:
+        err = ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+        assert err <= 1e-5, f"{label}: rel err {err:.2e}"
+    else:
+        ulps = _ulps(out, ref)
+        assert ulps.max() <= 1, f"{label}: {int((ulps > 1).sum())} elements > 1 ulp from the reference"
+        assert (ulps > 0).float().mean() <= 0.03, f"{label}: {int((ulps > 0).sum())} of {ulps.numel()} 1 ulp off"
+
+
+def _run_all(q, cache, meta, window, extra=(), label=""):
+    v, ref = _variant(), registry.reference("attention")
+    scale = q.shape[-1] ** -0.5
+    want = ref.fn(q, cache, meta, window=window, scale=scale)
+    q0, cache0, table0 = q.clone(), cache.clone(), meta.page_table.clone()
+    for name, fn in _callables(v, extra):
+        _assert_close(fn(q, cache, meta, window=window, scale=scale), want, f"{label} {name}")
+    assert torch.equal(q, q0) and torch.equal(cache.isnan(), cache0.isnan()), "inputs modified"
+    assert torch.equal(cache.nan_to_num(), cache0.nan_to_num()) and torch.equal(meta.page_table, table0)
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+SHAPES = [(4, 2, 16), (6, 1, 32)]  # (heads, kv_heads, head_dim): beam-tiny's GQA 2:1, TP8's 6:1
+# Small blocks and many splits, so tiny contexts still cross blocks, splits and empty splits.
+SMALL = [dict(BLOCK_N=16, MIN_BLOCKS=1, WAVES=64, MAX_SPLITS=8, num_warps=2, num_stages=1,
+              PREFILL_BLOCK_M=16, PREFILL_BLOCK_N=16, PREFILL_WARPS=2, PREFILL_STAGES=1)]
+
+
+# ---- decode -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window", [None, 5, 12], ids=["full", "win5", "win12"])
+@pytest.mark.parametrize("heads,kv_heads,hd", SHAPES, ids=["gqa4-2", "gqa6-1"])
+def test_decode(heads, kv_heads, hd, window, dtype):
+    """Mixed lengths (1 token, mid-page, exact page end, long), page 8: windows inside and across pages."""
+    ctx = [0, 12, 31, 69]
+    q, cache, meta = _case(ctx, [1] * len(ctx), heads=heads, kv_heads=kv_heads, hd=hd, page=8, window=window,
+                           dtype=dtype, seed=heads + (window or 0))
+    _run_all(q, cache, meta, window, SMALL, label=f"decode w={window}")
+
+
+@pytest.mark.parametrize("window", [None, 12], ids=["full", "win12"])
+def test_decode_fp16(window):
+    """FP16 takes the two-term probability split (scaled clear of FP16 subnormals)."""
+    ctx = [3, 47, 200]
+    q, cache, meta = _case(ctx, [1] * 3, heads=6, kv_heads=1, hd=16, page=8, window=window, dtype=torch.float16)
+    _run_all(q, cache, meta, window, SMALL, label=f"fp16 decode w={window}")
+
+
+def test_decode_ignores_host_copies_and_reads_lengths_on_the_device():
+    """A captured decode step's host copies are placeholders (the server's graphs hold seq_lens_host
+    [1]*b): decode must take lengths and positions from the device tensors only."""
+    q, cache, meta = _case([40, 9], [1, 1], heads=4, kv_heads=2, hd=16, page=8, window=12, dtype=torch.bfloat16)
+    stale = dataclasses.replace(meta, seq_lens_host=[1, 1], query_start_host=[0, 1, 2])
+    want = registry.reference("attention").fn(q, cache, meta, window=12, scale=0.25)
+    for name, fn in _callables(_variant(), SMALL):
+        _assert_close(fn(q, cache, stale, window=12, scale=0.25), want, name)
+
+
+def test_decode_splits_follow_shapes_not_lengths():
+    from workbench.variants._triton_attention import DEFAULT, decode_splits
+
+    cfg = dict(DEFAULT, BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256)
+    cpu = torch.device("cpu")  # 4 "SMs" under the interpreter
+    assert decode_splits(1, 1, 512, 64, None, cfg, cpu) == 8  # 32K context: two waves over the SMs
+    assert decode_splits(1, 1, 512, 64, 512, cfg, cpu) == 8   # 512-window: 9 blocks, 8 programs wanted
+    assert decode_splits(1, 1, 512, 64, 16, cfg, cpu) == 2    # window inside a page: at most 2 blocks
+    assert decode_splits(64, 1, 512, 64, None, cfg, cpu) == 1
+    assert decode_splits(1, 1, 512, 64, None, dict(cfg, MIN_BLOCKS=128), cpu) == 4
+
+
+def test_decode_padded_graph_rows():
+    """Rows padded into a captured batch: position 0, length 1, a table of zeros (the reserved page 0)."""
+    q, cache, meta = _case([20, 0], [1, 1], heads=4, kv_heads=2, hd=16, page=8, window=None, dtype=torch.bfloat16)
+    meta.page_table[1] = 0
+    cache[0] = torch.randn(cache[0].shape).to(cache.dtype)
+    _run_all(q, cache, meta, None, SMALL, label="padded")
+
+
+# ---- prefill ----------------------------------------------------------------------------------
+
+# Each shape meets each window and dtype once (the interpreter makes the full product slow).
+PREFILL_CASES = [(SHAPES[0], None, torch.float32), (SHAPES[0], 5, torch.bfloat16), (SHAPES[0], 12, torch.float16),
+                 (SHAPES[1], None, torch.bfloat16), (SHAPES[1], 5, torch.float32), (SHAPES[1], 12, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("shape,window,dtype", PREFILL_CASES,
+                         ids=[f"gqa{s[0]}-{s[1]}-w{w}-{str(d)[6:]}" for s, w, d in PREFILL_CASES])
+def test_prefill(shape, window, dtype):
+    """A ragged batch: a fresh prompt, a chunk after context, a one-token chunk and a 37-token chunk
+    (three 16-row query blocks in the SMALL config), page 8."""
+    ctx, new = [0, 13, 22, 30], [6, 9, 1, 37]
+    heads, kv_heads, hd = shape
+    q, cache, meta = _case(ctx, new, heads=heads, kv_heads=kv_heads, hd=hd, page=8, window=window, dtype=dtype,
+                           seed=hd + (window or 0))
+    assert not meta.decode
+    _run_all(q, cache, meta, window, SMALL, label=f"prefill w={window}")
+
+
+def test_prefill_head_dim_not_a_power_of_two():
+    q, cache, meta = _case([5, 0], [7, 3], heads=4, kv_heads=2, hd=24, page=4, window=6, dtype=torch.bfloat16)
+    _run_all(q, cache, meta, 6, SMALL, label="hd24 prefill")
+    q, cache, meta = _case([5, 30], [1, 1], heads=4, kv_heads=2, hd=24, page=4, window=None, dtype=torch.bfloat16)
+    _run_all(q, cache, meta, None, SMALL, label="hd24 decode")
+
+
+# ---- registration and the op gate ------------------------------------------------------------
+
+def test_default_is_first_config_and_supports():
+    from workbench.variants import attention
+    from workbench.variants._triton_attention import DEFAULT
+
+    v = registry.get("attention", "triton")
+    assert v.backend == "triton" and v.configs is attention.TRITON_CONFIGS and v.configs[0] == DEFAULT
+    assert all(set(cfg) == set(DEFAULT) and cfg["BLOCK_N"] >= 16 and cfg["PREFILL_BLOCK_M"] >= 16
+               and cfg["PREFILL_BLOCK_N"] >= 16 for cfg in v.configs)  # tl.dot dims >= 16 on the GPU
+    for preset in ("beam-tiny", "beam-501b-tp8", "beam-501b", "beam-small"):
+        for dtype in ("bf16", "fp16", "fp32"):
+            assert v.supports(Workload(preset, dtype=dtype)) is True
+    assert isinstance(v.supports(Workload("beam-tiny", dtype="fp8")), str)
+
+
+WORKLOADS = [w.with_(layer=k) for w in (Workload(batch=2, context=1000), Workload(batch=2, tokens_per_seq=20,
+                                                                                  context=100))
+             for k in ("sliding", "full")]  # test_gates.py's decode and prefill, both layer kinds
+
+
+def test_op_gate_default():
+    report = gates.op_gate(_variant(), WORKLOADS, seeds=(0,))
+    assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
+
+
+def test_op_gate_fp32():
+    report = gates.op_gate(_variant(), [w.with_(dtype="fp32") for w in WORKLOADS[::3]], seeds=(1,))
+    assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
+
+
+# ---- on the GPU: the op gate at beam-501b-tp8 shapes, and a CUDA-graph replay ----------------------
+
+TP8 = "beam-501b-tp8"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("context", [4096, 32768])
+@pytest.mark.parametrize("layer", ["sliding", "full"])
+def test_gpu_op_gate_tp8_decode(layer, context):
+    v = registry.get("attention", "triton")
+    wls = [Workload(TP8, batch=b, context=context, layer=layer) for b in (1, 8, 64)]
+    for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
+        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
+        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("layer", ["sliding", "full"])
+def test_gpu_op_gate_tp8_prefill(layer):
+    v = registry.get("attention", "triton")
+    wls = [Workload(TP8, batch=1, tokens_per_seq=2048, context=2048, layer=layer),
+           Workload(TP8, batch=1, tokens_per_seq=8192, context=8192, layer=layer),
+           Workload(TP8, batch=8, tokens_per_seq=2048, context=2048, layer=layer),   # prefill-8x2k
+           Workload(TP8, batch=2, tokens_per_seq=2048, context=8192, layer=layer)]   # chunks after context
+    for config in v.configs:
+        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
+        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("window", [None, 512])
+def test_gpu_decode_graph_replay_with_new_lengths(window):
+    """Capture a TP8 decode step, then write other lengths, positions, pages and K/V into the same
+    tensors and replay: the output must follow the new contents (nothing read on the host at capture)."""
+    dev, dtype, b, scale = torch.device("cuda"), torch.bfloat16, 8, 128 ** -0.5
+    steps = [_case(ctx, [1] * b, heads=6, kv_heads=1, hd=128, page=64, window=window, dtype=dtype, seed=i,
+                   device=dev, poison_window=False)
+             for i, ctx in enumerate(([4095, 30, 700, 2000, 1, 63, 64, 3000], [2100, 4000, 64, 5, 999, 1500, 0, 4096]))]
+    n_pages = max(cache.shape[0] for _, cache, _ in steps)
+    width = max(meta.page_table.shape[1] for _, _, meta in steps)
+    ref = registry.reference("attention")
+    for name, fn in _callables(registry.get("attention", "triton")):
+        q0, _, meta0 = steps[0]
+        qs = torch.empty_like(q0)
+        cs = torch.full((n_pages, *steps[0][1].shape[1:]), NAN, dtype=dtype, device=dev)
+        live = dataclasses.replace(meta0, page_table=torch.full((b, width), -1, dtype=torch.int32, device=dev),
+                                   seq_lens=meta0.seq_lens.clone(), positions=meta0.positions.clone())
+
+        def load(i):
+            q, cache, meta = steps[i]
+            qs.copy_(q)
+            cs.fill_(NAN)
+            cs[:cache.shape[0]].copy_(cache)
+            live.page_table.fill_(-1)
+            live.page_table[:, :meta.page_table.shape[1]].copy_(meta.page_table)
+            live.seq_lens.copy_(meta.seq_lens)
+            live.positions.copy_(meta.positions)
+
+        load(0)
+        fn(qs, cs, live, window=window, scale=scale)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(qs, cs, live, window=window, scale=scale)
+        for i in (1, 0):
+            load(i)
+            graph.replay()
+            torch.cuda.synchronize()
+            want = ref.fn(qs, cs, live, window=window, scale=scale)
+            err = ((out.float() - want.float()).norm() / want.float().norm()).item()
+            assert torch.isfinite(out).all() and err <= 6e-3, (name, i, err)

@@ -166,3 +166,12 @@ def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):
     assert chosen == {"qkvg_proj": "packed"}
     assert [(e["point"], e["variant"]) for e in events if e["type"] == "model_gate_dropped"] == \
         [("attention", "planted_decode_only")]
+
+
+def test_a_torch_compile_entry_pins_the_code_it_compiles():
+    """The compiled variant's function lives in the registry; its lock entry must still change
+    when the point's reference module does."""
+    from workbench.registry import get
+
+    assert get("attention", "torch_compile").source_file == get("attention", "torch").source_file
+    assert lockmod.source_hash("attention", "torch_compile") != lockmod.source_hash("boundary", "torch_compile")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -56,8 +57,9 @@ def _project_imports(path: str, seen: set[str] | None = None) -> list[str]:
 def source_hash(point: str, variant: str) -> str:
     """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
     v = get(point, variant)
+    wrapper = inspect.getsourcefile(v.fn)  # torch_compile: the compile call wraps the point's reference
     h = hashlib.sha256()
-    for path in [v.source_file, *_project_imports(v.source_file)]:
+    for path in [v.source_file, *_project_imports(v.source_file), *([wrapper] if wrapper != v.source_file else [])]:
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]

@@ -42,7 +42,8 @@ class Variant:
 
     @property
     def source_file(self) -> str:
-        return inspect.getsourcefile(self.fn) or "?"
+        """The module of the code that computes: for a wrapper (torch_compile), the wrapped function's."""
+        return inspect.getsourcefile(inspect.unwrap(self.fn)) or "?"
 
     def prepare_weights(self, weights: dict) -> Any:
         return self.prepare(weights) if self.prepare else weights

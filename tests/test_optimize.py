@@ -175,3 +175,21 @@ def test_a_torch_compile_entry_pins_the_code_it_compiles():
 
     assert get("attention", "torch_compile").source_file == get("attention", "torch").source_file
     assert lockmod.source_hash("attention", "torch_compile") != lockmod.source_hash("boundary", "torch_compile")
+
+
+def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
+    from beam_model import BeamForCausalLM
+    from workbench.registry import get
+    from workbench.search import Search
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    calls = {"qkvg_proj": {"sliding": 5, "full": 2}}
+    only = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch_compile",))
+    every = Search(runner, calls=calls, out_dir=str(tmp_path))
+    workloads = only.workloads("qkvg_proj")
+    assert "left out" in only._unavailable(get("qkvg_proj", "packed"), workloads)
+    assert only._unavailable(get("qkvg_proj", "torch_compile"), workloads) is None
+    assert every._unavailable(get("qkvg_proj", "packed"), workloads) is None
+    assert only._fingerprint("qkvg_proj") != every._fingerprint("qkvg_proj")  # no reuse across filters

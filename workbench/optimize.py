@@ -38,6 +38,7 @@ class OptimizeOptions:
     points: tuple[str, ...] = POINTS
     trust: bool = False
     budget_s: float | None = None  # stop before a new point's search once spent; the run resumes
+    backends: tuple[str, ...] | None = None  # search only these backends' candidates (None: all)
     command: str = ""
     agent: object | None = None    # workbench.agent.loop.AgentOptions: agent rounds after the search
 
@@ -76,7 +77,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     on_event({"type": "profile", "profile": profile})
 
     calls = {p.point: p.calls_by_kind for p in profile.points}
-    search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event, trust=opts.trust)
+    search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event, trust=opts.trust,
+                    backends=opts.backends)
     order = [p for p in rank_points(profile) if p in opts.points]
     # The live Search rides on this event so a UI can skip points and pause (`search.skip`, `search.resume`).
     on_event({"type": "stage", "stage": "search", "order": order, "search": search})

@@ -61,9 +61,12 @@ class PointResult:
 
 class Search:
     def __init__(self, runner, *, calls: dict[str, dict[str, int]], out_dir: str, seeds=(0, 1),
-                 on_event: Callable[[dict], None] | None = None, trust: bool = False):
-        """`calls[point][kind]`: how often one step calls the point in "sliding"/"full" layers."""
+                 on_event: Callable[[dict], None] | None = None, trust: bool = False,
+                 backends: tuple[str, ...] | None = None):
+        """`calls[point][kind]`: how often one step calls the point in "sliding"/"full" layers;
+        `backends`: try only candidates of these backends (None: all)."""
         self.runner, self.calls, self.out_dir, self.seeds = runner, calls, out_dir, seeds
+        self.backends = tuple(sorted(backends)) if backends else None
         self.model = runner.model
         self.device = self.model.device
         self.dtype = str(self.model.dtype).replace("torch.", "").replace("bfloat16", "bf16") \
@@ -85,7 +88,8 @@ class Search:
     def _fingerprint(self, point: str) -> dict:
         return {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
                 "device": str(self.device.type), "calls": self.calls[point],
-                "sources": {name: source_hash(point, name) for name in variants(point)}}
+                "sources": {name: source_hash(point, name) for name in variants(point)},
+                **({"backends": self.backends} if self.backends else {})}  # absent: all (older caches stay valid)
 
     def _step_time(self, variant, config, workloads) -> dict:
         """Median time one step spends in this point with this candidate, and the spread."""
@@ -138,6 +142,8 @@ class Search:
 
     def _unavailable(self, v, workloads) -> str | None:
         """Why a variant cannot run here at these shapes, or None."""
+        if self.backends and v.backend not in self.backends:
+            return f"backend {v.backend!r} left out (--backends {' '.join(self.backends)})"
         return next((r for r in (v.unsupported(w, self.device) for w in workloads.values()) if r), None)
 
     def _try(self, v, config, workloads, ref_us) -> CandidateResult:

@@ -21,6 +21,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="start no new point's search after this long; the same command resumes the run")
+    p.add_argument("--backends", nargs="+", metavar="B",
+                   help="try only these backends' candidates, e.g. triton (default: all; the torch.compile "
+                        "baseline of the report is timed regardless)")
     p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
     p.add_argument("--agent", metavar="CMD", help="after the search, run `CMD TASK_DIR` for the points with the "
                    "most headroom and judge the variant it leaves there (see AGENTS.md)")
@@ -51,7 +54,8 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device,
                            out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
-                           points=tuple(args.points), trust=args.trust, budget_s=args.budget, agent=_agent(args),
+                           points=tuple(args.points), trust=args.trust, budget_s=args.budget,
+                           backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.tui:
         from workbench.tui import WorkbenchApp

@@ -287,3 +287,18 @@ def test_slow_make_call_is_completed_with_clones():
                         device="cpu", rotate_bytes=6 * 4096, make_seconds=0, warmup=0, min_reps=6, max_reps=6)
     assert made == [0] and t.copies == 6 and t.fresh_copies == 1
     assert len(set(seen[-6:])) == 6  # clones live in their own memory, nested tensors included
+
+
+def test_recompiles_while_sampling_are_counted():
+    """A compiled callable that recompiles during the timed reps has no valid time: the harness says so."""
+    import itertools
+
+    from workbench.bench import time_call
+    from workbench.points import Call
+
+    n = itertools.count()
+    shifting = torch.compile(lambda x, k: x + k, backend="eager", dynamic=False)  # new int constant: new graph
+    stable = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    kw = dict(warmup=1, min_reps=4, max_reps=4, rotate_bytes=0)
+    assert time_call(lambda x: shifting(x, next(n)), lambda i: Call((torch.ones(4),)), **kw).recompiles > 0
+    assert time_call(stable, lambda i: Call((torch.ones(4),)), **kw).recompiles == 0

@@ -55,6 +55,7 @@ class Timing:
     graph_error: str | None = None  # why graph capture was asked for but not used
     l2_flush: bool = False         # copies alone could not exceed the cache: L2 flushed between reps
     fresh_copies: int = 0          # copies from make_call; the rest are clones of them
+    recompiles: int = 0            # torch.compile graphs made while samples were taken: not a valid timing
     samples_us: list[float] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
@@ -298,6 +299,7 @@ def time_call(fn: Callable, make_call: Callable[[int], Call], *, device="cpu", w
         samples: list[float] = []
         started = time.perf_counter()
         batch = max(1, min_reps)
+        compiled_before = _compiled_graphs()
         while True:
             samples += [t / per_rep for t in timer.run(step, len(samples), min(batch, max_reps - len(samples)), steps)]
             med, p10, p90, spread = summarize(samples)
@@ -307,7 +309,16 @@ def time_call(fn: Callable, make_call: Callable[[int], Call], *, device="cpu", w
                 break
             batch = len(samples)  # double the sample each round
     return Timing(med, p10, p90, spread, len(samples), copies, copy_bytes, touched, use_graph, graph_error,
-                  flush, fresh, samples)
+                  flush, fresh, _compiled_graphs() - compiled_before, samples)
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (0 where dynamo is unavailable)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001 - a torch without dynamo has nothing to count
+        return 0
+    return int(counters["stats"]["unique_graphs"])
 
 
 def relative_difference(a, b) -> float:

@@ -93,12 +93,12 @@ class Search:
 
     def _step_time(self, variant, config, workloads) -> dict:
         """Median time one step spends in this point with this candidate, and the spread."""
-        total, spread = 0.0, 0.0
+        total, spread, recompiles = 0.0, 0.0, 0
         for kind, workload in workloads.items():
             t = bench.time_variant(variant, workload, device=self.device, config=config)
             total += self.calls[variant.point][kind] * t["median_us"]
-            spread = max(spread, t["spread"])
-        return {"step_us": total, "spread": spread}
+            spread, recompiles = max(spread, t["spread"]), recompiles + t["recompiles"]
+        return {"step_us": total, "spread": spread, "recompiles": recompiles}
 
     def cached(self, point: str) -> bool:
         """Whether this point's result is in the run folder and still valid (resuming costs nothing)."""
@@ -154,6 +154,9 @@ class Search:
             r.failed_check = report.first_failure()
             return r
         t = self._step_time(v, config, workloads)
+        if t["recompiles"]:  # the samples timed compilation too: no valid time, so never chosen
+            r.skipped = f"torch.compile made {t['recompiles']} new graphs while it was timed (recompiles)"
+            return r
         r.step_us, r.spread, r.speedup = t["step_us"], t["spread"], ref_us / t["step_us"]
         return r
 

@@ -8,8 +8,8 @@ Hidden test flag: --fake-model-script FILE forces scripted replies (server/engin
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
+import sys
 
 from workbench.commands.common import add_model_arguments, load_model, resolve_device
 
@@ -39,9 +39,6 @@ def add_arguments(p) -> None:
 
 def load_lock(path: str, *, force: bool, device):
     """The verified lock (refused with the reason if it does not verify, unless forced)."""
-    if importlib.util.find_spec("workbench.lock") is None:
-        raise RuntimeError(f"cannot serve --lock {path}: lock loading is not available yet "
-                           "(workbench/lock.py does not exist); serve without --lock for the reference variants")
     from workbench.lock import load_for_serving
 
     return load_for_serving(path, force=force, device=device)
@@ -77,6 +74,10 @@ def run(args) -> int:
                     max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=not args.no_prefix_caching,
                     cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else args.preset)
+    compiled = sorted(p for p, v in (lock.selection if lock else {}).items() if v == "torch_compile")
+    if compiled:  # compiled with static shapes: each new prompt layout compiles again (seconds each)
+        print(f"warning: the lock selects torch_compile for {', '.join(compiled)}: prompt steps of new shapes "
+              "recompile (decode steps replay CUDA graphs captured at start-up)", file=sys.stderr, flush=True)
     print(f"serving {name} on http://{args.host}:{args.port} ({device}, {engine.num_pages} KV pages, "
           f"context {engine.max_model_len}, variants {model.ops.selection if lock else 'reference'})", flush=True)
     return serve(engine, tokenizer, host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,

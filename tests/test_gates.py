@@ -15,8 +15,8 @@ import torch.utils.deterministic
 
 from planted import PLANTED, planted
 from workbench import registry
-from workbench.gates import CheckResult, GateReport, _leaves, capture_calls, model_gate, op_gate
-from workbench.points import Workload, spec
+from workbench.gates import CheckResult, GateReport, capture_calls, model_gate, op_gate
+from workbench.points import Workload, leaves, spec
 from workbench.registry import POINTS, Variant, reference, variants
 
 LAYERED = ("attention", "qk_prep")
@@ -148,7 +148,7 @@ def test_spec_layout_is_seed_independent(point):
 
 
 def _tensors(call):
-    return [t for t in _leaves(call) if isinstance(t, torch.Tensor)]
+    return [t for t in leaves(call) if isinstance(t, torch.Tensor)]
 
 
 def test_attention_inputs_use_scattered_pages():

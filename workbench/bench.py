@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from workbench import registry
-from workbench.points import Call, Workload, spec
+from workbench.points import Call, Workload, leaves, map_leaves, spec
 
 ROW_FIELDS = ("point", "variant", "backend", "shape", "batch", "dtype", "median_us", "p10_us", "p90_us",
               "floor_us", "speedup_vs_reference")  # the design doc's bench.json schema; rows add more
@@ -64,50 +64,22 @@ class Timing:
         return d
 
 
-# ---- walking a Call's tensors ---------------------------------------------------------------------
-
-def _leaves(obj) -> list:
-    """Every leaf reachable from a Call: through tuples, lists, dicts and dataclasses (attention metadata)."""
-    if isinstance(obj, Call):
-        return _leaves(obj.args) + _leaves(obj.kwargs)
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    if isinstance(obj, (list, tuple)):
-        return [leaf for item in obj for leaf in _leaves(item)]
-    return [obj]
-
-
-def _tensors(obj) -> list[torch.Tensor]:
-    return [x for x in _leaves(obj) if isinstance(x, torch.Tensor)]
-
+# ---- a call's memory ------------------------------------------------------------------------------
 
 def call_bytes(call: Call) -> int:
     """Bytes allocated by a call's tensors, each storage counted once (views share storage)."""
     storages = {}
-    for t in _tensors(call):
-        s = t.untyped_storage()
-        storages[(s.device, s.data_ptr())] = s.nbytes()
+    for t in leaves(call):
+        if isinstance(t, torch.Tensor):
+            s = t.untyped_storage()
+            storages[(s.device, s.data_ptr())] = s.nbytes()
     return sum(storages.values())
 
 
-def _clone(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _clone(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                                          if f.init})
-    return obj  # ints, floats, generators, host lists of metadata: shared, never written
-
-
 def clone_call(call: Call) -> Call:
-    """The same call on fresh memory (same values): a rotated copy without running make_inputs again."""
-    return Call(_clone(call.args), _clone(call.kwargs), call.weights_arg)
+    """The same call on fresh memory (same values): a rotated copy without running make_inputs again.
+    Generators stay shared: a sampling call's own generator must advance across calls."""
+    return map_leaves(call, lambda t: t.clone())
 
 
 def invoke(fn: Callable, call: Call):
@@ -175,7 +147,7 @@ def _capture_graphs(fn, groups, device):
         # allocator's cache on every entry: too slow for hundreds of small captures.
         for group in groups:
             g = torch.cuda.CUDAGraph()
-            gens = {id(x): x for call in group for x in _leaves(call)
+            gens = {id(x): x for call in group for x in leaves(call)
                     if isinstance(x, torch.Generator) and x.device.type == "cuda"}
             for gen in gens.values():  # a sampling call's own generator must advance on every replay
                 g.register_generator_state(gen)

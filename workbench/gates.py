@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.points import Call, Workload, spec
+from workbench.points import Call, Workload, leaves, map_leaves, named_leaves, spec
 from workbench.registry import POINTS, Variant, reference
 
 # The whole build against the reference build at the same dtype (a full-size rank has no room for an
@@ -99,39 +99,10 @@ def _json_float(v):
 
 # ---------------------------------------------------------------------------- input plumbing
 
-def _named(obj, path: str = "") -> list[tuple[str, object]]:
-    """(path, leaf) for the tensors and generators inside args (tuples, lists, dicts, dataclasses)."""
-    if isinstance(obj, (torch.Tensor, torch.Generator)):
-        return [(path, obj)]
-    if isinstance(obj, dict):
-        return [x for k, v in obj.items() for x in _named(v, f"{path}[{k!r}]")]
-    if isinstance(obj, (list, tuple)):
-        return [x for i, v in enumerate(obj) for x in _named(v, f"{path}[{i}]")]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [x for f in dataclasses.fields(obj) for x in _named(getattr(obj, f.name), f"{path}.{f.name}")]
-    return []
-
-
-def _leaves(obj) -> list:
-    """The tensors and generators inside args, in a fixed order."""
-    return [leaf for _, leaf in _named(obj)]
-
-
-def _map(obj, fn):
-    """The same structure with every tensor replaced by fn(tensor) and every generator cloned."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, torch.Generator):
-        g = torch.Generator(device=obj.device)
-        g.set_state(obj.get_state())
-        return g
-    if isinstance(obj, dict):
-        return {k: _map(v, fn) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map(v, fn) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _map(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)})
-    return obj
+def _clone_generator(g: torch.Generator) -> torch.Generator:
+    clone = torch.Generator(device=g.device)
+    clone.set_state(g.get_state())
+    return clone
 
 
 def _copy(call: Call, dtype=None) -> Call:
@@ -140,13 +111,13 @@ def _copy(call: Call, dtype=None) -> Call:
         with torch.inference_mode(False):  # captured tensors may be inference tensors
             t = t.detach().clone()
         return t.to(dtype) if dtype is not None and t.is_floating_point() else t
-    return Call(_map(call.args, cast), _map(call.kwargs, cast), call.weights_arg)
+    return map_leaves(call, cast, _clone_generator)
 
 
 def _activations(call: Call) -> list:
     """Leaves of every argument but the weights dict."""
     args = [a for i, a in enumerate(call.args) if i != call.weights_arg]
-    return _leaves(args) + _leaves(call.kwargs)
+    return leaves(args) + leaves(call.kwargs)
 
 
 def _outputs(out) -> list:
@@ -305,9 +276,9 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
         check("reference", False, detail="the reference failed on these inputs: " + _error_text(e))
         return checks
     # Snapshot of every input, the weights as the candidate gets them included.
-    inputs = _named(call.args, "args") + _named(call.kwargs, "kwargs")
+    inputs = named_leaves(call.args, "args") + named_leaves(call.kwargs, "kwargs")
     if call.weights_arg is not None and weights is not call.args[call.weights_arg]:
-        inputs += _named(weights, "prepared weights")
+        inputs += named_leaves(weights, "prepared weights")
     before = [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in inputs]
     pre_inplace = {k: call.kwargs[k].clone() for k in inplace}
 

@@ -8,8 +8,11 @@ compute their own metrics.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
+
+import torch
 
 from beam_model.config import BeamConfig
 from workbench.registry import POINTS, variants
@@ -58,6 +61,48 @@ class Call:
         args = list(self.args)
         args[self.weights_arg] = weights
         return Call(tuple(args), dict(self.kwargs), self.weights_arg)
+
+
+# ---- walking a call's arguments: tuples, lists, dicts and dataclasses (attention metadata) -----------
+
+def named_leaves(obj, path: str = "") -> list[tuple[str, Any]]:
+    """(path, leaf) for every tensor and generator inside `obj` (a Call, or any of its arguments)."""
+    if isinstance(obj, Call):
+        return named_leaves(obj.args, "args") + named_leaves(obj.kwargs, "kwargs")
+    if isinstance(obj, (torch.Tensor, torch.Generator)):
+        return [(path, obj)]
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in named_leaves(v, f"{path}[{k!r}]")]
+    if isinstance(obj, (list, tuple)):
+        return [x for i, v in enumerate(obj) for x in named_leaves(v, f"{path}[{i}]")]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [x for f in dataclasses.fields(obj) for x in named_leaves(getattr(obj, f.name), f"{path}.{f.name}")]
+    return []
+
+
+def leaves(obj) -> list:
+    """The tensors and generators inside `obj`, in a fixed order."""
+    return [leaf for _, leaf in named_leaves(obj)]
+
+
+def map_leaves(obj, tensor_fn, generator_fn=lambda g: g):
+    """The same structure with each tensor replaced by tensor_fn(t), each generator by generator_fn(g);
+    ints, floats and host-side metadata are shared (never written)."""
+    if isinstance(obj, Call):
+        return Call(map_leaves(obj.args, tensor_fn, generator_fn), map_leaves(obj.kwargs, tensor_fn, generator_fn),
+                    obj.weights_arg)
+    if isinstance(obj, torch.Tensor):
+        return tensor_fn(obj)
+    if isinstance(obj, torch.Generator):
+        return generator_fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_leaves(v, tensor_fn, generator_fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_leaves(v, tensor_fn, generator_fn) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: map_leaves(getattr(obj, f.name), tensor_fn, generator_fn)
+                                          for f in dataclasses.fields(obj) if f.init})
+    return obj
 
 
 @dataclass

@@ -47,15 +47,14 @@ def shapes_text(point: str, workloads: dict) -> str:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from workbench.gates import _named
-    from workbench.points import spec
+    from workbench.points import named_leaves, spec
 
     lines = []
     for kind, wl in workloads.items():
         try:
             with FakeTensorMode():
                 call = spec(point).make_inputs(wl, "cpu", 0)
-            leaves = _named(call.args, "args") + _named(call.kwargs, "kwargs")
+            leaves = named_leaves(call)
         except Exception as e:  # a spec the fake mode cannot run: say so rather than guess
             lines.append(f"{kind}: ({wl.label()}) inputs not derivable here: {type(e).__name__}")
             continue

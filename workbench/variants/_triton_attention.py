@@ -96,6 +96,27 @@ def _kv_rows(table_row_ptr, keys, lo, hi, max_pages, stride_page, stride_tok, PA
 
 
 @triton.jit
+def _softmax_block(s, kv_base, stride_ckv, rows, ok, d, d_ok, m_i, l_i, acc, IEEE: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """One key block of the online softmax: masked scores s (log2 units, -inf where unseen) -> the
+    block's V rows folded into (m_i, l_i, acc)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf - 0) = 0, not NaN
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(kv_base + stride_ckv + rows[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    acc = _dot_pv(p, v, acc * alpha[:, None], IEEE, INTERP)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _normalised(acc, l_i):
+    """acc / l, and 0 for a query that saw no key (never 0 / 0)."""
+    return tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
                    stride_qn, stride_qh, stride_cp, stride_ckv, stride_ct, stride_ch, stride_tb,
                    stride_on, stride_oh, max_pages, window, qk_scale, n_heads, head_dim,
@@ -143,19 +164,11 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
         k = tl.load(kv_base + rows[None, :] + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
         s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf - 0) = 0, not NaN
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_base + stride_ckv + rows[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        acc = _dot_pv(p, v, acc * alpha[:, None], IEEE, INTERP)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_block(s, kv_base, stride_ckv, rows, ok, d, d_ok, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
 
     if SINGLE:  # one split: normalise and round here, no scratch and no second launch
-        o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+        o = _normalised(acc, l_i)
         tl.store(out_ptr + b.to(tl.int64) * stride_on + heads[:, None] * stride_oh + d[None, :],
                  round_to(o, out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     else:  # partials of every split are written, empty ones as (-inf, 0, 0): the merge reads them all
@@ -238,17 +251,9 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, qstart_p
         s = _dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         seen = ok[None, :] & (keys[None, :] >= lo_row[:, None]) & (keys[None, :] < hi_row[:, None])
         s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_base + stride_ckv + rows[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        acc = _dot_pv(p, v, acc * alpha[:, None], IEEE, INTERP)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_block(s, kv_base, stride_ckv, rows, ok, d, d_ok, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
-    o = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+    o = _normalised(acc, l_i)
     tl.store(out_ptr + tok[:, None] * stride_on + h * stride_oh + d[None, :], round_to(o, out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & d_ok[None, :])
 

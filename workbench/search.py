@@ -176,17 +176,20 @@ class Search:
         with open(path, "w") as f:
             json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict()}, f, indent=1)
 
-    def _drop_model_gate_failures(self, chosen: dict, configs: dict) -> None:
+    def _drop_model_gate_failures(self, chosen: dict, configs: dict):
         """The op gate saw the target's shapes only; the model gate runs a ragged prefill and decode.
-        If the chosen set fails it, each choice is gated alone and those that fail are dropped."""
-        if gates.model_gate(self.model, chosen, configs=configs).passed:
-            return
+        If the chosen set fails it, each choice is gated alone and those that fail are dropped.
+        Returns the passing report of the set as given, or None when choices were gated alone."""
+        report = gates.model_gate(self.model, chosen, configs=configs)
+        if report.passed:
+            return report
         for point in list(chosen):
             alone = gates.model_gate(self.model, {point: chosen[point]}, configs={point: configs.get(point)})
             if not alone.passed:
                 self.on_event({"type": "model_gate_dropped", "point": point, "variant": chosen.pop(point),
                                "why": alone.first_failure()})
                 configs.pop(point, None)
+        return None
 
     # ---- end to end --------------------------------------------------------------------
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None) -> dict:
@@ -197,7 +200,8 @@ class Search:
         """Time the chosen set end to end, gate it, and drop choices that do not help the step."""
         chosen = {p: r.choice for p, r in results.items() if r.choice != REFERENCE}
         configs = {p: r.config for p, r in results.items() if r.config and p in chosen}
-        self._drop_model_gate_failures(chosen, configs)
+        gated = dict(chosen)
+        gate = self._drop_model_gate_failures(chosen, configs)
         reference = self.time_build({})
         locked = self.time_build(chosen, configs)
         band = max(MIN_BAND, locked["spread"])
@@ -212,7 +216,8 @@ class Search:
                 del chosen[point]  # no end-to-end gain beyond the noise: keep the reference
                 configs.pop(point, None)
                 locked = self.time_build(chosen, configs)
-        gate = gates.model_gate(self.model, chosen, configs=configs)
+        if gate is None or chosen != gated:  # the set changed since it passed: gate what is locked
+            gate = gates.model_gate(self.model, chosen, configs=configs)
         if not gate.passed:
             raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
         self.runner.rebind(chosen, configs)

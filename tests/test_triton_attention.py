@@ -11,16 +11,13 @@ decode step in a CUDA graph with new lengths, as the server does.
 """
 
 import dataclasses
-import math
 
 import pytest
 import torch
 
-from beam_model.kv_cache import AttentionMetadata
+from tests.attention_cases import NAN, _assert_close, _case
 from workbench import gates, registry
 from workbench.points import Workload
-
-NAN = float("nan")
 
 
 def _variant():
@@ -34,67 +31,6 @@ def _variant():
 def _callables(v, extra=()):
     """The default callable and the callable at every tuning config (plus `extra` configs)."""
     return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in [*v.configs, *extra]]
-
-
-def _case(ctx_before, new, *, heads, kv_heads, hd, page, window, dtype, seed=0, extra_pages=3,
-          poison_window=True, device="cpu"):
-    """A paged cache holding len(new) sequences of ctx_before[b] + new[b] tokens on scattered pages.
-
-    Slots outside every sequence's live rows are NaN. On sliding layers (window set) pages entirely
-    before the first query's window are released (-1 in the table, NaN in the cache) as the cache
-    does; with `poison_window` the out-of-window rows of held pages are NaN too. The table is wider
-    than any sequence needs (-1 padding)."""
-    gen = torch.Generator().manual_seed(seed)
-    lens = [c + n for c, n in zip(ctx_before, new)]
-    need = [math.ceil(n / page) for n in lens]
-    n_pages = sum(need) + extra_pages + 1
-    cache = torch.full((n_pages, 2, page, kv_heads, hd), NAN)
-    ids = (1 + torch.randperm(n_pages - 1, generator=gen)).tolist()  # page 0 reserved, as in the cache
-    table = torch.full((len(lens), max(need) + 2), -1, dtype=torch.int32)
-    for b, (c, length) in enumerate(zip(ctx_before, lens)):
-        first_seen = max(0, c - window + 1) if window is not None else 0  # the chunk's first query
-        for i in range(need[b]):
-            pid = ids.pop()
-            if (i + 1) * page <= first_seen:
-                continue  # released: -1, the page stays NaN
-            table[b, i] = pid
-            rows = torch.arange(i * page, (i + 1) * page)
-            live = rows < length
-            if poison_window:
-                live &= rows >= first_seen
-            cache[pid, :, live] = torch.randn(2, int(live.sum()), kv_heads, hd, generator=gen)
-    positions = torch.tensor([p for c, n in zip(ctx_before, new) for p in range(c, c + n)], dtype=torch.int64)
-    starts = [0]
-    for n in new:
-        starts.append(starts[-1] + n)
-    q = 2 * torch.randn(len(positions), heads, hd, generator=gen)  # scores of a few units, as after SSMax
-    meta = AttentionMetadata(
-        positions=positions.to(device), seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-        query_start=torch.tensor(starts, dtype=torch.int32, device=device), page_table=table.to(device),
-        slot_mapping=torch.zeros(len(positions), dtype=torch.int64, device=device), page_size=page,
-        decode=all(n == 1 for n in new), query_start_host=starts, seq_lens_host=lens)
-    return q.to(device, dtype), cache.to(device, dtype), meta
-
-
-def _ulps(out, ref):
-    def ordered(x):
-        bits = x.contiguous().view(torch.int16).int()
-        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
-    return (ordered(out) - ordered(ref)).abs()
-
-
-def _assert_close(out, ref, label):
-    """FP32: within the point's tolerance of the reference. 16-bit: the reference's single rounding
-    of an FP32 result, so at most 1 ulp apart where the two FP32 sums straddle a rounding boundary."""
-    assert out.shape == ref.shape and out.dtype == ref.dtype, label
-    assert torch.isfinite(out).all(), f"{label}: NaN/Inf in the output (a masked row leaked)"
-    if out.dtype == torch.float32:
-        err = ((out.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
-        assert err <= 1e-5, f"{label}: rel err {err:.2e}"
-    else:
-        ulps = _ulps(out, ref)
-        assert ulps.max() <= 1, f"{label}: {int((ulps > 1).sum())} elements > 1 ulp from the reference"
-        assert (ulps > 0).float().mean() <= 0.03, f"{label}: {int((ulps > 0).sum())} of {ulps.numel()} 1 ulp off"
 
 
 def _run_all(q, cache, meta, window, extra=(), label=""):

@@ -20,7 +20,7 @@ from torch import nn
 from beam_model.config import FULL, SLIDING, BeamConfig
 from beam_model.functional import residual_coefficients, rms_norm
 from beam_model.kv_cache import PagedKVCache, StepMetadata
-from workbench.registry import bind
+from workbench.registry import POINTS, bind
 
 
 def _param(*shape: int, dtype=None) -> nn.Parameter:
@@ -228,6 +228,15 @@ class BeamForCausalLM(nn.Module):
         c = self.config
         logits = self.ops.head(h, self.head_weights, eps=c.rms_norm_eps, softcap=c.final_logit_softcapping)
         return self.tp.gather_logits(logits) if self.tp else logits
+
+    def replan(self, step: StepMetadata) -> None:
+        """Redo the host-side plans of the bound variants that make them (FlashInfer attention) for a
+        step whose metadata a graph runner refilled in place: call before replaying a captured step."""
+        for point in POINTS:
+            replan = getattr(getattr(self.ops, point), "replan", None)
+            if replan is not None:
+                for meta in step.groups.values():
+                    replan(meta)
 
     def step(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata, *, all_logits: bool = False):
         """One engine step over a ragged batch of new tokens [N] (prefill chunks and/or decode tokens).

@@ -140,8 +140,11 @@ def _capture_graphs(fn, groups, device):
     pool = torch.cuda.graph_pool_handle()
     graphs, outputs = [], []
     with torch.cuda.stream(side):
-        for _ in range(3):  # lazy inits (cuBLAS handles, compilation, autotuning) must precede capture
+        for _ in range(2):  # lazy inits (cuBLAS handles, compilation, autotuning) must precede capture
             invoke(fn, groups[0][0])
+        for group in groups:  # and every call once: host-side plans (FlashInfer's) are per call's metadata
+            for call in group:
+                invoke(fn, call)
         side.synchronize()
         # capture_begin/end rather than `torch.cuda.graph`, which synchronizes and empties the
         # allocator's cache on every entry: too slow for hundreds of small captures.

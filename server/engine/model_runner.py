@@ -126,7 +126,7 @@ class ModelRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     out = self.model.step(self._ids[:b], self.cache, meta)
                 pool = graph.pool()
-                self.graphs[b] = (graph, out)
+                self.graphs[b] = (graph, out, meta)  # the metadata lives as long as its graph
         torch.cuda.synchronize()
 
     def _graph_metadata(self, b: int) -> StepMetadata:
@@ -160,6 +160,9 @@ class ModelRunner:
             slots = [row[s // ps] * ps + s % ps for row, s in zip(pages[g], starts)] + [0] * pad
             self._tables[g][:size].copy_(table, non_blocking=True)
             self._slots[g][:size].copy_(torch.tensor(slots), non_blocking=True)
-        graph, out = self.graphs[size]
+        graph, out, meta = self.graphs[size]
+        for g in GROUPS:  # host copies of the layout, for variants that plan on the host
+            meta.groups[g].seq_lens_host[:] = host["lens"].tolist()
+        self.model.replan(meta)
         graph.replay()
         return out[:b]

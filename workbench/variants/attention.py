@@ -9,6 +9,8 @@ Contract: `attention(q, cache, meta, *, window, scale) -> o`.
 - Scores, softmax and the weighted sum in FP32; o [N, heads, hd] rounded once to q's dtype.
 """
 
+import sys
+
 import torch
 
 from workbench.points import Call, PointSpec, declare
@@ -128,3 +130,40 @@ def _triton_at(config=None):
 
 register("attention", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS,
          configure=_triton_at)(_triton_at())
+
+
+# ---- flashinfer: FlashInfer's paged decode (FA2, CUDA-core or tensor-core) and prefill wrappers ----
+# (_flashinfer_attention.py). Decode plans are made outside CUDA graphs: a runner that refills a
+# captured step's metadata calls the bound callable's `replan(meta)` before replaying (see
+# `beam_model.model.replan`).
+
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are instantiated for
+
+
+def _flashinfer_supports(wl):
+    if wl.dtype not in ("bf16", "fp16"):
+        return f"attention:flashinfer takes bf16 or fp16 q and KV cache, not {wl.dtype}"
+    if wl.config.head_dim not in FLASHINFER_HEAD_DIMS:
+        return f"attention:flashinfer needs head_dim in {FLASHINFER_HEAD_DIMS}, got {wl.config.head_dim}"
+    return True
+
+
+def _flashinfer_replan(meta):
+    module = sys.modules.get("workbench.variants._flashinfer_attention")
+    if module is not None:  # never called yet: nothing planned
+        module.replan(meta)
+
+
+def _flashinfer_at(config=None):
+    tensor_cores = bool((config or {}).get("tensor_cores", False))
+
+    def attention_flashinfer(q, cache, meta, *, window, scale):
+        from workbench.variants._flashinfer_attention import paged_attention
+
+        return paged_attention(q, cache, meta, window=window, scale=scale, tensor_cores=tensor_cores)
+    attention_flashinfer.replan = _flashinfer_replan
+    return attention_flashinfer
+
+
+register("attention", "flashinfer", "flashinfer", supports=_flashinfer_supports,
+         configs=[dict(tensor_cores=False), dict(tensor_cores=True)], configure=_flashinfer_at)(_flashinfer_at())

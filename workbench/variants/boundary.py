@@ -130,3 +130,39 @@ def _boundary_triton_supports(workload):
 def boundary_triton(y, h, w, *, eps, group=None):
     """One Triton kernel per row: RMSNorm(y) -> a*h + b*(.) -> round -> RMSNorm(h_new) -> round."""
     return _boundary_triton_at(y, h, w, eps=eps, group=group, **_BOUNDARY_CONFIGS[0])
+
+
+# ---- CuTe DSL: the same one-row-per-CTA kernel, with 16-byte accesses ------------------------------
+# The kernel (workbench/variants/_cute_boundary.py) imports cutlass, so it is imported by the variant's
+# first call; the variant is registered either way and the registry reports the backend as unavailable.
+_CUTE_VEC = 8  # values of a 16-bit dtype in one 16-byte access
+_CUTE_MAX_HIDDEN = 16384  # the row stays in registers between the two norms
+# Threads per row; 20 warps give one vector per thread at hidden 5120 (beam-501b).
+_BOUNDARY_CUTE_CONFIGS = [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"num_warps": 20}]
+
+
+def _boundary_cute_at(y, h, w, *, eps, group=None, num_warps=4):
+    if group is not None:  # the all-reduce slot, as in the Triton variant
+        y = y.clone()
+        dist.all_reduce(y, group=group)
+    from workbench.variants import _cute_boundary
+
+    return _cute_boundary.boundary(y, h, w["post_norm"], w["next_norm"], w["residual"], eps=eps, num_warps=num_warps)
+
+
+def _boundary_cute_supports(workload):
+    hidden = workload.config.hidden_size
+    if workload.dtype not in ("bf16", "fp16"):
+        return f"dtype {workload.dtype} not handled (bf16, fp16: {_CUTE_VEC} values per 16-byte access)"
+    if hidden % _CUTE_VEC:
+        return f"hidden {hidden} is not a multiple of {_CUTE_VEC} (whole 16-byte vectors per row)"
+    if hidden > _CUTE_MAX_HIDDEN:
+        return f"hidden {hidden} > {_CUTE_MAX_HIDDEN}: a row must fit one CTA's registers"
+    return True
+
+
+@register("boundary", "cute", "cute", supports=_boundary_cute_supports, configs=_BOUNDARY_CUTE_CONFIGS,
+          configure=lambda cfg: functools.partial(_boundary_cute_at, **cfg))
+def boundary_cute(y, h, w, *, eps, group=None):
+    """One CuTe DSL kernel per row: RMSNorm(y) -> a*h + b*(.) -> round -> RMSNorm(h_new) -> round."""
+    return _boundary_cute_at(y, h, w, eps=eps, group=group, **_BOUNDARY_CUTE_CONFIGS[0])

@@ -1,0 +1,174 @@
+"""`boundary:cute`, the CuTe DSL variant of `boundary`, against the torch reference.
+
+On the CPU: the variant is registered whether or not cutlass is installed, `boundary.py` imports
+without it, and `supports` turns down what the kernel cannot do (16-byte vectors of a 16-bit dtype)
+with a reason. The `gpu` tests run the op gate at beam-tiny and beam-501b-tp8 shapes at every tuning
+config (each one a separately compiled kernel), check the last site (no next norm) and the rounding
+element by element, and replay the kernel in a CUDA graph with new inputs.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from beam_model.functional import residual_coefficients
+from workbench import gates, registry
+from workbench.points import Workload
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _variant():
+    v = registry.get("boundary", "cute")
+    ok, why = registry.backend_available(v.backend)
+    if not ok:
+        pytest.skip(why)
+    return v
+
+
+def _callables(v):
+    """The default callable and the callable at every tuning config."""
+    return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in v.configs]
+
+
+# ---- on the CPU ----------------------------------------------------------------------------------
+
+def test_registered_with_its_configs():
+    v = registry.get("boundary", "cute")
+    assert v.backend == "cute" and v.configs
+    assert all(callable(v.at(cfg)) for cfg in v.configs)
+
+
+@pytest.mark.skipif(HAS_CUTLASS, reason="cutlass is installed here")
+def test_unavailable_without_cutlass():
+    v = registry.get("boundary", "cute")
+    why = v.unsupported(Workload("beam-tiny"))
+    assert why is not None and "cutlass" in why
+    with pytest.raises(RuntimeError, match="cutlass"):
+        registry.bind({"boundary": "cute"})
+
+
+def test_point_imports_without_the_kernel_module():
+    """The kernel module (and cutlass) is imported by the variant's first call, not by `boundary.py`."""
+    code = ("import sys, workbench.variants.boundary; "
+            "assert 'workbench.variants._cute_boundary' not in sys.modules and 'cutlass' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _workload(hidden, dtype="bf16"):
+    return SimpleNamespace(config=SimpleNamespace(hidden_size=hidden), dtype=dtype)
+
+
+@pytest.mark.parametrize("preset", ["beam-tiny", "beam-small", "beam-501b-tp8"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_supports_the_presets(preset, dtype):
+    assert registry.get("boundary", "cute").supports(Workload(preset, dtype=dtype)) is True
+
+
+@pytest.mark.parametrize("workload, words", [
+    (Workload("beam-tiny", dtype="fp32"), "fp32"),
+    (_workload(60), "multiple of 8"),
+    (_workload(5124), "multiple of 8"),
+    (_workload(32768), "32768"),
+])
+def test_supports_turns_down_with_a_reason(workload, words):
+    verdict = registry.get("boundary", "cute").supports(workload)
+    assert isinstance(verdict, str) and words in verdict
+
+
+# ---- on the GPU ----------------------------------------------------------------------------------
+
+def _ulps(out, ref):
+    """Elementwise distance in units in the last place of a 16-bit float dtype."""
+    def ordered(x):
+        bits = x.contiguous().view(torch.int16).int()
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (ordered(out) - ordered(ref)).abs()
+
+
+def _same_rounding(out, ref, label):
+    """At most 1 ulp from the reference at the model dtype, and rarely that: the FP32 sums run in another
+    order (and may fuse multiply-adds), which moves a value across a rounding boundary now and then."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype and out.is_contiguous(), label
+    ulps = _ulps(out, ref)
+    assert ulps.max() <= 1, f"{label}: {int((ulps > 1).sum())} elements > 1 ulp from the reference"
+    off = int((ulps > 0).sum())
+    assert off <= max(1, 0.01 * ulps.numel()), f"{label}: {off} of {ulps.numel()} elements 1 ulp off"
+
+
+def _inputs(preset, n, *, last=False, seed=0):
+    from beam_model.config import BeamConfig
+
+    hidden, dev, dtype = BeamConfig.from_preset(preset).hidden_size, torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator().manual_seed(seed)
+    y = (3 * torch.randn(n, hidden, generator=gen)).to(dev, dtype)
+    h = torch.randn(n, hidden, generator=gen).to(dev, dtype)
+    w = {"post_norm": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dev, dtype),
+         "next_norm": None if last else (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dev, dtype),
+         "residual": torch.tensor(residual_coefficients(51), dtype=torch.float32, device=dev)}
+    return y, h, w
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
+def test_gpu_op_gate(preset):
+    v = _variant()
+    wls = [Workload(preset, batch=b) for b in (1, 8, 64, 2048)]
+    for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
+        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
+        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("last", [False, True], ids=["next-norm", "last-site"])
+@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
+@pytest.mark.parametrize("n", [1, 8, 64, 2048])
+def test_gpu_rounding(n, preset, last):
+    """Both outputs rounded where the reference rounds them: h_new once, x_next from h_new as stored."""
+    v, ref = _variant(), registry.reference("boundary")
+    y, h, w = _inputs(preset, n, last=last, seed=n)
+    y0, h0 = y.clone(), h.clone()
+    h_ref, x_ref = ref.fn(y, h, w, eps=1e-6)
+    for label, fn in _callables(v):
+        h_new, x_next = fn(y, h, w, eps=1e-6)
+        _same_rounding(h_new, h_ref, f"h_new {label}")
+        if last:
+            assert x_next is None
+        else:
+            _same_rounding(x_next, x_ref, f"x_next {label}")
+    assert torch.equal(y, y0) and torch.equal(h, h0), "boundary must not modify its inputs"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
+def test_gpu_cuda_graph_replay(preset):
+    """Captured once, replayed on new values written into the captured inputs: no host sync, no stale
+    result, and the launch goes to torch's current stream (torch.cuda.graph captures on a side stream)."""
+    v, ref = _variant(), registry.reference("boundary")
+    y, h, w = _inputs(preset, 8, seed=1)
+    for label, fn in _callables(v):
+        fn(y, h, w, eps=1e-6)  # compile and load outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            h_new, x_next = fn(y, h, w, eps=1e-6)
+        for seed in (2, 3):
+            y2, h2, _ = _inputs(preset, 8, seed=seed)
+            y.copy_(y2)
+            h.copy_(h2)
+            graph.replay()
+            torch.cuda.synchronize()
+            h_ref, x_ref = ref.fn(y, h, w, eps=1e-6)
+            _same_rounding(h_new, h_ref, f"graph h_new {label} seed{seed}")
+            _same_rounding(x_next, x_ref, f"graph x_next {label} seed{seed}")

@@ -180,7 +180,7 @@ def test_a_torch_compile_entry_pins_the_code_it_compiles():
 def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
     from beam_model import BeamForCausalLM
     from workbench.registry import get
-    from workbench.search import Search
+    from workbench.search import PointResult, Search
     from workbench.targets import StepRunner, for_device, get_target
 
     model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
@@ -193,3 +193,62 @@ def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
     assert only._unavailable(get("qkvg_proj", "torch_compile"), workloads) is None
     assert every._unavailable(get("qkvg_proj", "packed"), workloads) is None
     assert only._fingerprint("qkvg_proj") != every._fingerprint("qkvg_proj")  # no reuse across filters
+    again = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch_compile",))
+    saved = PointResult("qkvg_proj", "torch_compile", None, 10.0, 8.0, 0.02, [])
+    only._save("qkvg_proj", saved)  # a filtered run resumes from its own cache (JSON lists vs tuples)
+    assert again._load("qkvg_proj") == saved and every._load("qkvg_proj") is None
+
+
+class _ProcessDied(BaseException):
+    """Stands in for the end of a process: escapes the gates' `except Exception`, as os._exit would."""
+
+
+def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
+    """The watchdog fires on a candidate that never returns; the candidate stays recorded as in flight,
+    so the resumed search skips it with the reason, searches the rest and clears the record."""
+    import threading
+
+    from beam_model import BeamForCausalLM
+    from workbench import registry
+    from workbench.search import Search
+    from workbench.targets import StepRunner, for_device, get_target
+
+    released, calls_made = threading.Event(), []
+
+    def hangs(*args, **kwargs):
+        calls_made.append(1)
+        released.wait(60)  # "hung" until the watchdog's stand-in releases it
+        raise _ProcessDied
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    calls = {"boundary": {"sliding": 2, "full": 2}}
+    stalls = []
+
+    def on_stall(candidate):
+        stalls.append(candidate)
+        released.set()
+
+    table = registry.variants("boundary")
+    table["planted_hang"] = registry.Variant("boundary", "planted_hang", "torch", hangs)
+    try:
+        first = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",), candidate_timeout=0.5,
+                       on_stall=on_stall)
+        with pytest.raises(_ProcessDied):
+            first.search_point("boundary")
+        assert [(c["variant"], c["timeout_s"]) for c in stalls] == [("planted_hang", 0.5)]
+        inflight = tmp_path / "search" / "boundary.inflight"
+        assert [c["variant"] for c in json.loads(inflight.read_text())["candidates"]] == ["planted_hang"]
+        assert not (tmp_path / "search" / "boundary.json").exists()
+
+        n = len(calls_made)
+        resumed = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",))
+        result = resumed.search_point("boundary")
+        assert len(calls_made) == n  # never called again
+        row = next(c for c in result.candidates if c.variant == "planted_hang")
+        assert "did not finish in an earlier run" in row.skipped and "boundary.inflight" in row.skipped
+        assert result.choice == "torch" and not inflight.exists()
+        assert (tmp_path / "search" / "boundary.json").exists()
+    finally:
+        del table["planted_hang"]
+        released.set()

@@ -39,6 +39,7 @@ class OptimizeOptions:
     trust: bool = False
     budget_s: float | None = None  # stop before a new point's search once spent; the run resumes
     backends: tuple[str, ...] | None = None  # search only these backends' candidates (None: all)
+    candidate_timeout: float | None = 900.0  # end the run when one candidate takes longer (resume skips it)
     command: str = ""
     agent: object | None = None    # workbench.agent.loop.AgentOptions: agent rounds after the search
 
@@ -78,7 +79,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
 
     calls = {p.point: p.calls_by_kind for p in profile.points}
     search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event, trust=opts.trust,
-                    backends=opts.backends)
+                    backends=opts.backends, candidate_timeout=opts.candidate_timeout)
     order = [p for p in rank_points(profile) if p in opts.points]
     # The live Search rides on this event so a UI can skip points and pause (`search.skip`, `search.resume`).
     on_event({"type": "stage", "stage": "search", "order": order, "search": search})

@@ -5,7 +5,11 @@ every available variant (and each of its tuning configs) passes the op gate firs
 at the shapes the target calls it with, weighted by how often one step calls it; it replaces the
 incumbent only if faster beyond the noise band (the incumbent timed twice). Per-point results are
 cached as JSON under the run folder, keyed by the variants' source hashes, so a stopped run resumes
-where it was. Then the chosen set is timed end to end (the target's graph-replayed step) and must
+where it was. A candidate that hangs or kills the process (a JIT build that never ends, a kernel that
+faults) costs one run, not the search: the candidate in flight is recorded in
+`search/<point>.inflight` before it runs and cleared after; a resumed run skips, with the
+reason, every candidate recorded there, and a watchdog ends the process (exit code EXIT_STALLED)
+when one candidate runs past `candidate_timeout` seconds. Then the chosen set is timed end to end (the target's graph-replayed step) and must
 pass the model gate; a choice whose reversal does not slow the step beyond the noise band is
 dropped. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
 lock or the report (`workbench.optimize` does) and never edits variants.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -24,6 +29,7 @@ from workbench.lock import source_hash
 from workbench.registry import REFERENCE, variants
 
 MIN_BAND = 0.02  # never trust a speed-up smaller than 2%, however quiet the machine looked
+EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
 
 
 @dataclass
@@ -62,9 +68,12 @@ class PointResult:
 class Search:
     def __init__(self, runner, *, calls: dict[str, dict[str, int]], out_dir: str, seeds=(0, 1),
                  on_event: Callable[[dict], None] | None = None, trust: bool = False,
-                 backends: tuple[str, ...] | None = None):
+                 backends: tuple[str, ...] | None = None, candidate_timeout: float | None = None,
+                 on_stall: Callable[[dict], None] | None = None):
         """`calls[point][kind]`: how often one step calls the point in "sliding"/"full" layers;
-        `backends`: try only candidates of these backends (None: all)."""
+        `backends`: try only candidates of these backends (None: all); `candidate_timeout`: seconds
+        one candidate's gate + timing may take before `on_stall(candidate)` (default: say so and
+        end the process, since a thread stuck in a kernel or a compiler cannot be interrupted)."""
         self.runner, self.calls, self.out_dir, self.seeds = runner, calls, out_dir, seeds
         self.backends = tuple(sorted(backends)) if backends else None
         self.model = runner.model
@@ -76,6 +85,8 @@ class Search:
         self.skip = set()             # points the user asked to skip (TUI)
         self.resume = threading.Event()
         self.resume.set()             # cleared = paused between candidates
+        self.candidate_timeout = candidate_timeout
+        self.on_stall = on_stall or _end_process
 
     # ---- per point ---------------------------------------------------------------------
     def workloads(self, point: str) -> dict[str, object]:
@@ -86,10 +97,11 @@ class Search:
         return os.path.join(self.out_dir, "search", f"{point}.json")
 
     def _fingerprint(self, point: str) -> dict:
-        return {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
+        """What a cached result depends on, as it reads back from JSON (a tuple would never equal its list)."""
+        return json.loads(json.dumps({"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
                 "device": str(self.device.type), "calls": self.calls[point],
                 "sources": {name: source_hash(point, name) for name in variants(point)},
-                **({"backends": self.backends} if self.backends else {})}  # absent: all (older caches stay valid)
+                **({"backends": self.backends} if self.backends else {})}))  # absent: all (older caches stay valid)
 
     def _step_time(self, variant, config, workloads) -> dict:
         """Median time one step spends in this point with this candidate, and the spread."""
@@ -128,8 +140,11 @@ class Search:
                 self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
                     break
-                result = CandidateResult(point, name, v.backend, config, False, skipped=why) if why else \
-                    self._try(v, config, workloads, ref_us)
+                skipped = why or (self._unfinished(point, name, config) and (
+                    f"did not finish in an earlier run of this search (the process hung, crashed or was stopped "
+                    f"in it); delete {self._inflight_file(point)} to try it again"))
+                result = CandidateResult(point, name, v.backend, config, False, skipped=skipped) if skipped else \
+                    self._watched(point, v, config, workloads, ref_us)
                 results.append(result)
                 self.on_event({"type": "candidate", "point": point, "result": asdict(result)})
                 if result.step_us is not None and result.step_us < best.step_us * (1 - band):
@@ -137,6 +152,8 @@ class Search:
         out = PointResult(point, best.variant, best.config, ref_us, best.step_us, band, results)
         if point not in self.skip:  # a skipped point was not searched: a resumed run searches it
             self._save(point, out)
+            if os.path.exists(self._inflight_file(point)):
+                os.remove(self._inflight_file(point))
         self.on_event({"type": "point_done", "point": point, "result": out.to_dict()})
         return out
 
@@ -145,6 +162,47 @@ class Search:
         if self.backends and v.backend not in self.backends:
             return f"backend {v.backend!r} left out (--backends {' '.join(self.backends)})"
         return next((r for r in (v.unsupported(w, self.device) for w in workloads.values()) if r), None)
+
+    # ---- candidates that never finish ----------------------------------------------------
+    def _inflight_file(self, point: str) -> str:
+        return os.path.join(self.out_dir, "search", f"{point}.inflight")  # JSON, not *.json: no point result
+
+    def _inflight(self, point: str) -> list[dict]:
+        """Candidates started and never finished by some process of this search (same fingerprint)."""
+        try:
+            with open(self._inflight_file(point)) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return []
+        return saved["candidates"] if saved.get("fingerprint") == self._fingerprint(point) else []
+
+    def _write_inflight(self, point: str, candidates: list[dict]) -> None:
+        path = self._inflight_file(point)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"fingerprint": self._fingerprint(point), "candidates": candidates}, f, indent=1)
+        os.replace(path + ".tmp", path)  # never a half-written file, whenever the process dies
+
+    def _unfinished(self, point: str, name: str, config) -> bool:
+        return any(c["variant"] == name and c["config"] == config for c in self._inflight(point))
+
+    def _watched(self, point, v, config, workloads, ref_us) -> CandidateResult:
+        """_try, with the candidate recorded as in flight meanwhile and a watchdog on its time."""
+        candidate = {"point": point, "variant": v.name, "config": config, "timeout_s": self.candidate_timeout}
+        earlier = self._inflight(point)
+        self._write_inflight(point, earlier + [candidate])
+        timer = None
+        if self.candidate_timeout:
+            timer = threading.Timer(self.candidate_timeout, self.on_stall, args=(candidate,))
+            timer.daemon = True
+            timer.start()
+        try:
+            result = self._try(v, config, workloads, ref_us)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._write_inflight(point, earlier)  # only once it returned: a dying process leaves it recorded
+        return result
 
     def _try(self, v, config, workloads, ref_us) -> CandidateResult:
         r = CandidateResult(v.point, v.name, v.backend, config, False)
@@ -223,3 +281,11 @@ class Search:
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "model_gate": gate.to_dict()}
+
+
+def _end_process(candidate: dict) -> None:
+    print(f"\nworkbench: {candidate['point']}:{candidate['variant']} {candidate['config'] or ''} ran past "
+          f"{candidate['timeout_s']:.0f} s (gate + timing); ending the process. The same command resumes the "
+          f"search and skips this candidate (recorded in search/{candidate['point']}.inflight).",
+          file=sys.stderr, flush=True)
+    os._exit(EXIT_STALLED)  # the stuck thread (a kernel, a compiler) cannot be interrupted from here

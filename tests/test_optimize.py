@@ -252,3 +252,15 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
     finally:
         del table["planted_hang"]
         released.set()
+
+
+def test_profile_refuses_a_lock_that_fails_verification(run, tmp_path, capsys):
+    from workbench.cli import main
+
+    out, _, _ = run
+    path = _tampered(out, tmp_path, lambda raw: raw["end_to_end"].update(locked_us=0.001))
+    args = ["profile", "--lock", path, "--device", "cpu", "--out", str(tmp_path / "prof")]
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "failed verification" in err and "digest" in err and "--force-lock" in err
+    assert not (tmp_path / "prof" / "profile.json").exists()

@@ -214,5 +214,5 @@ def load_for_serving(path: str, *, force: bool = False, device=None) -> Lock:
     result = verify(path, run_gates=False, device=device)
     if result.problems and not force:
         raise LockError(f"lock {path} failed verification: " + "; ".join(result.problems)
-                        + " (use --force to serve it anyway)")
+                        + " (use --force-lock to use it anyway)")
     return result.lock

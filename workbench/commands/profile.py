@@ -12,7 +12,9 @@ def add_arguments(p) -> None:
     p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     p.add_argument("--device", default=None)
-    p.add_argument("--lock", default=None, help="profile the build a lock file selects")
+    p.add_argument("--lock", default=None, help="profile the build a lock file selects (verified first)")
+    p.add_argument("--force-lock", action="store_true",
+                   help="profile a lock even if it fails verification (changed sources, another GPU)")
     p.add_argument("--out", default=None, help="folder for profile.json and profile.trace.json")
     p.add_argument("--from-trace", metavar="FILE",
                    help="only count a saved trace's kernels per layer and per point (.json or .json.gz; "
@@ -31,7 +33,7 @@ def run(args) -> int:
         return 0
     from beam_model import BeamForCausalLM
     from workbench import bench
-    from workbench.lock import Lock
+    from workbench.lock import load_for_serving
     from workbench.optimize import DTYPE_NAMES
     from workbench.profiler import profile_step
     from workbench.progress import profile_table
@@ -40,7 +42,8 @@ def run(args) -> int:
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
     dtype = resolve_dtype(args.dtype, device)
-    lock = Lock.load(args.lock)[0] if args.lock else None
+    # As `serve`: a lock whose sources changed would profile other code than it names.
+    lock = load_for_serving(args.lock, force=args.force_lock, device=device) if args.lock else None
     model = BeamForCausalLM.from_preset(preset, dtype=dtype, device=device)
     if lock:
         model.set_variants(lock.selection, lock.configs)

@@ -1,5 +1,6 @@
 """Hand-built paged attention cases shared by the attention variant tests (Triton, FlashInfer)."""
 
+import dataclasses
 import math
 
 import torch
@@ -68,3 +69,53 @@ def _assert_close(out, ref, label):
         ulps = _ulps(out, ref)
         assert ulps.max() <= 1, f"{label}: {int((ulps > 1).sum())} elements > 1 ulp from the reference"
         assert (ulps > 0).float().mean() <= 0.03, f"{label}: {int((ulps > 0).sum())} of {ulps.numel()} 1 ulp off"
+
+
+# Two TP8 decode steps (8 sequences, 6 query heads on 1 KV head, head_dim 128, 64-token pages) with
+# different lengths, for capturing a step and replaying it with the other's contents.
+REPLAY_CONTEXTS = ([4095, 30, 700, 2000, 1, 63, 64, 3000], [2100, 4000, 64, 5, 999, 1500, 0, 4096])
+
+
+def check_graph_replay(fn, window, *, poison: bool, before_replay=lambda meta: None, label=""):
+    """Capture `fn` on one decode step, refill the captured tensors (and the host lengths) with each
+    step in turn, call `before_replay(meta)`, replay: the output must follow the new contents.
+    poison: pages not held are -1 in the table and NaN in the cache (else page 0 and finite data)."""
+    from workbench import registry
+
+    dev, dtype, b, scale = torch.device("cuda"), torch.bfloat16, 8, 128 ** -0.5
+    steps = [_case(ctx, [1] * b, heads=6, kv_heads=1, hd=128, page=64, window=window, dtype=dtype, seed=i,
+                   device=dev, poison_window=False) for i, ctx in enumerate(REPLAY_CONTEXTS)]
+    n_pages = max(cache.shape[0] for _, cache, _ in steps)
+    width = max(meta.page_table.shape[1] for _, _, meta in steps)
+    q0, _, meta0 = steps[0]
+    qs = torch.empty_like(q0)
+    cs = torch.empty((n_pages, *steps[0][1].shape[1:]), dtype=dtype, device=dev)
+    live = dataclasses.replace(meta0, page_table=torch.empty((b, width), dtype=torch.int32, device=dev),
+                               seq_lens=meta0.seq_lens.clone(), positions=meta0.positions.clone(),
+                               seq_lens_host=list(meta0.seq_lens_host))
+
+    def load(i):
+        q, cache, meta = steps[i]
+        qs.copy_(q)
+        cs.fill_(NAN if poison else 0.0)
+        cs[:cache.shape[0]].copy_(cache if poison else cache.nan_to_num())
+        live.page_table.fill_(-1 if poison else 0)
+        live.page_table[:, :meta.page_table.shape[1]].copy_(meta.page_table if poison else meta.page_table.clamp(min=0))
+        live.seq_lens.copy_(meta.seq_lens)
+        live.positions.copy_(meta.positions)
+        live.seq_lens_host[:] = meta.seq_lens_host
+
+    load(0)
+    fn(qs, cs, live, window=window, scale=scale)  # compiles / plans outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(qs, cs, live, window=window, scale=scale)
+    for i in (1, 0):
+        load(i)
+        before_replay(live)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = registry.reference("attention").fn(qs, cs, live, window=window, scale=scale)
+        err = ((out.float() - want.float()).norm() / want.float().norm()).item()
+        assert torch.isfinite(out).all() and err <= 6e-3, (label, i, err)

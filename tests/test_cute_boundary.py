@@ -18,25 +18,13 @@ import pytest
 import torch
 
 from beam_model.functional import residual_coefficients
+from tests.variant_helpers import available, callables
 from workbench import gates, registry
 from workbench.points import Workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _variant():
-    v = registry.get("boundary", "cute")
-    ok, why = registry.backend_available(v.backend)
-    if not ok:
-        pytest.skip(why)
-    return v
-
-
-def _callables(v):
-    """The default callable and the callable at every tuning config."""
-    return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in v.configs]
 
 
 # ---- on the CPU ----------------------------------------------------------------------------------
@@ -121,7 +109,7 @@ def _inputs(preset, n, *, last=False, seed=0):
 @needs_cuda
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_op_gate(preset):
-    v = _variant()
+    v = available("boundary", "cute")
     wls = [Workload(preset, batch=b) for b in (1, 8, 64, 2048)]
     for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
         report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
@@ -135,11 +123,11 @@ def test_gpu_op_gate(preset):
 @pytest.mark.parametrize("n", [1, 8, 64, 2048])
 def test_gpu_rounding(n, preset, last):
     """Both outputs rounded where the reference rounds them: h_new once, x_next from h_new as stored."""
-    v, ref = _variant(), registry.reference("boundary")
+    v, ref = available("boundary", "cute"), registry.reference("boundary")
     y, h, w = _inputs(preset, n, last=last, seed=n)
     y0, h0 = y.clone(), h.clone()
     h_ref, x_ref = ref.fn(y, h, w, eps=1e-6)
-    for label, fn in _callables(v):
+    for label, fn in callables(v):
         h_new, x_next = fn(y, h, w, eps=1e-6)
         _same_rounding(h_new, h_ref, f"h_new {label}")
         if last:
@@ -155,9 +143,9 @@ def test_gpu_rounding(n, preset, last):
 def test_gpu_cuda_graph_replay(preset):
     """Captured once, replayed on new values written into the captured inputs: no host sync, no stale
     result, and the launch goes to torch's current stream (torch.cuda.graph captures on a side stream)."""
-    v, ref = _variant(), registry.reference("boundary")
+    v, ref = available("boundary", "cute"), registry.reference("boundary")
     y, h, w = _inputs(preset, 8, seed=1)
-    for label, fn in _callables(v):
+    for label, fn in callables(v):
         fn(y, h, w, eps=1e-6)  # compile and load outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

@@ -21,7 +21,8 @@ import torch
 from beam_model.config import BeamConfig
 from beam_model.kv_cache import StepMetadata
 from beam_model.model import BeamForCausalLM
-from tests.attention_cases import _assert_close, _case
+from tests.attention_cases import _assert_close, _case, check_graph_replay
+from tests.variant_helpers import callables
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -108,18 +109,13 @@ def fake_flashinfer(monkeypatch):
     sys.modules.pop(MODULE, None)
 
 
-def _fns():
-    v = registry.get("attention", "flashinfer")
-    return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in v.configs]
-
-
 @pytest.mark.parametrize("window", [None, 5, 12], ids=["full", "win5", "win12"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_page_lists(fake_flashinfer, window, dtype):
     q, cache, meta = _case([0, 7, 8, 40, 17], [1] * 5, heads=6, kv_heads=1, hd=16, page=8, window=window,
                            dtype=dtype, poison_window=False)
     want = registry.reference("attention").fn(q, cache, meta, window=window, scale=0.25)
-    for name, fn in _fns():
+    for name, fn in callables(registry.get("attention", "flashinfer")):
         _assert_close(fn(q, cache, meta, window=window, scale=0.25), want, f"decode {window} {name}")
 
 
@@ -128,7 +124,7 @@ def test_prefill_page_lists(fake_flashinfer, window):
     q, cache, meta = _case([0, 9, 30, 16], [5, 12, 3, 20], heads=4, kv_heads=2, hd=16, page=8, window=window,
                            dtype=torch.bfloat16, poison_window=False)
     want = registry.reference("attention").fn(q, cache, meta, window=window, scale=0.25)
-    for name, fn in _fns():
+    for name, fn in callables(registry.get("attention", "flashinfer")):
         _assert_close(fn(q, cache, meta, window=window, scale=0.25), want, f"prefill {window} {name}")
 
 
@@ -213,43 +209,7 @@ def test_gpu_op_gate_tp8():
 def test_gpu_decode_graph_replay_after_replan(window):
     """Capture a TP8 decode step, refill its tensors and host lengths with another step, replan,
     replay: the output must follow the new contents."""
-    dev, dtype, b, scale = torch.device("cuda"), torch.bfloat16, 8, 128 ** -0.5
-    steps = [_case(ctx, [1] * b, heads=6, kv_heads=1, hd=128, page=64, window=window, dtype=dtype, seed=i,
-                   device=dev, poison_window=False)
-             for i, ctx in enumerate(([4095, 30, 700, 2000, 1, 63, 64, 3000], [2100, 4000, 64, 5, 999, 1500, 0, 4096]))]
-    n_pages = max(cache.shape[0] for _, cache, _ in steps)
-    width = max(meta.page_table.shape[1] for _, _, meta in steps)
-    for cfg in registry.get("attention", "flashinfer").configs:
-        fn = registry.get("attention", "flashinfer").at(cfg)
-        q0, _, meta0 = steps[0]
-        qs = torch.empty_like(q0)
-        cs = torch.zeros((n_pages, *steps[0][1].shape[1:]), dtype=dtype, device=dev)
-        live = dataclasses.replace(meta0, page_table=torch.zeros((b, width), dtype=torch.int32, device=dev),
-                                   seq_lens=meta0.seq_lens.clone(), positions=meta0.positions.clone(),
-                                   seq_lens_host=list(meta0.seq_lens_host))
-
-        def load(i):
-            q, cache, meta = steps[i]
-            qs.copy_(q)
-            cs.zero_()
-            cs[:cache.shape[0]].copy_(cache.nan_to_num())
-            live.page_table.zero_()
-            live.page_table[:, :meta.page_table.shape[1]].copy_(meta.page_table.clamp(min=0))
-            live.seq_lens.copy_(meta.seq_lens)
-            live.positions.copy_(meta.positions)
-            live.seq_lens_host[:] = meta.seq_lens_host
-
-        load(0)
-        fn(qs, cs, live, window=window, scale=scale)  # plans outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(qs, cs, live, window=window, scale=scale)
-        for i in (1, 0):
-            load(i)
-            fn.replan(live)
-            graph.replay()
-            torch.cuda.synchronize()
-            want = registry.reference("attention").fn(qs, cs, live, window=window, scale=scale)
-            err = ((out.float() - want.float()).norm() / want.float().norm()).item()
-            assert err < 6e-3, (cfg, i, err)
+    v = registry.get("attention", "flashinfer")
+    for cfg in v.configs:
+        fn = v.at(cfg)
+        check_graph_replay(fn, window, poison=False, before_replay=fn.replan, label=str(cfg))

@@ -15,30 +15,18 @@ import dataclasses
 import pytest
 import torch
 
-from tests.attention_cases import NAN, _assert_close, _case
+from tests.attention_cases import _assert_close, _case, check_graph_replay
+from tests.variant_helpers import available, callables
 from workbench import gates, registry
 from workbench.points import Workload
 
 
-def _variant():
-    v = registry.get("attention", "triton")
-    ok, why = registry.backend_available(v.backend)
-    if not ok:
-        pytest.skip(why)
-    return v
-
-
-def _callables(v, extra=()):
-    """The default callable and the callable at every tuning config (plus `extra` configs)."""
-    return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in [*v.configs, *extra]]
-
-
 def _run_all(q, cache, meta, window, extra=(), label=""):
-    v, ref = _variant(), registry.reference("attention")
+    v, ref = available("attention", "triton"), registry.reference("attention")
     scale = q.shape[-1] ** -0.5
     want = ref.fn(q, cache, meta, window=window, scale=scale)
     q0, cache0, table0 = q.clone(), cache.clone(), meta.page_table.clone()
-    for name, fn in _callables(v, extra):
+    for name, fn in callables(v, extra):
         _assert_close(fn(q, cache, meta, window=window, scale=scale), want, f"{label} {name}")
     assert torch.equal(q, q0) and torch.equal(cache.isnan(), cache0.isnan()), "inputs modified"
     assert torch.equal(cache.nan_to_num(), cache0.nan_to_num()) and torch.equal(meta.page_table, table0)
@@ -78,7 +66,7 @@ def test_decode_ignores_host_copies_and_reads_lengths_on_the_device():
     q, cache, meta = _case([40, 9], [1, 1], heads=4, kv_heads=2, hd=16, page=8, window=12, dtype=torch.bfloat16)
     stale = dataclasses.replace(meta, seq_lens_host=[1, 1], query_start_host=[0, 1, 2])
     want = registry.reference("attention").fn(q, cache, meta, window=12, scale=0.25)
-    for name, fn in _callables(_variant(), SMALL):
+    for name, fn in callables(available("attention", "triton"), SMALL):
         _assert_close(fn(q, cache, stale, window=12, scale=0.25), want, name)
 
 
@@ -151,12 +139,12 @@ WORKLOADS = [w.with_(layer=k) for w in (Workload(batch=2, context=1000), Workloa
 
 
 def test_op_gate_default():
-    report = gates.op_gate(_variant(), WORKLOADS, seeds=(0,))
+    report = gates.op_gate(available("attention", "triton"), WORKLOADS, seeds=(0,))
     assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
 
 
 def test_op_gate_fp32():
-    report = gates.op_gate(_variant(), [w.with_(dtype="fp32") for w in WORKLOADS[::3]], seeds=(1,))
+    report = gates.op_gate(available("attention", "triton"), [w.with_(dtype="fp32") for w in WORKLOADS[::3]], seeds=(1,))
     assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
 
 
@@ -198,40 +186,5 @@ def test_gpu_op_gate_tp8_prefill(layer):
 def test_gpu_decode_graph_replay_with_new_lengths(window):
     """Capture a TP8 decode step, then write other lengths, positions, pages and K/V into the same
     tensors and replay: the output must follow the new contents (nothing read on the host at capture)."""
-    dev, dtype, b, scale = torch.device("cuda"), torch.bfloat16, 8, 128 ** -0.5
-    steps = [_case(ctx, [1] * b, heads=6, kv_heads=1, hd=128, page=64, window=window, dtype=dtype, seed=i,
-                   device=dev, poison_window=False)
-             for i, ctx in enumerate(([4095, 30, 700, 2000, 1, 63, 64, 3000], [2100, 4000, 64, 5, 999, 1500, 0, 4096]))]
-    n_pages = max(cache.shape[0] for _, cache, _ in steps)
-    width = max(meta.page_table.shape[1] for _, _, meta in steps)
-    ref = registry.reference("attention")
-    for name, fn in _callables(registry.get("attention", "triton")):
-        q0, _, meta0 = steps[0]
-        qs = torch.empty_like(q0)
-        cs = torch.full((n_pages, *steps[0][1].shape[1:]), NAN, dtype=dtype, device=dev)
-        live = dataclasses.replace(meta0, page_table=torch.full((b, width), -1, dtype=torch.int32, device=dev),
-                                   seq_lens=meta0.seq_lens.clone(), positions=meta0.positions.clone())
-
-        def load(i):
-            q, cache, meta = steps[i]
-            qs.copy_(q)
-            cs.fill_(NAN)
-            cs[:cache.shape[0]].copy_(cache)
-            live.page_table.fill_(-1)
-            live.page_table[:, :meta.page_table.shape[1]].copy_(meta.page_table)
-            live.seq_lens.copy_(meta.seq_lens)
-            live.positions.copy_(meta.positions)
-
-        load(0)
-        fn(qs, cs, live, window=window, scale=scale)  # compile outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(qs, cs, live, window=window, scale=scale)
-        for i in (1, 0):
-            load(i)
-            graph.replay()
-            torch.cuda.synchronize()
-            want = ref.fn(qs, cs, live, window=window, scale=scale)
-            err = ((out.float() - want.float()).norm() / want.float().norm()).item()
-            assert torch.isfinite(out).all() and err <= 6e-3, (name, i, err)
+    for name, fn in callables(registry.get("attention", "triton")):
+        check_graph_replay(fn, window, poison=True, label=name)

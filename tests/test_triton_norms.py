@@ -11,23 +11,11 @@ import pytest
 import torch
 
 from beam_model.functional import residual_coefficients
+from tests.variant_helpers import available, callables
 from workbench import registry
 from workbench.variants import attn_out as attn_out_module
 
 BIG_POSITION = 1_000_000  # RoPE angles this large are where FP32 angle math breaks
-
-
-def _variant(point, name="triton"):
-    v = registry.get(point, name)
-    ok, why = registry.backend_available(v.backend)
-    if not ok:
-        pytest.skip(why)
-    return v
-
-
-def _callables(v):
-    """The default callable and the callable at every tuning config."""
-    return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in v.configs]
 
 
 def _rel(out, ref):
@@ -61,7 +49,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("n,hidden,last", [(1, 64, False), (5, 48, False), (5, 64, True)])
 def test_boundary(n, hidden, last, dtype):
-    v, ref = _variant("boundary"), registry.reference("boundary")
+    v, ref = available("boundary", "triton"), registry.reference("boundary")
     gen = torch.Generator().manual_seed(n * hidden)
     y = (3 * torch.randn(n, hidden, generator=gen)).to(dtype)
     h = torch.randn(n, hidden, generator=gen).to(dtype)
@@ -70,7 +58,7 @@ def test_boundary(n, hidden, last, dtype):
          "residual": torch.tensor(residual_coefficients(7), dtype=torch.float32)}
     y0, h0 = y.clone(), h.clone()
     h_ref, x_ref = ref.fn(y, h, w, eps=1e-6)
-    for label, fn in _callables(v):
+    for label, fn in callables(v):
         h_new, x_next = fn(y, h, w, eps=1e-6)
         _check(h_new, h_ref, dtype, label=f"h_new {label}")
         if last:
@@ -99,7 +87,7 @@ def _qk_inputs(n, heads, kv_heads, hd, dtype, gen):
 @pytest.mark.parametrize("layer", ["sliding", "full"])
 @pytest.mark.parametrize("n,heads,kv_heads,hd", [(1, 4, 2, 16), (5, 3, 1, 8)])
 def test_qk_prep(n, heads, kv_heads, hd, layer, dtype):
-    v, ref = _variant("qk_prep"), registry.reference("qk_prep")
+    v, ref = available("qk_prep", "triton"), registry.reference("qk_prep")
     gen = torch.Generator().manual_seed(n + heads + hd)
     q, k, val, w, cache, slots, positions = _qk_inputs(n, heads, kv_heads, hd, dtype, gen)
     kw = dict(slot_mapping=slots, positions=positions, eps=1e-6,
@@ -108,7 +96,7 @@ def test_qk_prep(n, heads, kv_heads, hd, layer, dtype):
     cache_ref = cache.clone()
     q_ref = ref.fn(q, k, val, w, cache=cache_ref, **kw)
     written = ~cache_ref.isnan()
-    for label, fn in _callables(v):
+    for label, fn in callables(v):
         out_cache = cache.clone()
         q_out = fn(q, k, val, w, cache=out_cache, **kw)
         _check(q_out, q_ref, dtype, label=f"q_out {label}")
@@ -119,7 +107,7 @@ def test_qk_prep(n, heads, kv_heads, hd, layer, dtype):
 
 def test_qk_prep_rope_at_large_positions():
     """FP32 angles would be off by up to ~0.03 rad near 1M; the kernel must track the FP64 reference."""
-    v, ref = _variant("qk_prep"), registry.reference("qk_prep")
+    v, ref = available("qk_prep", "triton"), registry.reference("qk_prep")
     gen = torch.Generator().manual_seed(1)
     n, heads, hd = 4, 2, 32
     q, k, val, w, cache, slots, _ = _qk_inputs(n, heads, 1, hd, torch.float32, gen)
@@ -143,10 +131,10 @@ def _attn_inputs(n, heads, hd, hidden, dtype, gen):
 @pytest.mark.parametrize("name", ["triton", "triton_fused"])
 @pytest.mark.parametrize("n,heads,hd,hidden", [(1, 4, 16, 48), (5, 3, 8, 40), (20, 2, 8, 16)])
 def test_attn_out(n, heads, hd, hidden, name, dtype):
-    v, ref = _variant("attn_out", name), registry.reference("attn_out")
+    v, ref = available("attn_out", name), registry.reference("attn_out")
     o, g, w = _attn_inputs(n, heads, hd, hidden, dtype, torch.Generator().manual_seed(n * heads))
     y_ref = ref.fn(o, g, w)
-    for label, fn in _callables(v):
+    for label, fn in callables(v):
         y = fn(o, g, w)
         assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
         # The GEMM sums in another order than the reference's: FP32 rounding noise, BF16 output ulps.
@@ -156,7 +144,7 @@ def test_attn_out(n, heads, hd, hidden, name, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_attn_gate_rounding(dtype):
     """The gated activations (before o_proj) match the reference's single rounding."""
-    _variant("attn_out")
+    available("attn_out", "triton")
     n, heads, hd = 5, 3, 16
     o, g, w = _attn_inputs(n, heads, hd, 8, dtype, torch.Generator().manual_seed(3))
     gate = torch.sigmoid(g.float().view(n, heads, hd) + w["gate_bias"].float()[None, :, None])
@@ -196,7 +184,7 @@ def test_gpu_tp8_shapes(batch):
           "next_norm": (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dev, dtype),
           "residual": torch.tensor(residual_coefficients(51), dtype=torch.float32, device=dev)}
     h_ref, x_ref = registry.reference("boundary").fn(y, h, bw, eps=eps)
-    for label, fn in _callables(_variant("boundary")):
+    for label, fn in callables(available("boundary", "triton")):
         h_new, x_next = _graph_replay(lambda: fn(y, h, bw, eps=eps))
         _check(h_new, h_ref, dtype, label=f"boundary h_new {label}")
         _check(x_next, x_ref, dtype, label=f"boundary x_next {label}")
@@ -211,7 +199,7 @@ def test_gpu_tp8_shapes(batch):
                   ssmax=None if layer == "sliding" else (c.ssmax_base, c.ssmax_exponent))
         cache_ref = cache.clone()
         q_ref = registry.reference("qk_prep").fn(q, k, val, qw, cache=cache_ref, **kw)
-        for label, fn in _callables(_variant("qk_prep")):
+        for label, fn in callables(available("qk_prep", "triton")):
             out_cache = cache.clone()
             q_out = _graph_replay(lambda: fn(q, k, val, qw, cache=out_cache, **kw))
             _check(q_out, q_ref, dtype, label=f"qk_prep {layer} {label}")
@@ -224,5 +212,5 @@ def test_gpu_tp8_shapes(batch):
     aw = {key: t.to(dev) for key, t in aw.items()}
     y_ref = registry.reference("attn_out").fn(o, g, aw)
     for name in ("triton", "triton_fused"):
-        for label, fn in _callables(_variant("attn_out", name)):
+        for label, fn in callables(available("attn_out", name)):
             assert _rel(_graph_replay(lambda: fn(o, g, aw)), y_ref) <= 2 ** -8, f"attn_out:{name} {label}"

@@ -53,10 +53,12 @@ class _Wrapper:
     def _lists(self, indptr, indices, last):
         assert indptr.device.type == "cpu" and last.device.type == "cpu", "host lists expected"
         assert (indices >= 0).all(), f"page list holds a page not held: {indices.tolist()}"
-        self.indptr, self.indices, self.last = indptr.tolist(), indices.cpu(), last.tolist()
+        self.indptr, self.last = indptr.tolist(), last.tolist()
+        self._paged_kv_indices_buf = self.indices = indices  # kept, not copied, and read at run time
 
     def _keys(self, cache, b):
-        pages = self.indices[self.indptr[b]:self.indptr[b + 1]].long()
+        pages = self.indices.cpu()[self.indptr[b]:self.indptr[b + 1]].long()
+        assert (pages >= 0).all(), f"page list holds a page not held: {pages.tolist()}"
         kv_len = (len(pages) - 1) * cache.shape[2] + self.last[b]
         kv = cache[pages]  # [P, 2, ps, H, D]
         k = kv[:, 0].reshape(-1, *cache.shape[3:])[:kv_len]
@@ -156,6 +158,39 @@ def test_plans_once_per_metadata_and_again_on_replan(fake_flashinfer):
     model.replan(StepMetadata(groups={"full": meta}, positions=meta.positions, last_token_index=None,
                               num_tokens=2))
     assert len(plans) == 6
+
+
+def test_prefill_plans_per_layout_and_reads_the_pages_on_every_call(fake_flashinfer):
+    """Two steps with one layout but other pages (rotated copies in the bench; two prompts of the same
+    lengths in the server): one plan, and each call reads its own step's pages."""
+    plans = fake_flashinfer
+    fn = registry.get("attention", "flashinfer").fn
+    ref = registry.reference("attention").fn
+    args = dict(heads=4, kv_heads=2, hd=16, page=8, window=5, dtype=torch.bfloat16, poison_window=False)
+    steps = [_case([9, 30], [12, 3], seed=seed, **args) for seed in (0, 1)]
+    assert not torch.equal(steps[0][2].page_table, steps[1][2].page_table)
+    for _ in range(2):
+        for i, (q, cache, meta) in enumerate(steps):
+            _assert_close(fn(q, cache, meta, window=5, scale=0.25), ref(q, cache, meta, window=5, scale=0.25),
+                          f"step {i}")
+    assert len(plans) == 1
+    q, cache, meta = _case([9, 31], [12, 3], seed=2, **args)  # another layout: planned again
+    _assert_close(fn(q, cache, meta, window=5, scale=0.25), ref(q, cache, meta, window=5, scale=0.25), "new layout")
+    assert len(plans) == 2
+
+
+def test_prefill_replans_per_step_if_the_library_copies_the_indices(fake_flashinfer, monkeypatch):
+    plans = fake_flashinfer
+    monkeypatch.setattr(_Prefill, "_lists", lambda self, indptr, indices, last: _Wrapper._lists(
+        self, indptr, indices.clone(), last))  # a library that snapshots the indices at plan time
+    fn = registry.get("attention", "flashinfer").fn
+    ref = registry.reference("attention").fn
+    args = dict(heads=4, kv_heads=2, hd=16, page=8, window=None, dtype=torch.bfloat16, poison_window=False)
+    steps = [_case([9, 30], [12, 3], seed=seed, **args) for seed in (0, 1)]
+    for i, (q, cache, meta) in enumerate(steps):
+        _assert_close(fn(q, cache, meta, window=None, scale=0.25), ref(q, cache, meta, window=None, scale=0.25),
+                      f"step {i}")
+    assert len(plans) == 2
 
 
 def test_wrapper_dies_with_its_metadata(fake_flashinfer):

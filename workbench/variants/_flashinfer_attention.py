@@ -15,8 +15,9 @@ Planning (FlashInfer's host-side scheduling) happens outside CUDA graphs, as vLL
   fixed buffers. A runner that refills a captured step's metadata calls `replan(meta)` (through
   `Ops.replan`) before replaying, which re-plans from the metadata's device page table and its host
   lengths. A wrapper lives as long as its metadata object.
-- prefill (ragged chunks, never captured): one wrapper per window, re-planned when the metadata
-  object changes.
+- prefill (ragged chunks; the server runs them eagerly, the bench may capture them): one wrapper per
+  window, re-planned when the step's host layout changes; page ids are gathered on the device on
+  every call (see `_prefill_wrapper`).
 """
 
 import weakref
@@ -29,7 +30,7 @@ WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-K
 
 _workspace: dict[torch.device, torch.Tensor] = {}
 _decode: dict[int, dict] = {}     # id(meta) -> {window: wrapper}; dropped when the metadata dies
-_prefill: dict[tuple, list] = {}  # (device, window) -> [wrapper, weakref of the metadata it is planned for]
+_prefill: dict[tuple, dict] = {}  # (device, window) -> wrapper, the layout it is planned for, index buffer
 
 
 def _float_workspace(device) -> torch.Tensor:
@@ -40,8 +41,9 @@ def _float_workspace(device) -> torch.Tensor:
 
 
 def _page_lists(meta, window, first_query_pos):
-    """CSR page lists (host indptr, device indices, host last_page_len) from each sequence's first
-    visible page to its last held page. first_query_pos[b]: position of sequence b's first new token."""
+    """CSR page lists from each sequence's first visible page to its last held page: host indptr, the
+    device positions in `meta.page_table.reshape(-1)` of the listed entries, host last_page_len.
+    first_query_pos[b]: position of sequence b's first new token."""
     ps = meta.page_size
     lens = torch.tensor(meta.seq_lens_host, dtype=torch.int64)
     first = torch.tensor(first_query_pos, dtype=torch.int64)
@@ -56,15 +58,19 @@ def _page_lists(meta, window, first_query_pos):
     rows = torch.repeat_interleave(torch.arange(len(lens)), count)
     cols = first_page[rows] + torch.arange(int(indptr[-1])) - indptr[:-1].long()[rows]
     flat = (rows * meta.page_table.shape[1] + cols).to(meta.page_table.device, non_blocking=True)
-    indices = meta.page_table.reshape(-1)[flat]
     last_len = (lens - last_page * ps).to(torch.int32)
-    return indptr, indices, last_len
+    return indptr, flat, last_len
+
+
+def _gather(meta, flat, out=None):
+    """The listed page ids, read from the device page table (a device op: it can be captured)."""
+    return torch.index_select(meta.page_table.reshape(-1), 0, flat, out=out)
 
 
 def _plan_decode(wrapper, meta, window, spec):
     heads, q_dtype, kv_heads, head_dim, page_size, kv_dtype, scale = spec
-    indptr, indices, last_len = _page_lists(meta, window, [n - 1 for n in meta.seq_lens_host])
-    wrapper.plan(indptr, indices, last_len, heads, kv_heads, head_dim, page_size,
+    indptr, flat, last_len = _page_lists(meta, window, [n - 1 for n in meta.seq_lens_host])
+    wrapper.plan(indptr, _gather(meta, flat), last_len, heads, kv_heads, head_dim, page_size,
                  window_left=-1 if window is None else window - 1, q_data_type=q_dtype,
                  kv_data_type=kv_dtype, sm_scale=scale)
 
@@ -100,23 +106,38 @@ def replan(meta) -> None:
 
 
 def _prefill_wrapper(q, cache, meta, window, scale):
+    """The window's prefill wrapper, planned for this step's host layout. The plan depends on the
+    layout only (query and key counts, first visible pages); the page ids are gathered from the
+    device table into the planned index buffer on every call, so steps (or a bench's rotated copies)
+    with the same layout share one plan, and a captured call replays with whatever pages the table
+    holds then. Should FlashInfer copy the indices at plan time instead of keeping the buffer, each
+    new metadata object is planned again (not capturable then)."""
     key = (q.device, window)
     entry = _prefill.get(key)
     if entry is None:
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(_float_workspace(q.device), "NHD")
-        entry = _prefill[key] = [wrapper, None]
-    wrapper, planned = entry
-    if planned is None or planned() is not meta:
+        entry = _prefill[key] = dict(wrapper=flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            _float_workspace(q.device), "NHD"), layout=None)
+    layout = (tuple(meta.query_start_host), tuple(meta.seq_lens_host), meta.page_table.shape[1], q.shape[1],
+              q.dtype, tuple(cache.shape[2:]), cache.dtype, scale)
+    if entry["layout"] != layout or (not entry["live"] and entry["meta"]() is not meta):
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("attention:flashinfer prefill must be called once outside a CUDA graph "
+                               "capture with this step's layout (its plan runs on the host)")
         starts = meta.query_start_host
         counts = [starts[b + 1] - starts[b] for b in range(len(starts) - 1)]
         first = [n - c for n, c in zip(meta.seq_lens_host, counts)]
-        indptr, indices, last_len = _page_lists(meta, window, first)
+        indptr, flat, last_len = _page_lists(meta, window, first)
+        indices = _gather(meta, flat)
+        wrapper = entry["wrapper"]
         wrapper.plan(torch.tensor(starts, dtype=torch.int32), indptr, indices, last_len, q.shape[1],
                      cache.shape[3], cache.shape[4], cache.shape[2], causal=True,
                      window_left=-1 if window is None else window - 1, sm_scale=scale,
                      q_data_type=q.dtype, kv_data_type=cache.dtype)
-        entry[1] = weakref.ref(meta)
-    return wrapper
+        live = getattr(wrapper, "_paged_kv_indices_buf", None) is indices  # FlashInfer 0.7 keeps it
+        entry.update(layout=layout, flat=flat, indices=indices, live=live, meta=weakref.ref(meta))
+    elif entry["live"]:
+        _gather(meta, entry["flat"], out=entry["indices"])
+    return entry["wrapper"]
 
 
 def paged_attention(q, cache, meta, *, window, scale, tensor_cores=False):

@@ -52,3 +52,25 @@ def test_pools_sized_from_free_memory(model):
     assert eng.max_model_len == model.config.max_position_embeddings
     out = eng.generate(prompts([10, 50]), SamplingParams(max_tokens=8, temperature=0.0))
     assert all(1 <= len(o) <= 8 for o in out)
+
+
+@pytest.mark.parametrize("attention", ["triton", "flashinfer"])
+def test_graph_decode_equals_eager_with_attention_kernels(attention):
+    """The attention kernels in served graphs: Triton reads lengths on the device; FlashInfer's host
+    plan is redone before every replay (`model.replan`). Greedy tokens equal the eager engine's."""
+    from workbench import registry
+
+    ok, why = registry.backend_available(attention)
+    if not ok:
+        pytest.skip(why)
+    model = BeamForCausalLM.from_preset("beam-small", dtype=torch.bfloat16, device="cuda", seed=0,
+                                        variants={"attention": attention})
+    tok = ByteTokenizer()
+    ps = prompts([3, 70, 130, 17, 64, 700, 33])  # lengths across pages and past the window
+    eager = Engine(model, tok, num_pages=256, cuda_graphs=False).generate(ps, GREEDY)
+    graphed_engine = Engine(model, tok, num_pages=256, cuda_graphs=True, max_num_seqs=8)
+    calls = []
+    replay = graphed_engine.runner._replay
+    graphed_engine.runner._replay = lambda *a: calls.append(a[0]) or replay(*a)
+    graphed = graphed_engine.generate(ps, GREEDY)
+    assert calls and graphed == eager

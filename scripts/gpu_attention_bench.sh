@@ -3,7 +3,8 @@
 # variant side by side (reference, torch_compile, Triton, FlashInfer): decode at batch 1 and 8 over
 # 4K and 32K tokens of context (sliding and full layers), prefill of 2K and 8K tokens.
 # Each case is its own process under a time limit (a hang or a crash costs that case only).
-# Results: runs/bench-attention-tp8/<case>/{bench.json,report.md,stderr.log}, copied to $OUT if set.
+# Results: runs/bench-attention-tp8/<case>/{bench.json,report.md,console.txt,stderr.log}; with $OUT set,
+# also $OUT/bench-attention-tp8.tgz (one file: the device tool returns only a few files per command).
 # Usage (repository root on the GPU machine): bash scripts/gpu_attention_bench.sh [SECONDS_PER_CASE]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +29,4 @@ for c in "${cases[@]}"; do
     --max-seconds 1 --out "$dest/$name" > "$dest/$name/console.txt" 2> "$dest/$name/stderr.log"
   echo "[$(date +%T)] $name: exit $?"
 done
-[ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp -r "$dest" "$OUT/"
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && tar -C runs -czf "$OUT/bench-attention-tp8.tgz" bench-attention-tp8; fi

@@ -230,13 +230,15 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
         released.set()
 
     table = registry.variants("boundary")
-    table["planted_hang"] = registry.Variant("boundary", "planted_hang", "torch", hangs)
+    table["planted_hang"] = registry.Variant("boundary", "planted_hang", "torch", hangs,
+                                             configs=[{"unroll": 1}, {"unroll": 2}],
+                                             configure=lambda cfg: hangs)
     try:
         first = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",), candidate_timeout=0.5,
                        on_stall=on_stall)
         with pytest.raises(_ProcessDied):
             first.search_point("boundary")
-        assert [(c["variant"], c["timeout_s"]) for c in stalls] == [("planted_hang", 0.5)]
+        assert [(c["variant"], c["config"], c["timeout_s"]) for c in stalls] == [("planted_hang", {"unroll": 1}, 0.5)]
         inflight = tmp_path / "search" / "boundary.inflight"
         assert [c["variant"] for c in json.loads(inflight.read_text())["candidates"]] == ["planted_hang"]
         assert not (tmp_path / "search" / "boundary.json").exists()
@@ -245,8 +247,10 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
         resumed = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",))
         result = resumed.search_point("boundary")
         assert len(calls_made) == n  # never called again
-        row = next(c for c in result.candidates if c.variant == "planted_hang")
-        assert "did not finish in an earlier run" in row.skipped and "boundary.inflight" in row.skipped
+        rows = [c for c in result.candidates if c.variant == "planted_hang"]
+        assert [r.config for r in rows] == [{"unroll": 1}, {"unroll": 2}]  # neither config is tried
+        assert all("did not finish in an earlier run" in r.skipped and "boundary.inflight" in r.skipped
+                   and "{'unroll': 1}" in r.skipped for r in rows)
         assert result.choice == "torch" and not inflight.exists()
         assert (tmp_path / "search" / "boundary.json").exists()
     finally:

@@ -9,7 +9,8 @@ where it was. A candidate that hangs or kills the process (a JIT build that neve
 faults) costs one run, not the search: the candidate in flight is recorded in
 `search/<point>.inflight` before it runs and cleared after; a resumed run skips, with the
 reason, every candidate recorded there, and a watchdog ends the process (exit code EXIT_STALLED)
-when one candidate runs past `candidate_timeout` seconds. Then the chosen set is timed end to end (the target's graph-replayed step) and must
+when one candidate runs past `candidate_timeout` seconds. A variant with a candidate recorded there is
+skipped whole: its other tuning configs run the same code. Then the chosen set is timed end to end (the target's graph-replayed step) and must
 pass the model gate; a choice whose reversal does not slow the step beyond the noise band is
 dropped. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
 lock or the report (`workbench.optimize` does) and never edits variants.
@@ -140,9 +141,11 @@ class Search:
                 self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
                     break
-                skipped = why or (self._unfinished(point, name, config) and (
-                    f"did not finish in an earlier run of this search (the process hung, crashed or was stopped "
-                    f"in it); delete {self._inflight_file(point)} to try it again"))
+                stuck = None if why else self._unfinished(point, name)
+                skipped = why or (stuck is not None and (
+                    f"{name} {stuck['config'] or ''} did not finish in an earlier run of this search (the process "
+                    f"hung, crashed or was stopped in it), so none of its configs is tried; delete "
+                    f"{self._inflight_file(point)} to try again"))
                 result = CandidateResult(point, name, v.backend, config, False, skipped=skipped) if skipped else \
                     self._watched(point, v, config, workloads, ref_us)
                 results.append(result)
@@ -183,8 +186,10 @@ class Search:
             json.dump({"fingerprint": self._fingerprint(point), "candidates": candidates}, f, indent=1)
         os.replace(path + ".tmp", path)  # never a half-written file, whenever the process dies
 
-    def _unfinished(self, point: str, name: str, config) -> bool:
-        return any(c["variant"] == name and c["config"] == config for c in self._inflight(point))
+    def _unfinished(self, point: str, name: str) -> dict | None:
+        """The candidate of this variant that an earlier process never finished, if any: its other
+        configs run the same code (a JIT build, a kernel that hangs), so the variant is left out."""
+        return next((c for c in self._inflight(point) if c["variant"] == name), None)
 
     def _watched(self, point, v, config, workloads, ref_us) -> CandidateResult:
         """_try, with the candidate recorded as in flight meanwhile and a watchdog on its time."""

@@ -83,6 +83,21 @@ def test_time_call_measures_microseconds():
     assert t.reps == 5
 
 
+def test_first_call_is_reported_apart_from_the_run_time():
+    """A JIT build or compile on the first call shows in first_call_ms and never in the samples."""
+    made = []
+
+    def builds_once():
+        if not made:
+            made.append(1)
+            time.sleep(0.2)  # the "JIT build"
+
+    t = bench.time_call(builds_once, lambda i: Call(()), device="cpu", rotate_bytes=0, warmup=1, min_reps=5,
+                        max_reps=5, max_seconds=1)
+    assert t.first_call_ms >= 200 and t.median_us < 50_000
+    assert t.as_dict()["first_call_ms"] == t.first_call_ms
+
+
 def test_time_call_stops_at_target_spread_and_falls_back_from_graphs_on_cpu():
     t = bench.time_call(lambda: None, lambda i: Call(()), device="cpu", rotate_bytes=0, use_graph=True,
                         warmup=1, min_reps=10, max_reps=10_000, target_spread=math.inf, max_seconds=5)
@@ -204,6 +219,8 @@ def test_bench_point_rows(boundary_spec, monkeypatch):
         assert r["floor_us"] == pytest.approx(bench.floor_us(boundary_spec, workload, CEILINGS))
     torch_row, packed_row, broken_row, picky_row = rows
     assert torch_row["speedup_vs_reference"] == 1.0 and torch_row["error"] is None
+    assert torch_row["first_call_ms"] > 0  # apart from the run time, for every timed row
+    assert all(r.get("first_call_ms") is None for r in rows if r["error"])
     assert torch_row["p10_us"] <= torch_row["median_us"] <= torch_row["p90_us"]
     assert torch_row["pct_of_floor"] == pytest.approx(100 * torch_row["floor_us"] / torch_row["median_us"])
     assert packed_row["error"] is None and packed_row["speedup_vs_reference"] > 0

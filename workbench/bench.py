@@ -56,6 +56,9 @@ class Timing:
     l2_flush: bool = False         # copies alone could not exceed the cache: L2 flushed between reps
     fresh_copies: int = 0          # copies from make_call; the rest are clones of them
     recompiles: int = 0            # torch.compile graphs made while samples were taken: not a valid timing
+    # Wall time of the first call, synchronized: JIT builds, compiles, autotuning and lazy inits in this
+    # process (small when an earlier call or an on-disk cache already paid them). Never in median_us.
+    first_call_ms: float | None = None
     samples_us: list[float] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
@@ -245,6 +248,7 @@ def time_call(fn: Callable, make_call: Callable[[int], Call], *, device="cpu", w
                 calls.append(clone_call(calls[i % fresh]))
         flush = cuda and copies * touched < rotate_bytes
         timer = _Timer(device, rotate_bytes if flush else 0)
+        first_call_ms = _first_call_ms(fn, calls[0], device)
 
         graph_error = None
         step = lambda k: invoke(fn, calls[k])  # noqa: E731
@@ -284,7 +288,17 @@ def time_call(fn: Callable, make_call: Callable[[int], Call], *, device="cpu", w
                 break
             batch = len(samples)  # double the sample each round
     return Timing(med, p10, p90, spread, len(samples), copies, copy_bytes, touched, use_graph, graph_error,
-                  flush, fresh, _compiled_graphs() - compiled_before, samples)
+                  flush, fresh, _compiled_graphs() - compiled_before, first_call_ms, samples)
+
+
+def _first_call_ms(fn, call, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    invoke(fn, call)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 1e3 * (time.perf_counter() - started)
 
 
 def _compiled_graphs() -> int:
@@ -501,7 +515,8 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
             row["error"] = _describe(e)
             continue
         row.update(median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, spread=t.spread, reps=t.reps,
-                   copies=t.copies, graph=t.graph, graph_error=t.graph_error, l2_flush=t.l2_flush)
+                   copies=t.copies, graph=t.graph, graph_error=t.graph_error, l2_flush=t.l2_flush,
+                   first_call_ms=t.first_call_ms)
     ref_us = rows[0]["median_us"]
     for row in rows:
         row["floor_us"] = floor
@@ -569,7 +584,8 @@ def report_table(rows: list[dict]) -> str:
     cols = [("point", "point", None), ("variant", "variant", None), ("backend", "backend", None),
             ("shape", "shape", None), ("median us", "median_us", ".2f"), ("p10 us", "p10_us", ".2f"),
             ("p90 us", "p90_us", ".2f"), ("spread", "spread", ".1%"), ("floor us", "floor_us", ".2f"),
-            ("% of floor", "pct_of_floor", ".1f"), ("vs reference", "speedup_vs_reference", ".2f")]
+            ("% of floor", "pct_of_floor", ".1f"), ("first call ms", "first_call_ms", ".1f"),
+            ("vs reference", "speedup_vs_reference", ".2f")]
     lines = ["| " + " | ".join(c[0] for c in cols) + " | note |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         cells = ["" if r.get(k) is None else format(r[k], f) if f else str(r[k]) for _, k, f in cols]

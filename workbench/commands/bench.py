@@ -67,18 +67,19 @@ def _print_table(rows, title) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("variant", "backend", "median us", "spread", "% floor", "vs ref", "note"):
+    for col in ("variant", "backend", "median us", "spread", "% floor", "vs ref", "first call ms", "note"):
         left = col in ("variant", "backend", "note")
         table.add_column(col, justify="left" if left else "right", no_wrap=col != "note",
                          min_width=12 if col == "note" else None)
     for r in rows:
         if r["error"]:
-            table.add_row(r["variant"], r["backend"], "", "", "", "", f"[red]{r['error']}[/]")
+            table.add_row(r["variant"], r["backend"], "", "", "", "", "", f"[red]{r['error']}[/]")
             continue
         note = f"graph fallback: {r['graph_error']}" if r["graph_error"] else ("graph" if r["graph"] else "eager")
         table.add_row(r["variant"], r["backend"], f"{r['median_us']:.2f}", f"{r['spread']:.1%}",
                       f"{r['pct_of_floor']:.1f}" if r["pct_of_floor"] is not None else "",
-                      f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "", note)
+                      f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "",
+                      f"{r['first_call_ms']:.1f}" if r.get("first_call_ms") is not None else "", note)
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 140)  # logs and pipes: keep a row on one line

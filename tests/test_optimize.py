@@ -46,6 +46,7 @@ def test_run_writes_every_result_file(run):
     for e in events:
         if e["type"] == "candidate" and e["result"]["step_us"] is not None:
             assert e["result"]["gate_passed"]
+            assert e["result"]["seconds"] > 0  # its wall time, first-use builds included
 
 
 def test_lock_selects_the_variants_in_the_model(run):

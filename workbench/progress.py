@@ -32,14 +32,15 @@ class ConsoleProgress:
             c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
         elif kind == "candidate":
             r = e["result"]
+            took = f" ({r['seconds']:.1f} s)" if r.get("seconds") is not None else ""
             if r["skipped"]:
                 c.print(f"  {r['variant']:<16} skipped: {r['skipped']}")
             elif not r["gate_passed"]:
-                c.print(f"  {r['variant']:<16} [red]gate failed[/]: {r['failed_check']}")
+                c.print(f"  {r['variant']:<16} [red]gate failed[/]: {r['failed_check']}{took}")
             else:
                 cfg = f" {r['config']}" if r["config"] else ""
                 c.print(f"  {r['variant']:<16} {r['step_us']:10.1f} us/step  x{r['speedup']:.2f}  "
-                        f"spread {100 * r['spread']:.1f}%{cfg}")
+                        f"spread {100 * r['spread']:.1f}%{cfg}{took}")
         elif kind == "point_done":
             r = e["result"]
             c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step, "

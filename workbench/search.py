@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -46,6 +47,7 @@ class CandidateResult:
     speedup: float | None = None      # vs the reference, same run
     skipped: str | None = None        # why it was not tried here
     gate: dict = field(default_factory=dict)
+    seconds: float | None = None      # wall time of its gate + timing (first-use JIT builds included)
 
 
 @dataclass
@@ -201,8 +203,10 @@ class Search:
             timer = threading.Timer(self.candidate_timeout, self.on_stall, args=(candidate,))
             timer.daemon = True
             timer.start()
+        started = time.perf_counter()
         try:
             result = self._try(v, config, workloads, ref_us)
+            result.seconds = time.perf_counter() - started
         finally:
             if timer is not None:
                 timer.cancel()

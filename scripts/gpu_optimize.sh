@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `workbench optimize` on the GPU host across several device commands.
+# The device's copy of runs/ is replaced by the checkout's on every command, so the run folder lives
+# under /tmp/wb (kept while the host stays up), seeded once from runs/NAME when that exists (a partial
+# run committed earlier resumes there), and every command hands the folder back as $OUT/NAME.tgz.
+# Usage (repository root): bash scripts/gpu_optimize.sh NAME SECONDS [optimize args...]
+#   e.g. bash scripts/gpu_optimize.sh optimize-decode-b1-beam-501b-tp8 540 --target decode-b1 \
+#        --preset beam-501b-tp8 --dtype bf16 --budget 420 --candidate-timeout 120
+# SECONDS bounds the whole command (optimize stops between points at --budget; the same command resumes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+name=$1 limit=$2
+shift 2
+dir=/tmp/wb/$name
+mkdir -p /tmp/wb
+if [ ! -d "$dir" ] && [ -d "runs/$name" ]; then cp -r "runs/$name" "$dir"; fi
+mkdir -p "$dir/logs"
+log="$dir/logs/$(date +%H%M%S).log"
+timeout -k 10 "$limit" python3 -m workbench.cli optimize --out "$dir" "$@" > "$log" 2>&1
+echo "exit $?" >> "$log"
+tail -25 "$log"
+if [ -n "${OUT:-}" ]; then tar -C /tmp/wb -czf "$OUT/$name.tgz" "$name"; fi

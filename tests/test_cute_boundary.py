@@ -1,18 +1,12 @@
 """`boundary:cute`, the CuTe DSL variant of `boundary`, against the torch reference.
 
-On the CPU: the variant is registered whether or not cutlass is installed, `boundary.py` imports
-without it, and `supports` turns down what the kernel cannot do (16-byte vectors of a 16-bit dtype)
-with a reason. The `gpu` tests run the op gate at beam-tiny and beam-501b-tp8 shapes at every tuning
-config (each one a separately compiled kernel), check the last site (no next norm) and the rounding
-element by element, and replay the kernel in a CUDA graph with new inputs.
+(Registration, imports and `supports`: test_cute_variants.py.) The `gpu` tests run the op gate at
+beam-tiny and beam-501b-tp8 shapes at every tuning config (each one a separately compiled kernel),
+check the last site (no next norm) and the rounding element by element, and replay the kernel in a
+CUDA graph with new inputs.
 """
 
 import dataclasses
-import importlib.util
-import os
-import subprocess
-import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,54 +16,7 @@ from tests.variant_helpers import available, callables
 from workbench import gates, registry
 from workbench.points import Workload
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-# ---- on the CPU ----------------------------------------------------------------------------------
-
-def test_registered_with_its_configs():
-    v = registry.get("boundary", "cute")
-    assert v.backend == "cute" and v.configs
-    assert all(callable(v.at(cfg)) for cfg in v.configs)
-
-
-@pytest.mark.skipif(HAS_CUTLASS, reason="cutlass is installed here")
-def test_unavailable_without_cutlass():
-    v = registry.get("boundary", "cute")
-    why = v.unsupported(Workload("beam-tiny"))
-    assert why is not None and "cutlass" in why
-    with pytest.raises(RuntimeError, match="cutlass"):
-        registry.bind({"boundary": "cute"})
-
-
-def test_point_imports_without_the_kernel_module():
-    """The kernel module (and cutlass) is imported by the variant's first call, not by `boundary.py`."""
-    code = ("import sys, workbench.variants.boundary; "
-            "assert 'workbench.variants._cute_boundary' not in sys.modules and 'cutlass' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-
-
-def _workload(hidden, dtype="bf16"):
-    return SimpleNamespace(config=SimpleNamespace(hidden_size=hidden), dtype=dtype)
-
-
-@pytest.mark.parametrize("preset", ["beam-tiny", "beam-small", "beam-501b-tp8"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_supports_the_presets(preset, dtype):
-    assert registry.get("boundary", "cute").supports(Workload(preset, dtype=dtype)) is True
-
-
-@pytest.mark.parametrize("workload, words", [
-    (Workload("beam-tiny", dtype="fp32"), "fp32"),
-    (_workload(60), "multiple of 8"),
-    (_workload(5124), "multiple of 8"),
-    (_workload(32768), "32768"),
-])
-def test_supports_turns_down_with_a_reason(workload, words):
-    verdict = registry.get("boundary", "cute").supports(workload)
-    assert isinstance(verdict, str) and words in verdict
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------

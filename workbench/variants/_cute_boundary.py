@@ -23,7 +23,8 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import from_dlpack
 
-VEC = 8  # elements of a 16-bit dtype in one 16-byte access
+from workbench.variants._cute_common import VEC
+
 ALIGN = 16
 
 

@@ -135,7 +135,8 @@ def boundary_triton(y, h, w, *, eps, group=None):
 # ---- CuTe DSL: the same one-row-per-CTA kernel, with 16-byte accesses ------------------------------
 # The kernel (workbench/variants/_cute_boundary.py) imports cutlass, so it is imported by the variant's
 # first call; the variant is registered either way and the registry reports the backend as unavailable.
-_CUTE_VEC = 8  # values of a 16-bit dtype in one 16-byte access
+from workbench.variants._cute_common import vector_rows_supported  # noqa: E402
+
 _CUTE_MAX_HIDDEN = 16384  # the row stays in registers between the two norms
 # Threads per row; 20 warps give one vector per thread at hidden 5120 (beam-501b).
 _BOUNDARY_CUTE_CONFIGS = [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"num_warps": 20}]
@@ -152,13 +153,9 @@ def _boundary_cute_at(y, h, w, *, eps, group=None, num_warps=4):
 
 def _boundary_cute_supports(workload):
     hidden = workload.config.hidden_size
-    if workload.dtype not in ("bf16", "fp16"):
-        return f"dtype {workload.dtype} not handled (bf16, fp16: {_CUTE_VEC} values per 16-byte access)"
-    if hidden % _CUTE_VEC:
-        return f"hidden {hidden} is not a multiple of {_CUTE_VEC} (whole 16-byte vectors per row)"
     if hidden > _CUTE_MAX_HIDDEN:
         return f"hidden {hidden} > {_CUTE_MAX_HIDDEN}: a row must fit one CTA's registers"
-    return True
+    return vector_rows_supported(workload)
 
 
 @register("boundary", "cute", "cute", supports=_boundary_cute_supports, configs=_BOUNDARY_CUTE_CONFIGS,

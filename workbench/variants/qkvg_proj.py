@@ -110,7 +110,8 @@ def qkvg_triton(x, w, cfg=GEMV_CONFIGS[0]):
 
 # The kernel (workbench/variants/_cute_gemv.py) imports cutlass, so it is imported by the variant's
 # first call; the variant is registered either way and the registry reports the backend as unavailable.
-_CUTE_VEC = 8  # values of a 16-bit dtype in one 16-byte access
+from workbench.variants._cute_common import vector_rows_supported  # noqa: E402
+
 _CUTE_MAX_TOKENS = 16  # the per-lane FP32 sums (tokens x rows per warp) are registers
 # W rows per warp, warps per CTA, W vectors per lane per step. At TP8 (1792 x 5120) a lane has 20
 # vectors of each row; W loads in flight per lane = rows x unroll (twice that across the pipelined
@@ -123,15 +124,6 @@ CUTE_GEMV_CONFIGS = [
 ]
 
 
-def supports_cute(wl):
-    hidden = wl.config.hidden_size
-    if wl.dtype not in ("bf16", "fp16"):
-        return f"dtype {wl.dtype} not handled (bf16, fp16: {_CUTE_VEC} values per 16-byte access)"
-    if hidden % _CUTE_VEC:
-        return f"hidden {hidden} is not a multiple of {_CUTE_VEC} (whole 16-byte vectors per row)"
-    return True
-
-
 def _qkvg_cute_at(x, w, **cfg):
     """Decode rows (at most _CUTE_MAX_TOKENS) through the CuTe GEMV; a prompt's rows through one GEMM
     on the same packed weight (`packed`), so a decode-searched lock also serves prefill steps."""
@@ -142,7 +134,7 @@ def _qkvg_cute_at(x, w, **cfg):
     return _cute_gemv.linear(x, w["qkvg"], w["sizes"], **cfg)
 
 
-@register("qkvg_proj", "cute", "cute", prepare=pack_qkvg, supports=supports_cute, configs=CUTE_GEMV_CONFIGS,
+@register("qkvg_proj", "cute", "cute", prepare=pack_qkvg, supports=vector_rows_supported, configs=CUTE_GEMV_CONFIGS,
           configure=lambda cfg: functools.partial(_qkvg_cute_at, **cfg))
 def qkvg_cute(x, w):
     """The packed weight through the CuTe DSL GEMV; q, k, v, g written segment-major into one buffer,

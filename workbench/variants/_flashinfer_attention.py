@@ -13,7 +13,7 @@ Planning (FlashInfer's host-side scheduling) happens outside CUDA graphs, as vLL
 - decode: one CUDA-graph-mode wrapper per (metadata object, window), planned on the first call that
   sees that metadata (the warm-up call before a capture); the captured kernels read the wrapper's
   fixed buffers. A runner that refills a captured step's metadata calls `replan(meta)` (through
-  `Ops.replan`) before replaying, which re-plans from the metadata's device page table and its host
+  `BeamForCausalLM.replan`) before replaying, which re-plans from the metadata's device page table and its host
   lengths. A wrapper lives as long as its metadata object.
 - prefill (ragged chunks; the server runs them eagerly, the bench may capture them): one wrapper per
   window, re-planned when the step's host layout changes; page ids are gathered on the device on
@@ -29,7 +29,7 @@ import flashinfer
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
 
 _workspace: dict[torch.device, torch.Tensor] = {}
-_decode: dict[int, dict] = {}     # id(meta) -> {window: wrapper}; dropped when the metadata dies
+_decode: dict[int, dict] = {}     # id(meta) -> {(window, tensor_cores): (wrapper, plan spec)}; dies with meta
 _prefill: dict[tuple, dict] = {}  # (device, window) -> wrapper, the layout it is planned for, index buffer
 
 

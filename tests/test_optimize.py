@@ -269,3 +269,21 @@ def test_profile_refuses_a_lock_that_fails_verification(run, tmp_path, capsys):
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "failed verification" in err and "digest" in err and "--force-lock" in err
     assert not (tmp_path / "prof" / "profile.json").exists()
+
+
+def test_serve_names_the_shapes_a_lock_was_not_searched_at():
+    from types import SimpleNamespace
+
+    from workbench.commands.serve import lock_warnings
+
+    def lock(target, **selection):
+        return SimpleNamespace(target=target, selection=selection)
+
+    assert lock_warnings(lock("decode-b8", boundary="triton"), max_num_seqs=8) == []
+    (line,) = lock_warnings(lock("decode-b1"), max_num_seqs=32)
+    assert "decode-b1 (batch 1)" in line and "up to 32" in line
+    (line,) = lock_warnings(lock("prefill-8x2k"), max_num_seqs=4)
+    assert "prefill-8x2k" in line and "decode steps" in line
+    compiled, batch = lock_warnings(lock("decode-b1", attention="torch_compile"), max_num_seqs=8)
+    assert "torch_compile for attention" in compiled and "batch 1" in batch
+    assert "unknown target" in lock_warnings(lock("decode-b3"), max_num_seqs=1)[0]

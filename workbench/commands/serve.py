@@ -52,6 +52,27 @@ def check_lock_matches(lock, model, force: bool) -> None:
                          f"but this model has config {model.config.config_hash()}; use --force-lock to serve anyway")
 
 
+def lock_warnings(lock, max_num_seqs: int) -> list[str]:
+    """What a lock cannot promise for this server: shapes it was not searched at."""
+    out = []
+    compiled = sorted(p for p, v in lock.selection.items() if v == "torch_compile")
+    if compiled:  # compiled with static shapes: each new prompt layout compiles again (seconds each)
+        out.append(f"the lock selects torch_compile for {', '.join(compiled)}: prompt steps of new shapes "
+                   "recompile (decode steps replay CUDA graphs captured at start-up)")
+    from workbench.targets import get_target
+
+    try:
+        target = get_target(lock.target)
+    except KeyError:
+        return out + [f"the lock names an unknown target {lock.target!r}: its choices were timed at other shapes"]
+    if not target.decode:
+        out.append(f"the lock was searched at {target.name}: decode steps run its choices untimed")
+    elif max_num_seqs > target.batch:
+        out.append(f"the lock was searched at {target.name} (batch {target.batch}); decode batches up to "
+                   f"{max_num_seqs} run its choices untimed (a lock searched at a larger decode target fits them)")
+    return out
+
+
 def run(args) -> int:
     from beam_model.tokenizer import load_tokenizer
     from server.api.server import serve
@@ -74,10 +95,9 @@ def run(args) -> int:
                     max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=not args.no_prefix_caching,
                     cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else args.preset)
-    compiled = sorted(p for p, v in (lock.selection if lock else {}).items() if v == "torch_compile")
-    if compiled:  # compiled with static shapes: each new prompt layout compiles again (seconds each)
-        print(f"warning: the lock selects torch_compile for {', '.join(compiled)}: prompt steps of new shapes "
-              "recompile (decode steps replay CUDA graphs captured at start-up)", file=sys.stderr, flush=True)
+    if lock is not None:
+        for line in lock_warnings(lock, engine.max_num_seqs):
+            print(f"warning: {line}", file=sys.stderr, flush=True)
     print(f"serving {name} on http://{args.host}:{args.port} ({device}, {engine.num_pages} KV pages, "
           f"context {engine.max_model_len}, variants {model.ops.selection if lock else 'reference'})", flush=True)
     return serve(engine, tokenizer, host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,

@@ -7,13 +7,13 @@ incumbent only if faster beyond the noise band (the incumbent timed twice). Per-
 cached as JSON under the run folder, keyed by the variants' source hashes, so a stopped run resumes
 where it was. A candidate that hangs or kills the process (a JIT build that never ends, a kernel that
 faults) costs one run, not the search: the candidate in flight is recorded in
-`search/<point>.inflight` before it runs and cleared after; a resumed run skips, with the
-reason, every candidate recorded there, and a watchdog ends the process (exit code EXIT_STALLED)
-when one candidate runs past `candidate_timeout` seconds. A variant with a candidate recorded there is
-skipped whole: its other tuning configs run the same code. Then the chosen set is timed end to end (the target's graph-replayed step) and must
-pass the model gate; a choice whose reversal does not slow the step beyond the noise band is
-dropped. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
-lock or the report (`workbench.optimize` does) and never edits variants.
+`search/<point>.inflight` before it runs and cleared after, and a watchdog ends the process (exit code
+EXIT_STALLED) when one candidate runs past `candidate_timeout` seconds; a resumed run skips, with the
+reason, every variant with a candidate recorded there (its other tuning configs run the same code).
+Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
+gate; a choice whose reversal does not slow the step beyond the noise band is dropped. Progress goes
+to an `on_event` callback (CLI progress, TUI). This module never writes the lock or the report
+(`workbench.optimize` does) and never edits variants.
 """
 
 from __future__ import annotations
@@ -101,10 +101,11 @@ class Search:
 
     def _fingerprint(self, point: str) -> dict:
         """What a cached result depends on, as it reads back from JSON (a tuple would never equal its list)."""
-        return json.loads(json.dumps({"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
-                "device": str(self.device.type), "calls": self.calls[point],
-                "sources": {name: source_hash(point, name) for name in variants(point)},
-                **({"backends": self.backends} if self.backends else {})}))  # absent: all (older caches stay valid)
+        key = {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
+               "device": str(self.device.type), "calls": self.calls[point],
+               "sources": {name: source_hash(point, name) for name in variants(point)},
+               **({"backends": self.backends} if self.backends else {})}  # absent: all (older caches stay valid)
+        return json.loads(json.dumps(key))
 
     def _step_time(self, variant, config, workloads) -> dict:
         """Median time one step spends in this point with this candidate, and the spread."""
@@ -135,6 +136,8 @@ class Search:
         best = CandidateResult(point, REFERENCE, ref.backend, None, True, step_us=ref_us,
                                spread=first["spread"], speedup=1.0)
         results = [best]
+        fingerprint = self._fingerprint(point)
+        unfinished = self._inflight(point, fingerprint)  # candidates that earlier processes never finished
         for name, v in table.items():
             if name == REFERENCE:
                 continue
@@ -143,13 +146,13 @@ class Search:
                 self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
                     break
-                stuck = None if why else self._unfinished(point, name)
+                stuck = None if why else next((c for c in unfinished if c["variant"] == name), None)
                 skipped = why or (stuck is not None and (
                     f"{name} {stuck['config'] or ''} did not finish in an earlier run of this search (the process "
                     f"hung, crashed or was stopped in it), so none of its configs is tried; delete "
                     f"{self._inflight_file(point)} to try again"))
                 result = CandidateResult(point, name, v.backend, config, False, skipped=skipped) if skipped else \
-                    self._watched(point, v, config, workloads, ref_us)
+                    self._watched(v, config, workloads, ref_us, fingerprint, unfinished)
                 results.append(result)
                 self.on_event({"type": "candidate", "point": point, "result": asdict(result)})
                 if result.step_us is not None and result.step_us < best.step_us * (1 - band):
@@ -172,32 +175,27 @@ class Search:
     def _inflight_file(self, point: str) -> str:
         return os.path.join(self.out_dir, "search", f"{point}.inflight")  # JSON, not *.json: no point result
 
-    def _inflight(self, point: str) -> list[dict]:
+    def _inflight(self, point: str, fingerprint: dict) -> list[dict]:
         """Candidates started and never finished by some process of this search (same fingerprint)."""
         try:
             with open(self._inflight_file(point)) as f:
                 saved = json.load(f)
         except (OSError, ValueError):
             return []
-        return saved["candidates"] if saved.get("fingerprint") == self._fingerprint(point) else []
+        return saved["candidates"] if saved.get("fingerprint") == fingerprint else []
 
-    def _write_inflight(self, point: str, candidates: list[dict]) -> None:
+    def _write_inflight(self, point: str, fingerprint: dict, candidates: list[dict]) -> None:
         path = self._inflight_file(point)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as f:
-            json.dump({"fingerprint": self._fingerprint(point), "candidates": candidates}, f, indent=1)
+            json.dump({"fingerprint": fingerprint, "candidates": candidates}, f, indent=1)
         os.replace(path + ".tmp", path)  # never a half-written file, whenever the process dies
 
-    def _unfinished(self, point: str, name: str) -> dict | None:
-        """The candidate of this variant that an earlier process never finished, if any: its other
-        configs run the same code (a JIT build, a kernel that hangs), so the variant is left out."""
-        return next((c for c in self._inflight(point) if c["variant"] == name), None)
-
-    def _watched(self, point, v, config, workloads, ref_us) -> CandidateResult:
-        """_try, with the candidate recorded as in flight meanwhile and a watchdog on its time."""
-        candidate = {"point": point, "variant": v.name, "config": config, "timeout_s": self.candidate_timeout}
-        earlier = self._inflight(point)
-        self._write_inflight(point, earlier + [candidate])
+    def _watched(self, v, config, workloads, ref_us, fingerprint, unfinished) -> CandidateResult:
+        """_try, with the candidate recorded as in flight meanwhile (beside the `unfinished` ones of
+        earlier processes) and a watchdog on its time."""
+        candidate = {"point": v.point, "variant": v.name, "config": config, "timeout_s": self.candidate_timeout}
+        self._write_inflight(v.point, fingerprint, unfinished + [candidate])
         timer = None
         if self.candidate_timeout:
             timer = threading.Timer(self.candidate_timeout, self.on_stall, args=(candidate,))
@@ -210,7 +208,7 @@ class Search:
         finally:
             if timer is not None:
                 timer.cancel()
-        self._write_inflight(point, earlier)  # only once it returned: a dying process leaves it recorded
+        self._write_inflight(v.point, fingerprint, unfinished)  # only once it returned: a dying process leaves it
         return result
 
     def _try(self, v, config, workloads, ref_us) -> CandidateResult:
@@ -295,6 +293,6 @@ class Search:
 def _end_process(candidate: dict) -> None:
     print(f"\nworkbench: {candidate['point']}:{candidate['variant']} {candidate['config'] or ''} ran past "
           f"{candidate['timeout_s']:.0f} s (gate + timing); ending the process. The same command resumes the "
-          f"search and skips this candidate (recorded in search/{candidate['point']}.inflight).",
+          f"search and skips this variant (recorded in search/{candidate['point']}.inflight).",
           file=sys.stderr, flush=True)
     os._exit(EXIT_STALLED)  # the stuck thread (a kernel, a compiler) cannot be interrupted from here

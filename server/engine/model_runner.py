@@ -161,8 +161,9 @@ class ModelRunner:
             self._tables[g][:size].copy_(table, non_blocking=True)
             self._slots[g][:size].copy_(torch.tensor(slots), non_blocking=True)
         graph, out, meta = self.graphs[size]
+        lens = host["lens"].tolist()
         for g in GROUPS:  # host copies of the layout, for variants that plan on the host
-            meta.groups[g].seq_lens_host[:] = host["lens"].tolist()
+            meta.groups[g].seq_lens_host[:] = lens
         self.model.replan(meta)
         graph.replay()
         return out[:b]

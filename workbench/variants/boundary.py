@@ -21,11 +21,19 @@ from workbench.registry import register
 from workbench.variants._inputs import DTYPE_BYTES, Rand
 
 
+def _reduced(y, group):
+    """y summed across the tensor-parallel group (a copy: y itself is never written); y without one.
+    Every variant keeps this slot so a fused all-reduce can replace it later."""
+    if group is None:
+        return y
+    y = y.clone()
+    dist.all_reduce(y, group=group)
+    return y
+
+
 @register("boundary", "torch", "torch")
 def boundary(y, h, w, *, eps, group=None):
-    if group is not None:
-        y = y.clone()
-        dist.all_reduce(y, group=group)
+    y = _reduced(y, group)
     a, b = w["residual"][0], w["residual"][1]
     h_new = (a * h.float() + b * rms_norm(y, w["post_norm"], eps)).to(h.dtype)
     if w["next_norm"] is None:
@@ -99,9 +107,7 @@ _BOUNDARY_CONFIGS = [{"num_warps": 8}, {"num_warps": 16}, {"num_warps": 4}, {"nu
 
 
 def _boundary_triton_at(y, h, w, *, eps, group=None, num_warps=8):
-    if group is not None:  # the all-reduce slot, kept here so a fused all-reduce can replace it later
-        y = y.clone()
-        dist.all_reduce(y, group=group)
+    y = _reduced(y, group)
     y = y if y.stride(-1) == 1 else y.contiguous()
     h = h if h.stride(-1) == 1 else h.contiguous()
     n, hidden = h.shape
@@ -143,9 +149,7 @@ _BOUNDARY_CUTE_CONFIGS = [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16},
 
 
 def _boundary_cute_at(y, h, w, *, eps, group=None, num_warps=4):
-    if group is not None:  # the all-reduce slot, as in the Triton variant
-        y = y.clone()
-        dist.all_reduce(y, group=group)
+    y = _reduced(y, group)
     from workbench.variants import _cute_boundary
 
     return _cute_boundary.boundary(y, h, w["post_norm"], w["next_norm"], w["residual"], eps=eps, num_warps=num_warps)

@@ -54,7 +54,7 @@ class PointState:
     best_us: float                   # the incumbent's time per step
     reference_us: float
     floor_us: float | None
-    incumbent_file: str | None = None  # set once an agent's variant is the incumbent
+    incumbent_file: str | None = None  # a plugin incumbent's file (a --dir choice, an accepted variant)
 
     def gate_workloads(self) -> list:
         """Besides the target's shapes, a prefill chunk: the model gate runs prompts through it."""
@@ -254,8 +254,9 @@ def agent_rounds(search, results: dict, profile, opts: AgentOptions, *, out_dir:
     out = {}
     for point in ranked[:opts.points]:
         r = results[point]
+        # A search choice from a plugin directory is loaded in the judge's worker like an accepted one.
         state = PointState(point, search.workloads(point), search.calls[point], r.choice, r.config, r.choice_us,
-                           r.reference_us, floors.get(point))
+                           r.reference_us, floors.get(point), plugins.plugin_file(registry.get(point, r.choice)))
         out[point] = loop.run_point(state)
         for a in out[point]:
             if a["accepted"]:

@@ -18,6 +18,7 @@ import sys
 
 from workbench import registry
 
+MODULE_PREFIX = "workbench_plugins."  # plugin modules are imported under this package name
 ENV = "BEAM_WORKBENCH_PLUGINS"  # os.pathsep-separated plugin directories, added to every --dir
 
 
@@ -68,7 +69,7 @@ def load_file(path: str, *, static: bool = True) -> list[registry.Variant]:
             raise PluginError(f"{path} registers {point}:{name}, which {existing.source_file} already "
                               "registers: rename the variant")
     before = {p: set(registry.variants(p)) for p in {p for p, _ in names} or registry.POINTS}
-    module_name = f"workbench_plugins.m{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+    module_name = f"{MODULE_PREFIX}m{hashlib.sha256(path.encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -99,6 +100,12 @@ def unload(found: list[registry.Variant]) -> None:
 def load_dirs(dirs) -> list[registry.Variant]:
     """Every plugin module of every directory; the first failure raises."""
     return [v for d in plugin_dirs(dirs) for path in module_files(d) for v in load_file(path)]
+
+
+def plugin_file(variant: registry.Variant) -> str | None:
+    """The file a variant was loaded from when it came from outside the package (a process that
+    needs it, such as the judge's worker, must load that file), else None."""
+    return variant.source_file if getattr(variant.fn, "__module__", "").startswith(MODULE_PREFIX) else None
 
 
 def ensure_registered(point: str, name: str, source: str | None, root: str) -> None:

@@ -145,8 +145,21 @@ EXPECTED = {  # behaviour -> (stage, text in the reason or the failing check)
     "cuda_stream": ("static", "torch.cuda.Stream"), "threading": ("static", "threading"),
     "reads_file": ("static", "open"), "wrong": ("gate", "accuracy"), "stale": ("gate", "fresh_inputs"),
     "late_garbage": ("recheck", "timed calls"), "crash": ("worker", "SIGSEGV"), "hang": ("agent", "budget"),
-    "loops": ("worker", "timed out"), "faster": ("accepted", "faster than torch"),
+    "loops": ("worker", "timed out"), "faster": ("accepted", "faster than slow_incumbent"),
 }
+
+
+SLOW_INCUMBENT = scripted.HEADER + f"""
+
+def _once(y, h, w, eps):
+{scripted.REFERENCE_BODY}
+
+@register("boundary", "slow_incumbent", "torch")
+def slow_incumbent(y, h, w, *, eps, group=None):
+    for _ in range(9):
+        _once(y, h, w, eps)
+    return _once(y, h, w, eps)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -164,14 +177,18 @@ def agent_run(tmp_path_factory):
             ref = registry.reference(point)
             mp.setitem(registry.variants(point), "torch_compile", registry.Variant(
                 point, "torch_compile", "torch_compile", ref.fn, supports=lambda w: "not compiled in this test"))
-        # In this process only, the incumbent boundary does its work 20 times (same values): the
-        # accepted variant's end-to-end gain then stands far above a shared CPU's noise band, so the
-        # test can require that it is locked. The judge's worker times the real reference.
+        # The incumbent the agent must beat is a plugin variant doing the reference's math 10 times
+        # (same values), so the accepted variant's gain stands far above a shared CPU's noise band in
+        # the judge's worker too (it loads the incumbent's file), and the test can require that it is
+        # locked. The search picks it because, in this process only, the reference does its work 40 times.
+        incumbent = tmp_path_factory.mktemp("incumbent") / "slow_incumbent.py"
+        incumbent.write_text(SLOW_INCUMBENT)
+        plugins.load_file(str(incumbent))
         ref = registry.reference("boundary")
 
         @functools.wraps(ref.fn)  # the scaffold still inlines the real reference's source
         def slow_boundary(*args, **kwargs):
-            for _ in range(19):
+            for _ in range(39):
                 ref.fn(*args, **kwargs)
             return ref.fn(*args, **kwargs)
 
@@ -186,6 +203,7 @@ def agent_run(tmp_path_factory):
     yield out, report, events, attempts
     for a in attempts:
         registry.variants("boundary").pop(a["variant"], None)
+    registry.variants("boundary").pop("slow_incumbent", None)
 
 
 def test_every_attempt_is_recorded_with_its_verdict(agent_run):

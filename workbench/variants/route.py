@@ -305,7 +305,9 @@ ROUTE_CONFIGS = [
 
 def _route_prepare(w):
     """Load-time layout: FP32 weight and bias contiguous, plus the exact BF16x3 split of the weight
-    ([3, E, K], W == w1 + w2 + w3 in FP32) for the tensor-core regime. Costs 6 bytes per weight."""
+    ([3, E, K], W == w1 + w2 + w3 in FP32) for the tensor-core regime. Costs 6 bytes per weight.
+    Exact while w3 stays a normal number, |W| >= ~2^-110 (router weights are ~1e-2); below that
+    BF16's subnormals drop low bits of w3."""
     weight = w["weight"].float().contiguous()
     w1 = weight.bfloat16()
     r = weight - w1.float()  # exact (Sterbenz): w1 is W rounded to 8 bits

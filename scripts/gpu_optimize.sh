@@ -6,7 +6,8 @@
 # Usage (repository root): bash scripts/gpu_optimize.sh NAME SECONDS [optimize args...]
 #   e.g. bash scripts/gpu_optimize.sh optimize-decode-b1-beam-501b-tp8 540 --target decode-b1 \
 #        --preset beam-501b-tp8 --dtype bf16 --budget 420 --candidate-timeout 120
-# SECONDS bounds the whole command (optimize stops between points at --budget; the same command resumes).
+# SECONDS bounds the whole command (optimize stops between points at --budget; the same command resumes;
+# a run the watchdog ended, exit 5, is resumed within SECONDS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -16,8 +17,16 @@ dir=/tmp/wb/$name
 mkdir -p /tmp/wb
 if [ ! -d "$dir" ] && [ -d "runs/$name" ]; then cp -r "runs/$name" "$dir"; fi
 mkdir -p "$dir/logs"
-log="$dir/logs/$(date +%H%M%S).log"
-timeout -k 10 "$limit" python3 -m workbench.cli optimize --out "$dir" "$@" > "$log" 2>&1
-echo "exit $?" >> "$log"
-tail -25 "$log"
+# Exit code 5: the watchdog ended a stalled candidate; the search resumes at once, skipping it.
+deadline=$((SECONDS + limit))
+while :; do
+  left=$((deadline - SECONDS))
+  [ "$left" -gt 30 ] || break
+  log="$dir/logs/$(date +%H%M%S).log"
+  timeout -k 10 "$left" python3 -m workbench.cli optimize --out "$dir" "$@" > "$log" 2>&1
+  rc=$?
+  echo "exit $rc" >> "$log"
+  tail -25 "$log"
+  [ "$rc" -eq 5 ] || break
+done
 if [ -n "${OUT:-}" ]; then tar -C /tmp/wb -czf "$OUT/$name.tgz" "$name"; fi

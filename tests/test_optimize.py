@@ -180,7 +180,7 @@ def test_a_torch_compile_entry_pins_the_code_it_compiles():
 
 def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
     from beam_model import BeamForCausalLM
-    from workbench.registry import get
+    from workbench.registry import get, variants
     from workbench.search import PointResult, Search
     from workbench.targets import StepRunner, for_device, get_target
 
@@ -198,6 +198,9 @@ def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
     saved = PointResult("qkvg_proj", "torch_compile", None, 10.0, 8.0, 0.02, [])
     only._save("qkvg_proj", saved)  # a filtered run resumes from its own cache (JSON lists vs tuples)
     assert again._load("qkvg_proj") == saved and every._load("qkvg_proj") is None
+    backends = {v.backend for v in variants("qkvg_proj").values()}
+    untouched = Search(runner, calls=calls, out_dir=str(tmp_path), backends=tuple(backends | {"cute"}))
+    assert untouched._fingerprint("qkvg_proj") == every._fingerprint("qkvg_proj")  # filters nothing here
 
 
 class _ProcessDied(BaseException):

@@ -18,6 +18,7 @@ to an `on_event` callback (CLI progress, TUI). This module never writes the lock
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -101,10 +102,14 @@ class Search:
 
     def _fingerprint(self, point: str) -> dict:
         """What a cached result depends on, as it reads back from JSON (a tuple would never equal its list)."""
+        table = variants(point)
+        # A --backends filter keys only the points where it leaves a variant out: a point it does not
+        # touch reuses the result of an unfiltered run (and the other way round).
+        left_out = self.backends and any(v.backend not in self.backends for v in table.values())
         key = {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
                "device": str(self.device.type), "calls": self.calls[point],
-               "sources": {name: source_hash(point, name) for name in variants(point)},
-               **({"backends": self.backends} if self.backends else {})}  # absent: all (older caches stay valid)
+               "sources": {name: source_hash(point, name) for name in table},
+               **({"backends": self.backends} if left_out else {})}
         return json.loads(json.dumps(key))
 
     def _step_time(self, variant, config, workloads) -> dict:
@@ -295,4 +300,5 @@ def _end_process(candidate: dict) -> None:
           f"{candidate['timeout_s']:.0f} s (gate + timing); ending the process. The same command resumes the "
           f"search and skips this variant (recorded in search/{candidate['point']}.inflight).",
           file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # where it was stuck (the main thread's frames)
     os._exit(EXIT_STALLED)  # the stuck thread (a kernel, a compiler) cannot be interrupted from here

@@ -29,4 +29,5 @@ while :; do
   tail -25 "$log"
   [ "$rc" -eq 5 ] || break
 done
-if [ -n "${OUT:-}" ]; then tar -C /tmp/wb -czf "$OUT/$name.tgz" "$name"; fi
+# Traces stay on the host (a prefill-8x2k trace is ~0.5 GB, past what a command hands back).
+if [ -n "${OUT:-}" ]; then tar -C /tmp/wb --exclude='*.trace.json' -czf "$OUT/$name.tgz" "$name"; fi

@@ -47,6 +47,34 @@ def test_run_writes_every_result_file(run):
         if e["type"] == "candidate" and e["result"]["step_us"] is not None:
             assert e["result"]["gate_passed"]
             assert e["result"]["seconds"] > 0  # its wall time, first-use builds included
+    # which backend won each searched point, and by how much: each backend's fastest gated candidate
+    for p in saved["points"]:
+        bests = p["best_ms_by_backend"]
+        if p["point"] in POINTS_SEARCHED:
+            assert bests["torch"] <= p["reference_ms"] + 1e-12 and list(bests.values()) == sorted(bests.values())
+        else:
+            assert bests == {}
+
+
+def test_report_rerenders_from_the_run_folder(run, tmp_path):
+    import shutil
+
+    from workbench.optimize import rerender
+
+    out, _, _ = run
+    copy = str(tmp_path / "run")
+    shutil.copytree(out, copy)
+    with open(os.path.join(copy, "report.md")) as f:
+        written = f.read()
+    with open(os.path.join(copy, "report.json")) as f:
+        old = json.load(f)
+    for p in old["points"]:
+        p.pop("best_ms_by_backend")  # as a report written before that field existed
+    with open(os.path.join(copy, "report.json"), "w") as f:
+        json.dump(old, f)
+    assert rerender(copy)["points"] == run[1]["points"]
+    with open(os.path.join(copy, "report.md")) as f:
+        assert f.read() == written
 
 
 def test_lock_selects_the_variants_in_the_model(run):

@@ -33,6 +33,7 @@ import torch
 
 from workbench import registry
 from workbench.points import Call, Workload, leaves, map_leaves, spec
+from workbench.quarantine import quarantined
 
 ROW_FIELDS = ("point", "variant", "backend", "shape", "batch", "dtype", "median_us", "p10_us", "p90_us",
               "floor_us", "speedup_vs_reference")  # the design doc's bench.json schema; rows add more
@@ -484,6 +485,7 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
     table = registry.variants(point)
     names = list(dict.fromkeys([registry.REFERENCE, *(variant_names or table)]))
     variants = [registry.get(point, n) for n in names]  # an unknown name is the caller's mistake: raise
+    skipped = {} if variant_names else {n: quarantined(point, n, device) for n in names}  # named: tried
 
     touched = floor = None
     try:
@@ -506,8 +508,8 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         row = _row(point, v.name, v.backend, workload, device)
         rows.append(row)
         ok, why = availability(v, workload, device)
-        if not ok:
-            row["error"] = f"unavailable: {why}"
+        if not ok or skipped.get(v.name):
+            row["error"] = f"unavailable: {why}" if not ok else skipped[v.name]
             continue
         try:
             t = _timed_variant(v, base_call, device=device, touched_bytes=touched, **timing_kw)

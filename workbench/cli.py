@@ -17,6 +17,7 @@ COMMANDS = {
     "optimize": "workbench.commands.optimize",
     "profile": "workbench.commands.profile",
     "lock": "workbench.commands.lock",
+    "report": "workbench.commands.report",
     "bench": "workbench.commands.bench",
     "variants": "workbench.commands.variants",
     "variant": "workbench.commands.variant",

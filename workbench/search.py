@@ -29,6 +29,7 @@ from typing import Callable
 
 from workbench import bench, gates
 from workbench.lock import source_hash
+from workbench.quarantine import quarantined
 from workbench.registry import REFERENCE, variants
 
 MIN_BAND = 0.02  # never trust a speed-up smaller than 2%, however quiet the machine looked
@@ -103,13 +104,13 @@ class Search:
     def _fingerprint(self, point: str) -> dict:
         """What a cached result depends on, as it reads back from JSON (a tuple would never equal its list)."""
         table = variants(point)
-        # A --backends filter keys only the points where it leaves a variant out: a point it does not
-        # touch reuses the result of an unfiltered run (and the other way round).
-        left_out = self.backends and any(v.backend not in self.backends for v in table.values())
+        # What was not tried (--backends, quarantine) keys the result, whatever the reason: a point that
+        # leaves nothing out reuses an unfiltered run's result, and a lifted quarantine searches again.
+        left_out = sorted(name for name, v in table.items() if name != REFERENCE and self._left_out(v))
         key = {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
                "device": str(self.device.type), "calls": self.calls[point],
                "sources": {name: source_hash(point, name) for name in table},
-               **({"backends": self.backends} if left_out else {})}
+               **({"left_out": left_out} if left_out else {})}
         return json.loads(json.dumps(key))
 
     def _step_time(self, variant, config, workloads) -> dict:
@@ -170,11 +171,16 @@ class Search:
         self.on_event({"type": "point_done", "point": point, "result": out.to_dict()})
         return out
 
-    def _unavailable(self, v, workloads) -> str | None:
-        """Why a variant cannot run here at these shapes, or None."""
+    def _left_out(self, v) -> str | None:
+        """Why the search does not try a variant that may well run here: --backends, or quarantine."""
         if self.backends and v.backend not in self.backends:
             return f"backend {v.backend!r} left out (--backends {' '.join(self.backends)})"
-        return next((r for r in (v.unsupported(w, self.device) for w in workloads.values()) if r), None)
+        return quarantined(v.point, v.name, self.device)
+
+    def _unavailable(self, v, workloads) -> str | None:
+        """Why a variant is not tried at these shapes, or None."""
+        return self._left_out(v) or next((r for r in (v.unsupported(w, self.device) for w in workloads.values())
+                                          if r), None)
 
     # ---- candidates that never finish ----------------------------------------------------
     def _inflight_file(self, point: str) -> str:

@@ -3,7 +3,8 @@
 `workbench check` gates every variant of every point that can run here; `workbench check route`
 one point's; `workbench check route:triton` (or a bare variant name, on every point) one variant.
 A variant whose backend is missing, that needs CUDA on a CPU run, or whose `supports` declines a
-workload is listed as skipped with the reason, never silently passed. CI runs `--device cpu` on
+workload is listed as skipped with the reason, never silently passed; so is a variant quarantined on
+this device (workbench/quarantine.py) unless named as POINT:VARIANT. CI runs `--device cpu` on
 beam-tiny; a GPU run takes the real shapes, e.g. `--device cuda --preset beam-501b-tp8 --batch 1 8 64`.
 This command only reports: it never edits a lock file or the registry.
 """
@@ -86,15 +87,17 @@ def _capture(args, points):
 
 def gate_all(args) -> list[dict]:
     from workbench.gates import op_gate
+    from workbench.quarantine import quarantined
 
     chosen = [v for v in targets(args.target) if not args.backend or v.backend in args.backend]
     if not chosen:
         raise KeyError(f"no variant of {args.target or 'any point'} has backend {' or '.join(args.backend)}")
     captured = _capture(args, sorted({v.point for v in chosen}))
+    explicit = args.target is not None and ":" in args.target  # a named variant runs even if quarantined
     rows = []
     for v in chosen:
         row = {"point": v.point, "variant": v.name, "backend": v.backend}
-        why = v.unsupported(device=args.device)
+        why = v.unsupported(device=args.device) or (None if explicit else quarantined(v.point, v.name, args.device))
         if why:
             rows.append({**row, "status": "skip", "reason": why})
             continue

@@ -318,3 +318,22 @@ def test_serve_names_the_shapes_a_lock_was_not_searched_at():
     compiled, batch = lock_warnings(lock("decode-b1", attention="torch_compile"), max_num_seqs=8)
     assert "torch_compile for attention" in compiled and "batch 1" in batch
     assert "unknown target" in lock_warnings(lock("decode-b3"), max_num_seqs=1)[0]
+
+
+def test_torch_compile_build_leaves_out_a_point_whose_compile_stalled_in_the_search():
+    from workbench.optimize import report_markdown, uncompilable
+    from workbench.search import CandidateResult, PointResult
+
+    stalled = CandidateResult("experts", "torch_compile", "torch_compile", None, False,
+                              skipped="torch_compile did not finish in an earlier run of this search")
+    timed = CandidateResult("route", "torch_compile", "torch_compile", None, True, step_us=5.0)
+    results = {"experts": PointResult("experts", "torch", None, 9.0, 9.0, 0.02, [stalled]),
+               "route": PointResult("route", "torch_compile", None, 9.0, 5.0, 0.02, [timed])}
+    assert uncompilable(results) == {"experts": stalled.skipped}
+    line = "The torch.compile build keeps the reference at experts: " + stalled.skipped
+    report = {"target": "t", "preset": "p", "dtype": "bf16", "command": "c", "gpu": None, "environment": {},
+              "reference_ms": 2.0, "locked_ms": 1.0, "torch_compile_ms": 1.5, "speedup": 2.0,
+              "speedup_vs_torch_compile": 1.5, "floor_ms": 0.5, "fraction_of_floor": 0.5,
+              "kernels_per_layer": {"reference": {}, "locked": {}}, "points": [],
+              "torch_compile_left_out": uncompilable(results)}
+    assert line in report_markdown(report).splitlines()

@@ -15,8 +15,12 @@ from beam_model.functional import residual_coefficients
 from tests.variant_helpers import available, callables
 from workbench import gates, registry
 from workbench.points import Workload
+from workbench.quarantine import quarantined
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# A quarantined variant hangs or fails on GPUs: its GPU tests wait until the entry goes (try a fix with
+# `workbench check boundary:cute --device cuda`, which runs it regardless).
+_why = "needs a CUDA GPU" if not torch.cuda.is_available() else quarantined("boundary", "cute", "cuda")
+on_gpu = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
@@ -53,7 +57,7 @@ def _inputs(preset, n, *, last=False, seed=0):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@on_gpu
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_op_gate(preset):
     v = available("boundary", "cute")
@@ -64,7 +68,7 @@ def test_gpu_op_gate(preset):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@on_gpu
 @pytest.mark.parametrize("last", [False, True], ids=["next-norm", "last-site"])
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 @pytest.mark.parametrize("n", [1, 8, 64, 2048])
@@ -85,7 +89,7 @@ def test_gpu_rounding(n, preset, last):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@on_gpu
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_cuda_graph_replay(preset):
     """Captured once, replayed on new values written into the captured inputs: no host sync, no stale

@@ -15,14 +15,18 @@ import torch
 from tests.variant_helpers import available, callables
 from workbench import gates, registry
 from workbench.points import Workload, spec
+from workbench.quarantine import quarantined
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# A quarantined variant hangs or fails on GPUs: its GPU tests wait until the entry goes (try a fix with
+# `workbench check qkvg_proj:cute --device cuda`, which runs it regardless).
+_why = "needs a CUDA GPU" if not torch.cuda.is_available() else quarantined("qkvg_proj", "cute", "cuda")
+on_gpu = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@needs_cuda
+@on_gpu
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_op_gate(preset):
     v = available("qkvg_proj", "cute")
@@ -38,7 +42,7 @@ def _rel(a, b):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@on_gpu
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_cuda_graph_replay(preset):
     """Captured once, replayed on new values written into the captured input: no host sync, no stale

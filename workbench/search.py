@@ -1,7 +1,8 @@
 """The search loop: gate and time every candidate variant per fusion point, keep what really helps.
 
 Order: points ranked by what they could save (step time above their roofline floor). Per point,
-every available variant (and each of its tuning configs) passes the op gate first, then is timed
+every available variant that is not quarantined on this device (workbench/quarantine.py) and each of
+its tuning configs passes the op gate first, then is timed
 at the shapes the target calls it with, weighted by how often one step calls it; it replaces the
 incumbent only if faster beyond the noise band (the incumbent timed twice). Per-point results are
 cached as JSON under the run folder, keyed by the variants' source hashes, so a stopped run resumes

@@ -337,3 +337,38 @@ def test_torch_compile_build_leaves_out_a_point_whose_compile_stalled_in_the_sea
               "kernels_per_layer": {"reference": {}, "locked": {}}, "points": [],
               "torch_compile_left_out": uncompilable(results)}
     assert line in report_markdown(report).splitlines()
+
+
+def test_whole_step_compile_baseline_runs_the_step_through_torch_compile(monkeypatch):
+    """`--compile-baseline MODE`: the whole reference step through torch.compile (a user's baseline);
+    the compiler is swapped for Dynamo's eager backend here (the plumbing, not Inductor, is tested)."""
+    from beam_model import BeamForCausalLM
+    from workbench.targets import StepRunner, for_device, get_target
+
+    asked, real = [], torch.compile
+
+    def compile_eagerly(fn, *, mode=None, dynamic=None):
+        asked.append((mode, dynamic))
+        return real(fn, backend="eager", dynamic=dynamic)
+
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    eager = runner().clone()
+    runner.rebind({}, compile_mode="max-autotune-no-cudagraphs")
+    assert torch.equal(runner(), eager) and asked == [("max-autotune-no-cudagraphs", False)]
+    runner.rebind({})  # back to eager, op by op
+    assert torch.equal(runner(), eager) and len(asked) == 1
+
+
+def test_report_names_the_compile_baseline():
+    from workbench.optimize import report_markdown
+
+    report = {"target": "t", "preset": "p", "dtype": "bf16", "command": "c", "gpu": None, "environment": {},
+              "reference_ms": 2.0, "locked_ms": 1.0, "torch_compile_ms": 1.5, "speedup": 2.0,
+              "speedup_vs_torch_compile": 1.5, "floor_ms": 0.5, "fraction_of_floor": 0.5,
+              "kernels_per_layer": {"reference": {}, "locked": {}}, "points": []}
+    assert "| torch.compile (every point) | 1.500 | 1.50x |" in report_markdown(report)  # older reports
+    report["torch_compile_baseline"] = "max-autotune-no-cudagraphs"
+    assert "| torch.compile of the whole reference step (max-autotune-no-cudagraphs) | 1.500 |" \
+        in report_markdown(report)

@@ -269,8 +269,9 @@ class Search:
         return None
 
     # ---- end to end --------------------------------------------------------------------
-    def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None) -> dict:
-        self.runner.rebind(selection, configs)
+    def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
+                   compile_mode: str | None = None) -> dict:
+        self.runner.rebind(selection, configs, compile_mode=compile_mode)
         return bench.time_fn(self.runner, device=self.device)
 
     def finalize(self, results: dict[str, PointResult]) -> dict:

@@ -85,6 +85,7 @@ class StepRunner:
                              device=device), top_p=torch.ones(b, device=device))
         self.graph = None
         self.output = None
+        self._step = self._eager
         self._capture()
 
     def _eager(self) -> torch.Tensor:
@@ -100,20 +101,24 @@ class StepRunner:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up (lazy compiles, autotuning) outside the graph
-                self._eager()
+                self._step()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.output = self._eager()
+            self.output = self._step()
 
-    def rebind(self, selection: dict[str, str] | None, configs: dict[str, dict] | None = None) -> None:
+    def rebind(self, selection: dict[str, str] | None, configs: dict[str, dict] | None = None, *,
+               compile_mode: str | None = None) -> None:
+        """Bind the variants and capture the step again. `compile_mode`: run the whole step through
+        torch.compile in that mode (as a user would compile the model), else eagerly op by op."""
         self.model.set_variants(selection, configs)
-        self._capture()
+        self._step = torch.compile(self._eager, mode=compile_mode, dynamic=False) if compile_mode else self._eager
+        self._capture()  # on the GPU its warm-up compiles; eagerly the timing's warm-up calls do
 
     @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
         if self.graph is not None:
             self.graph.replay()
             return self.output
-        self.output = self._eager()
+        self.output = self._step()
         return self.output

@@ -27,6 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name -> (what it isolates, kernel, settings)
 CASES = {
+    "flashinfer-rmsnorm": ("FlashInfer's own CuTe DSL rmsnorm (its default norm backend): CuTe DSL on this "
+                           "host at all", "flashinfer", {}),
     "copy": ("the launch path alone: a 32-thread copy kernel via from_dlpack and torch's stream", "copy", {}),
     "boundary-w1": ("one warp: no shared memory, no barrier", "boundary", dict(hidden=64, warps=1)),
     "boundary-w4": ("four warps at beam-tiny: the config that hung", "boundary", dict(hidden=64, warps=4)),
@@ -58,6 +60,19 @@ def _copy_case():
     cute.compile(copy, from_dlpack(a), from_dlpack(b), stream)(from_dlpack(a), from_dlpack(b), stream)
     torch.cuda.synchronize()
     return torch.equal(a, b), "b != a"
+
+
+def _flashinfer_case():
+    import torch
+    from flashinfer.norm import rmsnorm
+
+    x = torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(5120, device="cuda", dtype=torch.bfloat16) + 0.5
+    got = rmsnorm(x, w, 1e-6)
+    torch.cuda.synchronize()
+    want = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float())
+    err = ((got.float() - want).norm() / want.norm()).item()
+    return err < 1e-2, f"relative error {err}"
 
 
 def _boundary_case(hidden, warps, last=False, rows=1):
@@ -98,7 +113,8 @@ def _gemv_case(rows):
 
 def run_case(name: str) -> int:
     _, kernel, settings = CASES[name]
-    ok, detail = {"copy": _copy_case, "boundary": _boundary_case, "gemv": _gemv_case}[kernel](**settings)
+    cases = {"flashinfer": _flashinfer_case, "copy": _copy_case, "boundary": _boundary_case, "gemv": _gemv_case}
+    ok, detail = cases[kernel](**settings)
     print("ok" if ok else f"wrong: {detail}", flush=True)
     return 0 if ok else 3
 

@@ -78,10 +78,20 @@ def parse_metrics(text: str) -> dict:
 
 
 def step_times(before: dict, after: dict) -> list[dict]:
-    """beam_engine_step_seconds between two scrapes: per (kind, batch) count, mean and p50 (bucket)."""
+    """beam_engine_step_seconds between two scrapes: per (kind, batch) count, mean and p50 (bucket),
+    with the mean of beam_engine_step_prepare_seconds (host time before the forward) beside it."""
+    rows = _histogram_rows(before, after, "beam_engine_step_seconds")
+    prepare = {(r["kind"], r["batch"]): r["mean_ms"] for r in _histogram_rows(before, after,
+                                                                              "beam_engine_step_prepare_seconds")}
+    for r in rows:
+        r["prepare_mean_ms"] = prepare.get((r["kind"], r["batch"]))
+    return rows
+
+
+def _histogram_rows(before: dict, after: dict, histogram: str) -> list[dict]:
     rows = {}
     for (name, labels), v in after.items():
-        if not name.startswith("beam_engine_step_seconds"):
+        if name not in (histogram + "_count", histogram + "_sum", histogram + "_bucket"):
             continue
         d = dict(labels)
         key = (d.get("kind"), d.get("batch"))
@@ -443,13 +453,15 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
               "## Server overhead: the model step inside the server", "",
               "`beam_engine_step_seconds` (server/api/metrics.py): the engine thread's `ModelRunner.run`, from "
               "its start until the sampled tokens are on the host, per level (difference of /metrics before and "
-              "after it). decode = every sequence feeds one token (a CUDA-graph replay where one is captured).", "",
-              "| users | kind | batch (rounded up) | steps | mean ms | p50 ms (bucket upper bound) |",
-              "|---:|---|---:|---:|---:|---:|"]
+              "after it). decode = every sequence feeds one token (a CUDA-graph replay where one is captured). "
+              "'host prepare' (beam_engine_step_prepare_seconds): the part of the step before the forward is "
+              "launched (inputs, page tables, attention plans), which the device never sees.", "",
+              "| users | kind | batch (rounded up) | steps | mean ms | p50 ms (bucket upper bound) | host prepare mean ms |",
+              "|---:|---|---:|---:|---:|---:|---:|"]
     for r in levels:
         for s in (r.get("server") or {}).get("step_times", []):
             lines.append(f"| {r['concurrency']} | {s['kind']} | {s['batch']} | {s['steps']} | {f(s['mean_ms'], '.3f')} | "
-                         f"{f(s['p50_ms_upper_bucket'], '.2f')} |")
+                         f"{f(s['p50_ms_upper_bucket'], '.2f')} | {f(s.get('prepare_mean_ms'), '.3f')} |")
     lines += ["", "Client TPOT minus the server's decode step at the level's batch size is what the rest of the "
               "server (scheduler, detokenizer, asyncio, HTTP/SSE) and the prompts' prefill steps add per token:", "",
               "| users | client TPOT p50 ms | server decode step ms (batch) | difference ms | server ITL mean ms |",

@@ -48,14 +48,16 @@ def test_step_metric_is_read_back_per_kind_and_rounded_batch():
     assert fake.engine.step_observer == m.observe_step
     before = serve_sweep.parse_metrics(m.render().decode())
     for seconds in (0.004, 0.004, 0.009):
-        fake.engine.step_observer("decode", 3, seconds)
-    fake.engine.step_observer("prefill", 1, 0.02)
-    fake.engine.step_observer("decode", 300, 0.05)
+        fake.engine.step_observer("decode", 3, seconds, 0.0003)
+    fake.engine.step_observer("prefill", 1, 0.02, 0.001)
+    fake.engine.step_observer("decode", 300, 0.05, 0.002)
     after = serve_sweep.parse_metrics(m.render().decode())
     rows = {(r["kind"], r["batch"]): r for r in serve_sweep.step_times(before, after)}
     assert set(rows) == {("decode", 4), ("prefill", 1), ("decode", 256)}
     assert rows["decode", 4]["steps"] == 3 and rows["decode", 4]["mean_ms"] == pytest.approx(17 / 3)
     assert rows["decode", 4]["p50_ms_upper_bucket"] == pytest.approx(4.0)
+    assert rows["decode", 4]["prepare_mean_ms"] == pytest.approx(0.3)
+    assert rows["prefill", 1]["prepare_mean_ms"] == pytest.approx(1.0)
 
 
 def test_engine_reports_each_model_step_to_its_observer():
@@ -63,14 +65,14 @@ def test_engine_reports_each_model_step_to_its_observer():
     model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
     engine = Engine(model, ByteTokenizer(), num_pages=32, max_num_batched_tokens=64)
     seen = []
-    engine.step_observer = lambda kind, n, seconds: seen.append((kind, n, seconds))
+    engine.step_observer = lambda kind, n, seconds, prepare: seen.append((kind, n, seconds, prepare))
     engine.generate([list(range(10, 15)), list(range(5, 105))], SamplingParams(max_tokens=4, temperature=0.0))
     kinds = [k for k, *_ in seen]
-    assert len(seen) == engine.num_steps and all(s > 0 for *_, s in seen)
+    assert len(seen) == engine.num_steps and all(0 < prepare < s for *_, s, prepare in seen)
     # 5 + 100 prompt tokens under a 64-token budget: both prompts start (prefill), the short one's
     # decode rides along the long one's second chunk (mixed), then both decode
     assert kinds[:2] == ["prefill", "mixed"] and kinds[-1] == "decode"
-    assert {n for k, n, _ in seen if k == "decode"} <= {1, 2}
+    assert {n for k, n, *_ in seen if k == "decode"} <= {1, 2}
 
 
 CLIENT = all(importlib.util.find_spec(m) for m in ("sglang", "transformers", "aiohttp", "requests"))

@@ -16,6 +16,8 @@ disable_created_metrics()  # the *_created series only add noise to every scrape
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025,
                 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+PREPARE_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+                   0.025, 0.1)
 # The `batch` label of beam_engine_step_seconds: sequences in the step, rounded up to one of these
 # (the CUDA-graph batch sizes), so the label has few values.
 STEP_BATCH_LABELS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -75,11 +77,17 @@ class Metrics:
             "feeds one token), prefill (prompt tokens only) or mixed; batch: sequences in the step, rounded "
             "up to 1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256",
             ["kind", "batch"], buckets=STEP_BUCKETS, registry=r)
+        self.step_prepare = Histogram(
+            "beam_engine_step_prepare_seconds",
+            "Host time of one model step before its forward is launched (inputs, page tables, attention "
+            "plans): the part of beam_engine_step_seconds the device never sees; same labels",
+            ["kind", "batch"], buckets=PREPARE_BUCKETS, registry=r)
         async_engine.engine.step_observer = self.observe_step  # called on the engine thread (thread-safe)
         r.register(_EngineCollector(async_engine))
 
-    def observe_step(self, kind: str, num_seqs: int, seconds: float) -> None:
+    def observe_step(self, kind: str, num_seqs: int, seconds: float, prepare: float) -> None:
         self.step.labels(kind, batch_label(num_seqs)).observe(seconds)
+        self.step_prepare.labels(kind, batch_label(num_seqs)).observe(prepare)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

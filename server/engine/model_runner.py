@@ -12,6 +12,7 @@ results (the one thing it sets is a seeded request's generator, on first use).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -39,6 +40,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # unseeded requests
         self.logits_hook = logits_hook  # test-only: see server/engine/testing.py
         self.graphs: dict[int, tuple] = {}
+        self.last_prepare_seconds = 0.0  # host time of the last run before its forward was launched
         if cuda_graphs and self.device.type == "cuda":
             top = min(max_num_seqs, MAX_GRAPH_BATCH)
             sizes = sorted({b for b in GRAPH_BATCH_SIZES if b < top} | {top})
@@ -49,15 +51,18 @@ class ModelRunner:
     def run(self, seqs: list, counts: list[int]) -> list[TokenLogprob | None]:
         """Feed `counts[i]` pending tokens of `seqs[i]`; returns the sampled token of each sequence
         that has now fed all its pending tokens (None for a sequence mid-prompt)."""
+        started = time.perf_counter()
         starts = [s.num_computed for s in seqs]
         ids = [t for s, c, n in zip(seqs, starts, counts) for t in s.token_ids[c:c + n]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
         graph = self._graph_for(pages) if all(n == 1 for n in counts) else None
         if graph is not None:
-            logits = self._replay(graph, ids, pages, starts)
+            logits = self._replay(graph, ids, pages, starts, started)
         else:
             step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
-            logits = self.model.step(torch.tensor(ids, device=self.device), self.cache, step)
+            ids = torch.tensor(ids, device=self.device)
+            self.last_prepare_seconds = time.perf_counter() - started
+            logits = self.model.step(ids, self.cache, step)
         rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
         results: list[TokenLogprob | None] = [None] * len(seqs)
         if rows:
@@ -143,7 +148,7 @@ class ModelRunner:
             return None
         return min(size for size in self.graphs if size >= b)
 
-    def _replay(self, size: int, ids: list[int], pages, starts: list[int]) -> torch.Tensor:
+    def _replay(self, size: int, ids: list[int], pages, starts: list[int], started: float) -> torch.Tensor:
         b, ps, pad = len(ids), self.page_size, size - len(ids)
         # Padded rows: token 0 at position 0 writing slot 0 of the reserved page 0, reading only it.
         host = {
@@ -165,5 +170,6 @@ class ModelRunner:
         for g in GROUPS:  # host copies of the layout, for variants that plan on the host
             meta.groups[g].seq_lens_host[:] = lens
         self.model.replan(meta)
+        self.last_prepare_seconds = time.perf_counter() - started
         graph.replay()
         return out[:b]

@@ -7,6 +7,7 @@ for the test's duration), written against the PointSpec interface.
 import json
 import math
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -319,3 +320,17 @@ def test_recompiles_while_sampling_are_counted():
     kw = dict(warmup=1, min_reps=4, max_reps=4, rotate_bytes=0)
     assert time_call(lambda x: shifting(x, next(n)), lambda i: Call((torch.ones(4),)), **kw).recompiles > 0
     assert time_call(stable, lambda i: Call((torch.ones(4),)), **kw).recompiles == 0
+
+
+def test_slow_whole_steps_get_fewer_warmups_and_samples(monkeypatch):
+    from workbench import bench
+
+    assert bench.reps_for(0.004) == {"warmup": 10, "min_reps": 50}  # a decode step: the defaults
+    assert bench.reps_for(0.04) == {"warmup": 10, "min_reps": 50}
+    assert bench.reps_for(0.3) == {"warmup": 2, "min_reps": 6}    # a prefill: ~2 s of samples
+    assert bench.reps_for(3.5) == {"warmup": 2, "min_reps": 5}    # never fewer than 5
+    seen = {}
+    monkeypatch.setattr(bench, "_first_call_ms", lambda fn, call, device: 500.0)
+    monkeypatch.setattr(bench, "time_call", lambda *a, **kw: seen.update(kw) or SimpleNamespace(as_dict=dict))
+    bench.time_fn(lambda: None)
+    assert seen["warmup"] == 2 and seen["min_reps"] == 5 and seen["use_graph"] is False

@@ -460,9 +460,23 @@ def time_variant(variant: registry.Variant, workload: Workload, *, device="cpu",
 
 
 def time_fn(fn: Callable[[], Any], *, device="cpu", **timing_kw) -> dict:
-    """A no-argument callable that brings its own data and graph (a whole target step): no rotation."""
-    timing_kw = {"use_graph": False, "rotate_bytes": 0, **timing_kw}
+    """A no-argument callable that brings its own data and graph (a whole target step): no rotation.
+    A slow step (a prefill of thousands of tokens takes 0.1-4 s) gets fewer warm-up calls and samples
+    (`reps_for`), so an end-to-end stage times its ~a dozen builds in minutes, not an hour."""
+    device = _device(device)
+    _first_call_ms(lambda: fn(), Call(()), device)  # compiles, lazy inits: not the step's time
+    seconds = _first_call_ms(lambda: fn(), Call(()), device) / 1e3
+    timing_kw = {"use_graph": False, "rotate_bytes": 0, **reps_for(seconds), **timing_kw}
     return time_call(lambda: fn(), lambda i: Call(()), device=device, **timing_kw).as_dict()
+
+
+def reps_for(seconds_per_call: float, budget_s: float = 2.0) -> dict:
+    """Warm-up calls and minimum samples for a callable that takes `seconds_per_call`: the defaults
+    (10, 50) while 50 samples fit in `budget_s`, else 2 warm-ups and as many samples as fit in the
+    budget, but at least 5 (a median of 5 whole steps; their spread is reported beside it)."""
+    if seconds_per_call * 50 <= budget_s:
+        return {"warmup": 10, "min_reps": 50}
+    return {"warmup": 2, "min_reps": max(5, int(budget_s / seconds_per_call))}
 
 
 def _row(point, variant, backend, workload, device) -> dict:

@@ -168,6 +168,31 @@ def test_spent_budget_stops_between_points_and_the_run_resumes(run, tmp_path):
     assert os.path.isfile(tmp_path / "resumed" / "lock.yaml")
 
 
+def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
+    """profile.json carries what it depends on; a resumed run with the same key profiles only the
+    locked build, another key (here the weights' seed) profiles the reference again."""
+    import shutil
+
+    from workbench import optimize as optmod
+    from workbench.optimize import _profile_key, _saved_profile
+
+    out, _, _ = run
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(out, resumed)
+    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
+    key = _profile_key(opts, "fp32")
+    assert _saved_profile(resumed, key).to_dict()["points"] == _saved_profile(out, key).to_dict()["points"]
+    assert _saved_profile(resumed, {**key, "seed": 1}) is None and _saved_profile(str(tmp_path), key) is None
+    real, calls = optmod.profile_step, []
+    monkeypatch.setattr(optmod, "profile_step", lambda *a, **kw: calls.append(kw.get("trace_path")) or real(*a, **kw))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    optimize(opts)
+    assert calls == [None]  # the locked build's profile only
+    optimize(OptimizeOptions(**{**opts.__dict__, "seed": 1}))
+    assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), None]
+
+
 def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):
     """The op gate sees the target's decode shapes only; a kernel with no prefill path passes it,
     then fails the model gate's ragged prefill: finalize drops that choice and keeps the others."""

@@ -18,8 +18,9 @@ import torch
 
 from beam_model import BeamForCausalLM
 from workbench import bench
-from workbench.lock import Lock
+from workbench.lock import Lock, source_hash
 from workbench.profiler import profile_step
+from workbench.profiler.attribution import Profile
 from workbench.registry import POINTS, REFERENCE, get
 from workbench.search import PointResult, Search
 from workbench.targets import StepRunner, for_device, get_target
@@ -46,6 +47,25 @@ class OptimizeOptions:
     # The torch.compile baseline: "points" (each point's torch_compile variant) or a torch.compile mode
     # for the whole reference step, e.g. "max-autotune-no-cudagraphs" (the step is graph-captured anyway)
     compile_baseline: str = "points"
+
+
+def _profile_key(opts: OptimizeOptions, dtype: str) -> dict:
+    """What the reference profile depends on: the step, the machine, the reference variants' code."""
+    return json.loads(json.dumps({
+        "target": opts.target, "preset": opts.preset, "dtype": dtype, "seed": opts.seed,
+        "device": str(opts.device), "gpu": torch.cuda.get_device_name(opts.device) if opts.device.type == "cuda" else None,
+        "reference": {p: source_hash(p, REFERENCE) for p in POINTS}}))
+
+
+def _saved_profile(out_dir: str, key: dict):
+    """The run folder's profile.json when it was made for `key` (so a resumed run skips profiling the
+    reference step again: a minute at prefill-8x2k), else None."""
+    try:
+        with open(os.path.join(out_dir, "profile.json")) as f:
+            saved = json.load(f)
+        return Profile.from_dict({k: v for k, v in saved.items() if k != "key"}) if saved.get("key") == key else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def rank_points(profile) -> list[str]:
@@ -76,9 +96,12 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         return target.workload(opts.preset, dtype, kind)
 
     on_event({"type": "stage", "stage": "profile"})
-    profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
-                           trace_path=os.path.join(opts.out_dir, "profile.trace.json"))
-    _write_json(os.path.join(opts.out_dir, "profile.json"), profile.to_dict())
+    key = _profile_key(opts, dtype)
+    profile = _saved_profile(opts.out_dir, key)  # a resumed run: the reference step is the same
+    if profile is None:
+        profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
+                               trace_path=os.path.join(opts.out_dir, "profile.trace.json"))
+        _write_json(os.path.join(opts.out_dir, "profile.json"), {**profile.to_dict(), "key": key})
     on_event({"type": "profile", "profile": profile})
 
     calls = {p.point: p.calls_by_kind for p in profile.points}

@@ -66,3 +66,12 @@ def test_bench_skips_it_unless_named(planted):
     assert "planted" in rows["packed"]["error"] and rows["torch"]["median_us"]
     named = {r["variant"]: r for r in bench_point("qkvg_proj", ["packed"], wl, **kw)}
     assert named["packed"].get("error") is None and named["packed"]["median_us"]
+
+
+def test_variants_list_shows_it_unavailable_with_the_evidence(planted):
+    from workbench.commands.variants import listing
+
+    rows = {r["name"]: r for p in listing("beam-tiny", torch.device("cpu")) if p["point"] == "qkvg_proj"
+            for r in p["variants"]}
+    assert not rows["packed"]["available"] and "planted" in rows["packed"]["reason"]
+    assert rows["torch"]["available"]

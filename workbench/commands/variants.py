@@ -1,7 +1,8 @@
 """List every fusion point's variants, their backend and whether they can run on this machine (and why not).
 
 Availability is the backend's library being importable, then the variant's own `supports`
-predicate at the given preset's decode shapes on the given device. Only reads the registry.
+predicate at the given preset's decode shapes on the given device; a variant quarantined on that
+device (workbench/quarantine.py) is listed as unavailable with the evidence. Only reads the registry.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def listing(preset: str, device) -> list[dict]:
     from workbench import registry
     from workbench.bench import availability
     from workbench.points import Workload, spec
+    from workbench.quarantine import quarantined
 
     out = []
     for point in registry.POINTS:
@@ -40,9 +42,10 @@ def listing(preset: str, device) -> list[dict]:
         for name, v in table.items():
             # attention and qk_prep differ by layer kind: a variant is available if it supports either
             results = [availability(v, Workload(preset=preset, layer=layer), device) for layer in ("sliding", "full")]
-            ok = any(r[0] for r in results)
+            held = quarantined(point, name, device)  # runs, but searches leave it out
+            ok = any(r[0] for r in results) and not held
             rows.append({"name": name, "backend": v.backend, "reference": name == registry.REFERENCE,
-                         "available": ok, "reason": "ok" if ok else results[0][1],
+                         "available": ok, "reason": "ok" if ok else held or results[0][1],
                          "weight_transform": v.prepare is not None, "configs": len(v.configs),
                          "source": _relative(v.source_file)})
         out.append({"point": point, "spec": has_spec, "variants": rows})

@@ -63,7 +63,7 @@ def _saved_profile(out_dir: str, key: dict):
     try:
         with open(os.path.join(out_dir, "profile.json")) as f:
             saved = json.load(f)
-        return Profile.from_dict({k: v for k, v in saved.items() if k != "key"}) if saved.get("key") == key else None
+        return Profile.from_dict(saved) if saved.get("key") == key else None
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

@@ -6,7 +6,7 @@ import os
 import statistics
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -54,11 +54,13 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
-        """A saved `profile.json` back as a Profile (what `to_dict` wrote; `headroom` is recomputed)."""
+        """A saved `profile.json` back as a Profile (what `to_dict` wrote; `headroom` is recomputed, and
+        keys a writer added beside the profile, such as optimize's `key`, are ignored)."""
         points = [PointProfile(**{**{k: v for k, v in p.items() if k != "headroom"},
                                   "top_kernels": [tuple(k) for k in p.get("top_kernels", [])]})
                   for p in d["points"]]
-        return cls(**{**d, "points": points})
+        names = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in names}, "points": points})
 
 
 def _walk(evt):

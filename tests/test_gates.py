@@ -16,16 +16,15 @@ import torch.utils.deterministic
 from planted import PLANTED, planted
 from workbench import registry
 from workbench.gates import CheckResult, GateReport, capture_calls, model_gate, op_gate
-from workbench.points import Workload, leaves, spec
+from workbench.points import LAYER_DEPENDENT, Workload, leaves, spec
 from workbench.registry import POINTS, Variant, reference, variants
 
-LAYERED = ("attention", "qk_prep")
 DECODE = Workload(batch=2, context=1000)        # long context: SSMax and RoPE at large positions, windowed pages
 PREFILL = Workload(batch=2, tokens_per_seq=20, context=100)  # a chunk after earlier context
 
 
 def workloads(point, dtype="bf16"):
-    kinds = ("sliding", "full") if point in LAYERED else ("sliding",)
+    kinds = ("sliding", "full") if point in LAYER_DEPENDENT else ("sliding",)
     return [w.with_(layer=k, dtype=dtype) for w in (DECODE, PREFILL) for k in kinds]
 
 

@@ -397,3 +397,18 @@ def test_report_names_the_compile_baseline():
     report["torch_compile_baseline"] = "max-autotune-no-cudagraphs"
     assert "| torch.compile of the whole reference step (max-autotune-no-cudagraphs) | 1.500 |" \
         in report_markdown(report)
+
+
+def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
+    from beam_model import BeamForCausalLM
+    from workbench.search import ALL_LAYERS, Search
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    calls = {"experts": {"sliding": 3, "full": 2}, "attention": {"sliding": 5, "full": 2}, "head": {"sliding": 1}}
+    search = Search(runner, calls=calls, out_dir="unused")
+    assert search.step_calls("experts") == {ALL_LAYERS: 5} and list(search.workloads("experts")) == [ALL_LAYERS]
+    assert search.step_calls("attention") == calls["attention"]  # window, cache group: per kind
+    assert {k: w.layer for k, w in search.workloads("attention").items()} == {"sliding": "sliding", "full": "full"}
+    assert search.step_calls("head") == {"sliding": 1}

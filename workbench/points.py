@@ -18,6 +18,11 @@ from beam_model.config import BeamConfig
 from workbench.registry import POINTS, variants
 
 
+# Points whose inputs depend on the layer kind (window, RoPE or NoPE, cache group); the others see the
+# same shapes and values in sliding-window and full-attention layers.
+LAYER_DEPENDENT = ("qk_prep", "attention")
+
+
 @dataclass(frozen=True)
 class Workload:
     """The problem size a point is called at: a preset's shapes, a batch and a context."""

@@ -30,9 +30,11 @@ from typing import Callable
 
 from workbench import bench, gates
 from workbench.lock import source_hash
+from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
 from workbench.registry import REFERENCE, variants
 
+ALL_LAYERS = "all"  # the kind standing for every layer kind of a point whose inputs ignore it
 MIN_BAND = 0.02  # never trust a speed-up smaller than 2%, however quiet the machine looked
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
 
@@ -95,9 +97,16 @@ class Search:
         self.on_stall = on_stall or _end_process
 
     # ---- per point ---------------------------------------------------------------------
+    def step_calls(self, point: str) -> dict[str, int]:
+        """Calls per step by the kinds `workloads` returns: a point whose inputs do not depend on the
+        layer kind is gated and timed once for all its calls (same shapes, same values), not per kind."""
+        calls = self.calls[point]
+        return dict(calls) if point in LAYER_DEPENDENT or len(calls) < 2 else {ALL_LAYERS: sum(calls.values())}
+
     def workloads(self, point: str) -> dict[str, object]:
         preset = self.model.config.preset
-        return {kind: self.runner.target.workload(preset, self.dtype, kind) for kind in self.calls[point]}
+        return {kind: self.runner.target.workload(preset, self.dtype, "sliding" if kind == ALL_LAYERS else kind)
+                for kind in self.step_calls(point)}
 
     def _cache_file(self, point: str) -> str:
         return os.path.join(self.out_dir, "search", f"{point}.json")
@@ -117,9 +126,10 @@ class Search:
     def _step_time(self, variant, config, workloads) -> dict:
         """Median time one step spends in this point with this candidate, and the spread."""
         total, spread, recompiles = 0.0, 0.0, 0
+        calls = self.step_calls(variant.point)
         for kind, workload in workloads.items():
             t = bench.time_variant(variant, workload, device=self.device, config=config)
-            total += self.calls[variant.point][kind] * t["median_us"]
+            total += calls[kind] * t["median_us"]
             spread, recompiles = max(spread, t["spread"]), recompiles + t["recompiles"]
         return {"step_us": total, "spread": spread, "recompiles": recompiles}
 

@@ -255,7 +255,7 @@ def agent_rounds(search, results: dict, profile, opts: AgentOptions, *, out_dir:
     for point in ranked[:opts.points]:
         r = results[point]
         # A search choice from a plugin directory is loaded in the judge's worker like an accepted one.
-        state = PointState(point, search.workloads(point), search.calls[point], r.choice, r.config, r.choice_us,
+        state = PointState(point, search.workloads(point), search.step_calls(point), r.choice, r.config, r.choice_us,
                            r.reference_us, floors.get(point), plugins.plugin_file(registry.get(point, r.choice)))
         out[point] = loop.run_point(state)
         for a in out[point]:

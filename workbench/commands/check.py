@@ -15,8 +15,6 @@ import time
 
 from workbench.commands.common import DTYPES, print_json
 
-LAYERED = ("qk_prep", "attention")  # points whose inputs depend on the layer kind
-
 
 def add_arguments(p) -> None:
     p.add_argument("target", nargs="?", metavar="POINT|VARIANT",
@@ -87,6 +85,7 @@ def _capture(args, points):
 
 def gate_all(args) -> list[dict]:
     from workbench.gates import op_gate
+    from workbench.points import LAYER_DEPENDENT
     from workbench.quarantine import quarantined
 
     chosen = [v for v in targets(args.target) if not args.backend or v.backend in args.backend]
@@ -101,7 +100,7 @@ def gate_all(args) -> list[dict]:
         if why:
             rows.append({**row, "status": "skip", "reason": why})
             continue
-        layers = ("sliding", "full") if v.point in LAYERED else ("sliding",)
+        layers = ("sliding", "full") if v.point in LAYER_DEPENDENT else ("sliding",)
         wanted = [w.with_(layer=k) for w in workloads(args) for k in layers]
         calls = captured.get(v.point, [])
         try:

@@ -466,7 +466,9 @@ def time_fn(fn: Callable[[], Any], *, device="cpu", **timing_kw) -> dict:
     device = _device(device)
     _first_call_ms(lambda: fn(), Call(()), device)  # compiles, lazy inits: not the step's time
     seconds = _first_call_ms(lambda: fn(), Call(()), device) / 1e3
-    timing_kw = {"use_graph": False, "rotate_bytes": 0, **reps_for(seconds), **timing_kw}
+    reps = reps_for(seconds)
+    reps["warmup"] -= 2  # the two calls above warmed it up too (time_call makes at least one more)
+    timing_kw = {"use_graph": False, "rotate_bytes": 0, **reps, **timing_kw}
     return time_call(lambda: fn(), lambda i: Call(()), device=device, **timing_kw).as_dict()
 
 
@@ -522,8 +524,8 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         row = _row(point, v.name, v.backend, workload, device)
         rows.append(row)
         ok, why = availability(v, workload, device)
-        if not ok or skipped.get(v.name):
-            row["error"] = f"unavailable: {why}" if not ok else skipped[v.name]
+        row["error"] = f"unavailable: {why}" if not ok else skipped.get(v.name)
+        if row["error"]:
             continue
         try:
             t = _timed_variant(v, base_call, device=device, touched_bytes=touched, **timing_kw)

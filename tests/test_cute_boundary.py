@@ -6,21 +6,16 @@ check the last site (no next norm) and the rounding element by element, and repl
 CUDA graph with new inputs.
 """
 
-import dataclasses
 
 import pytest
 import torch
 
 from beam_model.functional import residual_coefficients
-from tests.variant_helpers import available, callables
-from workbench import gates, registry
+from tests.variant_helpers import assert_every_config_passes, available, callables, on_gpu_unless_quarantined
+from workbench import registry
 from workbench.points import Workload
-from workbench.quarantine import quarantined
 
-# A quarantined variant hangs or fails on GPUs: its GPU tests wait until the entry goes (try a fix with
-# `workbench check boundary:cute --device cuda`, which runs it regardless).
-_why = "needs a CUDA GPU" if not torch.cuda.is_available() else quarantined("boundary", "cute", "cuda")
-on_gpu = pytest.mark.skipif(_why is not None, reason=_why or "")
+on_gpu = on_gpu_unless_quarantined("boundary", "cute")
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
@@ -62,9 +57,7 @@ def _inputs(preset, n, *, last=False, seed=0):
 def test_gpu_op_gate(preset):
     v = available("boundary", "cute")
     wls = [Workload(preset, batch=b) for b in (1, 8, 64, 2048)]
-    for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
-        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
-        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+    assert_every_config_passes(v, wls, device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

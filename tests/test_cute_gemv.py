@@ -7,20 +7,15 @@ run the op gate at beam-tiny and beam-501b-tp8 shapes for 1, 8 and 16 tokens at 
 with new inputs.
 """
 
-import dataclasses
 
 import pytest
 import torch
 
-from tests.variant_helpers import available, callables
-from workbench import gates, registry
+from tests.variant_helpers import assert_every_config_passes, available, callables, on_gpu_unless_quarantined
+from workbench import registry
 from workbench.points import Workload, spec
-from workbench.quarantine import quarantined
 
-# A quarantined variant hangs or fails on GPUs: its GPU tests wait until the entry goes (try a fix with
-# `workbench check qkvg_proj:cute --device cuda`, which runs it regardless).
-_why = "needs a CUDA GPU" if not torch.cuda.is_available() else quarantined("qkvg_proj", "cute", "cuda")
-on_gpu = pytest.mark.skipif(_why is not None, reason=_why or "")
+on_gpu = on_gpu_unless_quarantined("qkvg_proj", "cute")
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
@@ -32,9 +27,7 @@ def test_gpu_op_gate(preset):
     v = available("qkvg_proj", "cute")
     wls = [Workload(preset, batch=b) for b in (1, 8, 16)]
     wls.append(Workload(preset, batch=2, tokens_per_seq=64, context=128))  # a prompt: the packed GEMM
-    for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
-        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
-        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+    assert_every_config_passes(v, wls, device="cuda", seeds=(0,))
 
 
 def _rel(a, b):

@@ -22,7 +22,7 @@ from beam_model.config import BeamConfig
 from beam_model.kv_cache import StepMetadata
 from beam_model.model import BeamForCausalLM
 from tests.attention_cases import _assert_close, _case, check_graph_replay
-from tests.variant_helpers import callables
+from tests.variant_helpers import callables, failures
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -241,7 +241,7 @@ def test_gpu_op_gate_tp8(kind, tensor_cores):
     v = registry.get("attention", "flashinfer")
     report = gates.op_gate(dataclasses.replace(v, fn=v.at(dict(tensor_cores=tensor_cores))),
                            DECODE if kind == "decode" else PREFILL, device="cuda", seeds=(0,))
-    assert report.passed, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5]
+    assert report.passed, failures(report)
 
 
 @pytest.mark.gpu

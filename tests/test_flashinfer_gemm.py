@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.variant_helpers import failures
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -47,7 +48,7 @@ def test_adapter_passes_the_op_gate(calls, point):
     """Decode rows go through tinygemm_bf16, a prompt's rows through cuBLAS; both pass the gate."""
     report = _gate(point, [Workload("beam-tiny", batch=b, dtype="bf16") for b in (1, 3, 16)]
                    + [Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")], "cpu")
-    assert report.passed, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5]
+    assert report.passed, failures(report)
     assert set(calls) == {1, 3, 16}  # never the 48 prompt rows
 
 
@@ -69,4 +70,4 @@ def test_gpu_op_gate(point, preset):
     report = gates.op_gate(registry.get(point, "flashinfer"),
                            [Workload(preset, batch=b) for b in (1, 8, 64)]
                            + [Workload(preset, batch=2, tokens_per_seq=512, context=512)], device="cuda", seeds=(0,))
-    assert report.passed, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5]
+    assert report.passed, failures(report)

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from tests.variant_helpers import failures
 from workbench import gates, registry
 from workbench.points import Workload, spec
 
@@ -68,4 +69,4 @@ def test_gpu_op_gate(preset):
     v = registry.get("route", "flashinfer")
     report = gates.op_gate(v, [Workload(preset, batch=b) for b in (1, 8, 64)] +
                            [Workload(preset, batch=2, tokens_per_seq=512, context=512)], device="cuda", seeds=(0,))
-    assert report.passed, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5]
+    assert report.passed, failures(report)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.attention_cases import _assert_close, _case, check_graph_replay
-from tests.variant_helpers import available, callables
+from tests.variant_helpers import assert_every_config_passes, available, callables
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -161,9 +161,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_gpu_op_gate_tp8_decode(layer, context):
     v = registry.get("attention", "triton")
     wls = [Workload(TP8, batch=b, context=context, layer=layer) for b in (1, 8, 64)]
-    for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
-        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
-        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+    assert_every_config_passes(v, wls, device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu
@@ -175,9 +173,7 @@ def test_gpu_op_gate_tp8_prefill(layer):
            Workload(TP8, batch=1, tokens_per_seq=8192, context=8192, layer=layer),
            Workload(TP8, batch=8, tokens_per_seq=2048, context=2048, layer=layer),   # prefill-8x2k
            Workload(TP8, batch=2, tokens_per_seq=2048, context=8192, layer=layer)]   # chunks after context
-    for config in v.configs:
-        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), wls, device="cuda", seeds=(0,))
-        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+    assert_every_config_passes(v, wls, device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

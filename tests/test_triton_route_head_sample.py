@@ -4,7 +4,6 @@ CPU: the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without a
 GPU (`-m gpu`): the project's op gate at beam-501b-tp8 shapes (hidden 5120, 256 experts, vocab 16384).
 """
 
-import dataclasses
 import math
 
 import pytest
@@ -277,14 +276,11 @@ def test_default_is_first_config_and_supports(point, name):
 # ====================================================================== GPU: the op gate at TP8 shapes
 
 def _gate(point, name, batches):
-    from workbench import gates
+    from tests.variant_helpers import assert_every_config_passes
     from workbench.points import Workload
 
     v = get(point, name)
-    for config in v.configs:  # the gate runs variant.fn: bind each tuning config in turn
-        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)),
-                               [Workload("beam-501b-tp8", batch=b) for b in batches], device="cuda")
-        assert report.passed, (config, [(c.name, c.case, c.error, c.detail) for c in report.failures][:5])
+    assert_every_config_passes(v, [Workload("beam-501b-tp8", batch=b) for b in batches], device="cuda")
 
 
 @pytest.mark.gpu

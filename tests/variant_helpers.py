@@ -1,8 +1,12 @@
 """Helpers shared by the variant tests."""
 
-import pytest
+import dataclasses
 
-from workbench import registry
+import pytest
+import torch
+
+from workbench import gates, registry
+from workbench.quarantine import quarantined
 
 
 def available(point: str, name: str):
@@ -18,3 +22,22 @@ def callables(v, extra=()):
     """(label, callable): the default and every tuning config (plus `extra` configs), each separately
     compiled or planned, so each is checked."""
     return [("default", v.fn)] + [(str(cfg), v.at(cfg)) for cfg in [*v.configs, *extra]]
+
+
+def failures(report) -> list[tuple]:
+    """The first failed checks of an op-gate report, for an assertion message."""
+    return [(c.name, c.case, c.error, c.detail) for c in report.failures][:5]
+
+
+def assert_every_config_passes(v, workloads, **gate_kw) -> None:
+    """The op gate for each tuning config of `v` in turn (the gate runs variant.fn: bind each one)."""
+    for config in v.configs:
+        report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), workloads, **gate_kw)
+        assert report.passed, (config, failures(report))
+
+
+def on_gpu_unless_quarantined(point: str, name: str):
+    """Skip marker for a variant's GPU tests: they need CUDA, and wait while the variant is quarantined
+    there (it hangs or fails; `workbench check POINT:NAME --device cuda` runs it regardless)."""
+    why = "needs a CUDA GPU" if not torch.cuda.is_available() else quarantined(point, name, "cuda")
+    return pytest.mark.skipif(why is not None, reason=why or "")

@@ -9,6 +9,8 @@ Contract: `route(x, w, *, n_group, topk_group, top_k, scale) -> (ids, weights)`.
 - ids [N, top_k] int64 (order free: gates compare sets), weights [N, top_k] FP32 aligned with ids.
 """
 
+import itertools
+
 import torch
 
 from workbench.points import Call, PointSpec, declare
@@ -47,22 +49,29 @@ def _inputs(wl, device, seed):
 
 
 def _valid_choice(biased, ids, n_group, topk_group, top_k):
-    """Whether `ids` is the noaux_tc choice for one row of FP64 biased scores, up to ties within TIE_EPS."""
+    """Whether `ids` is the noaux_tc choice for one row of FP64 biased scores, up to ties within TIE_EPS.
+
+    The ids' own groups must be kept; when they span fewer than topk_group groups, any fill of the
+    remaining kept groups that is itself a valid group choice will do (two groups scoring within
+    TIE_EPS are a tie: a variant may keep either, and only the kept groups' experts compete)."""
     experts = biased.shape[0]
     size = experts // n_group
     if len(set(ids)) != top_k or not all(0 <= e < experts for e in ids):
         return False
     group_scores = biased.view(n_group, size).topk(2, dim=-1).values.sum(-1)
-    groups = {e // size for e in ids}
+    groups = sorted({e // size for e in ids})
     if len(groups) > topk_group:
         return False
-    rest = [g for g in group_scores.argsort(descending=True).tolist() if g not in groups]
-    kept = sorted(groups) + rest[: topk_group - len(groups)]
-    dropped = [g for g in range(n_group) if g not in kept]
-    if dropped and group_scores[kept].min() < group_scores[dropped].max() - TIE_EPS:
-        return False
-    others = [e for g in kept for e in range(g * size, (g + 1) * size) if e not in ids]
-    return not others or biased[ids].min() >= biased[others].max() - TIE_EPS
+    rest = [g for g in range(n_group) if g not in groups]
+    for fill in itertools.combinations(rest, topk_group - len(groups)):
+        kept = groups + list(fill)
+        dropped = [g for g in rest if g not in fill]
+        if dropped and group_scores[kept].min() < group_scores[dropped].max() - TIE_EPS:
+            continue
+        others = [e for g in kept for e in range(g * size, (g + 1) * size) if e not in ids]
+        if not others or biased[ids].min() >= biased[others].max() - TIE_EPS:
+            return True
+    return False
 
 
 def _compare(call, out, ref, tol, run=None):

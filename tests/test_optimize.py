@@ -412,3 +412,58 @@ def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
     assert search.step_calls("attention") == calls["attention"]  # window, cache group: per kind
     assert {k: w.layer for k, w in search.workloads("attention").items()} == {"sliding": "sliding", "full": "full"}
     assert search.step_calls("head") == {"sliding": 1}
+
+
+def test_a_point_whose_compile_fails_end_to_end_is_kept_at_its_reference(monkeypatch):
+    """A compile that passed the search can still fail in the end-to-end build (the prefill run's
+    `sample`: an Inductor codegen error): that point joins those kept at their reference, the build is
+    timed again, and the report says why; a failing whole-step compile costs its row, not the lock."""
+    from workbench.optimize import report_markdown, time_compile_baseline
+    from workbench.registry import _compiled, get
+
+    def broken(*a, **kw):
+        raise TypeError("list indices must be integers or slices, not NoneType")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
+    compiled_sample = _compiled(get("sample", "torch").fn)  # as the build's sample:torch_compile
+
+    class Builds:
+        def __init__(self):
+            self.timed = []
+
+        def time_build(self, selection, configs=None, *, compile_mode=None):
+            self.timed.append(compile_mode or sorted(selection))
+            if compile_mode:
+                raise RuntimeError("whole step: Inductor failed\nmore")
+            if "sample" in selection:
+                compiled_sample(torch.ones(1))
+            if "head" in selection:
+                raise ValueError("not a compile: no point to blame")
+            return {"median_us": 2000.0}
+
+    builds = Builds()
+    with pytest.raises(ValueError, match="no point to blame"):
+        time_compile_baseline(builds, "points", {})
+    builds = Builds()
+    us, left_out, error = time_compile_baseline(builds, "points", {"head": _stalled_compile("head")})
+    assert us == 2000.0 and error is None and len(builds.timed) == 2 and "sample" not in builds.timed[1]
+    assert left_out == {"head": "stalled", "sample": "torch.compile failed in the end-to-end build "
+                        "(TypeError: list indices must be integers or slices, not NoneType)"}
+    us, left_out, error = time_compile_baseline(builds, "max-autotune-no-cudagraphs", {})
+    assert us is None and left_out == {} and error == \
+        "torch.compile (max-autotune-no-cudagraphs) of the whole step failed: RuntimeError: whole step: Inductor failed"
+    report = {"target": "t", "preset": "p", "dtype": "bf16", "command": "c", "gpu": None, "environment": {},
+              "reference_ms": 2.0, "locked_ms": 1.0, "torch_compile_ms": None, "speedup": 2.0,
+              "speedup_vs_torch_compile": None, "floor_ms": 0.5, "fraction_of_floor": 0.5,
+              "kernels_per_layer": {"reference": {}, "locked": {}}, "points": [],
+              "torch_compile_baseline": "max-autotune-no-cudagraphs", "torch_compile_error": error}
+    md = report_markdown(report).splitlines()
+    assert "| torch.compile of the whole reference step (max-autotune-no-cudagraphs) | failed | |" in md
+    assert error in md
+
+
+def _stalled_compile(point):
+    from workbench.search import CandidateResult, PointResult
+
+    stalled = CandidateResult(point, "torch_compile", "torch_compile", None, False, skipped="stalled")
+    return PointResult(point, "torch", None, 9.0, 9.0, 0.02, [stalled])

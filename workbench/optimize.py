@@ -21,7 +21,7 @@ from workbench import bench
 from workbench.lock import Lock, source_hash
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
-from workbench.registry import POINTS, REFERENCE, get
+from workbench.registry import POINTS, REFERENCE, _compiled, get
 from workbench.search import PointResult, Search
 from workbench.targets import StepRunner, for_device, get_target
 
@@ -126,12 +126,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
 
     on_event({"type": "stage", "stage": "end-to-end"})
     final = search.finalize(results)
-    if opts.compile_baseline == "points":
-        not_compiled = uncompilable(results)
-        compiled = search.time_build({p: "torch_compile" for p in POINTS if p not in not_compiled})
-    else:
-        not_compiled = {}
-        compiled = search.time_build({}, compile_mode=opts.compile_baseline)
+    compiled_us, not_compiled, compile_error = time_compile_baseline(search, opts.compile_baseline, results)
     search.runner.rebind(final["selection"], final["configs"])
     locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings)
 
@@ -151,7 +146,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 end_to_end={"reference_us": final["reference"]["median_us"],
                             "locked_us": final["locked"]["median_us"],
-                            "torch_compile_us": compiled["median_us"], "model_gate": final["model_gate"]})
+                            "torch_compile_us": compiled_us, "model_gate": final["model_gate"]})
     lock.save(os.path.join(opts.out_dir, "lock.yaml"))
 
     report = {
@@ -160,11 +155,12 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "step": {"batch": target.batch, "tokens_per_seq": target.tokens_per_seq, "context": target.context},
         "reference_ms": final["reference"]["median_us"] / 1e3,
         "locked_ms": final["locked"]["median_us"] / 1e3,
-        "torch_compile_ms": compiled["median_us"] / 1e3,
+        "torch_compile_ms": compiled_us / 1e3 if compiled_us else None,
         "torch_compile_baseline": opts.compile_baseline,
         "torch_compile_left_out": not_compiled,
+        **({"torch_compile_error": compile_error} if compile_error else {}),
         "speedup": final["reference"]["median_us"] / final["locked"]["median_us"],
-        "speedup_vs_torch_compile": compiled["median_us"] / final["locked"]["median_us"],
+        "speedup_vs_torch_compile": compiled_us / final["locked"]["median_us"] if compiled_us else None,
         "floor_ms": floor_us / 1e3,
         "fraction_of_floor": floor_us / final["locked"]["median_us"] if floor_us else None,
         "kernels_per_layer": {"reference": profile.kernels_per_layer, "locked": locked_profile.kernels_per_layer},
@@ -183,6 +179,45 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         f.write(report_markdown(report))
     on_event({"type": "done", "report": report})
     return report
+
+
+def time_compile_baseline(search, baseline: str, results: dict) -> tuple[float | None, dict[str, str], str | None]:
+    """The torch.compile build's step time (us), the points it keeps at their reference (why), and the
+    error that left the baseline out. "points": a point whose compile fails here (a shape the search
+    did not compile, a compiler bug) joins the points kept at their reference, and the build is timed
+    again; a whole-step compile that fails costs its row in the report, not the lock."""
+    if baseline != "points":
+        try:
+            return search.time_build({}, compile_mode=baseline)["median_us"], {}, None
+        except Exception as e:
+            return None, {}, f"torch.compile ({baseline}) of the whole step failed: {_first_line(e)}"
+    left_out = uncompilable(results)
+    while True:
+        try:
+            return search.time_build({p: "torch_compile" for p in POINTS if p not in left_out})["median_us"], \
+                left_out, None
+        except Exception as e:
+            point = _compiled_point(e)
+            if point is None or point in left_out:
+                raise
+            left_out[point] = f"torch.compile failed in the end-to-end build ({_first_line(e)})"
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+
+
+def _compiled_point(error: BaseException) -> str | None:
+    """The point whose torch.compile'd reference raised `error`, read off its traceback: the registry's
+    compile wrapper (one code object for every point) holds the reference function it compiles."""
+    wrapper = _compiled(_first_line).__code__
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is wrapper:
+            fn = tb.tb_frame.f_locals.get("fn")
+            return next((p for p in POINTS if get(p, REFERENCE).fn is fn), None)
+        tb = tb.tb_next
+    return None
 
 
 def uncompilable(results: dict) -> dict[str, str]:
@@ -239,9 +274,11 @@ def report_markdown(r: dict) -> str:
         f"triton {r['environment'].get('triton')}; commit {r['environment'].get('git_commit')}", "",
         "| build | step ms | speed-up of locked |", "| --- | ---: | ---: |",
         f"| reference | {r['reference_ms']:.3f} | {r['speedup']:.2f}x |",
-        f"| {_compile_row(r.get('torch_compile_baseline', 'points'))} | {r['torch_compile_ms']:.3f} | "
-        f"{r['speedup_vs_torch_compile']:.2f}x |",
+        f"| {_compile_row(r.get('torch_compile_baseline', 'points'))} | "
+        + (f"{r['torch_compile_ms']:.3f} | {r['speedup_vs_torch_compile']:.2f}x |" if r["torch_compile_ms"]
+           else "failed | |"),
         f"| locked | {r['locked_ms']:.3f} | |", "",
+        *([r["torch_compile_error"], ""] if r.get("torch_compile_error") else []),
         *[line for p, why in (r.get("torch_compile_left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],
         f"Roofline floor of the step: {r['floor_ms']:.3f} ms"

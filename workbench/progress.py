@@ -65,9 +65,16 @@ class ConsoleProgress:
         for col in ("build", "step ms", "locked speed-up"):
             t.add_column(col, justify="right" if col != "build" else "left")
         t.add_row("reference", f"{r['reference_ms']:.3f}", f"{r['speedup']:.2f}x")
-        t.add_row("torch.compile", f"{r['torch_compile_ms']:.3f}", f"{r['speedup_vs_torch_compile']:.2f}x")
+        if r["torch_compile_ms"]:
+            t.add_row("torch.compile", f"{r['torch_compile_ms']:.3f}", f"{r['speedup_vs_torch_compile']:.2f}x")
+        else:
+            t.add_row("torch.compile", "failed", "")
         t.add_row("locked", f"{r['locked_ms']:.3f}", "")
         self.console.print(t)
+        for point, why in (r.get("torch_compile_left_out") or {}).items():
+            self.console.print(f"torch.compile build: {point} kept at its reference: {why}")
+        if r.get("torch_compile_error"):
+            self.console.print(r["torch_compile_error"])
         locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != "torch"}
         self.console.print(f"locked variants: {locked or 'reference everywhere'}")
         self.console.print(f"wrote {out_dir}/lock.yaml, report.md, report.json, profile.json")

@@ -97,9 +97,9 @@ class SearchView(Vertical):
             r = e["report"]
             self.stage = "done"
             self.locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != REFERENCE}
+            compiled = f"{r['torch_compile_ms']:.3f} ms" if r["torch_compile_ms"] else "failed"
             self.note = (f"reference {r['reference_ms']:.3f} ms -> locked {r['locked_ms']:.3f} ms per step "
-                         f"(x{r['speedup']:.2f}; torch.compile everywhere {r['torch_compile_ms']:.3f} ms); "
-                         f"lock written")
+                         f"(x{r['speedup']:.2f}; torch.compile build {compiled}); lock written")
         self._draw()
 
     def show_paused(self, paused: bool) -> None:

@@ -169,8 +169,9 @@ def test_spent_budget_stops_between_points_and_the_run_resumes(run, tmp_path):
 
 
 def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
-    """profile.json carries what it depends on; a resumed run with the same key profiles only the
-    locked build, another key (here the weights' seed) profiles the reference again."""
+    """profile.json and end_to_end.json carry what they depend on; a resumed run with the same key
+    profiles only the locked build and reuses the end-to-end timings, another key (here the weights'
+    seed) profiles the reference and times the builds again."""
     import shutil
 
     from workbench import optimize as optmod
@@ -186,11 +187,15 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     assert _saved_profile(resumed, {**key, "seed": 1}) is None and _saved_profile(str(tmp_path), key) is None
     real, calls = optmod.profile_step, []
     monkeypatch.setattr(optmod, "profile_step", lambda *a, **kw: calls.append(kw.get("trace_path")) or real(*a, **kw))
+    real_finalize, finalized = optmod.Search.finalize, []
+    monkeypatch.setattr(optmod.Search, "finalize", lambda self, r: finalized.append(1) or real_finalize(self, r))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    optimize(opts)
+    first = optimize(opts)
     assert calls == [None]  # the locked build's profile only
+    assert finalized == []  # and the end-to-end builds' timings and gate from end_to_end.json
+    assert first["locked_ms"] == run[1]["locked_ms"] and first["reference_ms"] == run[1]["reference_ms"]
     optimize(OptimizeOptions(**{**opts.__dict__, "seed": 1}))
-    assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), None]
+    assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), None] and finalized == [1]
 
 
 def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):

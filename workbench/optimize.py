@@ -68,6 +68,17 @@ def _saved_profile(out_dir: str, key: dict):
         return None
 
 
+def _saved_end_to_end(out_dir: str, key: dict) -> dict | None:
+    """The run folder's end-to-end result (reference, locked and reverted builds timed in one process,
+    the model gate) when it was made for the same search results and sources, else None."""
+    try:
+        with open(os.path.join(out_dir, "end_to_end.json")) as f:
+            saved = json.load(f)
+        return saved["final"] if saved.get("key") == key else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
 def rank_points(profile) -> list[str]:
     """Points by what they could save: time above the floor (the whole time when no floor is known)."""
     def saving(p):
@@ -125,7 +136,14 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         agent_rounds(search, results, profile, opts.agent, out_dir=opts.out_dir, trust=opts.trust, on_event=on_event)
 
     on_event({"type": "stage", "stage": "end-to-end"})
-    final = search.finalize(results)
+    e2e_key = json.loads(json.dumps({"profile": key, "points": {p: search._fingerprint(p) for p in results},
+                                     "choices": {p: [r.choice, r.config] for p, r in results.items()}}))
+    final = _saved_end_to_end(opts.out_dir, e2e_key)  # a run stopped after this stage: minutes at prefill
+    if final is None:
+        final = search.finalize(results)
+        _write_json(os.path.join(opts.out_dir, "end_to_end.json"), {"key": e2e_key, "final": final})
+    else:
+        on_event({"type": "resumed_end_to_end"})
     compiled_us, not_compiled, compile_error = time_compile_baseline(search, opts.compile_baseline, results)
     search.runner.rebind(final["selection"], final["configs"])
     locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings)

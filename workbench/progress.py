@@ -52,6 +52,8 @@ class ConsoleProgress:
             c.print(f"  {e['variant']:<16} {verdict}: {e['reason']}")
         elif kind == "model_gate_dropped":
             c.print(f"  [red]{e['point']}:{e['variant']} dropped[/]: fails the model gate ({e['why']})")
+        elif kind == "resumed_end_to_end":
+            c.print("  builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
 

@@ -38,13 +38,16 @@ def explain(call, n: int, got: list[int], want: list[int]) -> str:
     kw = call.kwargs
     row = x[n:n + 1]
     b64 = (torch.sigmoid(row.double() @ w["weight"].double().t()) + w["bias"].double())[0].cpu()
-    with torch.backends.cuda.matmul.flags(allow_tf32=False) if row.is_cuda else torch.no_grad():
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False  # FP32 as the reference
+    try:
         b32 = (torch.sigmoid(row.float() @ w["weight"].float().t()) + w["bias"].float())[0].cpu()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     size = b64.numel() // kw["n_group"]
     groups = b64.view(kw["n_group"], size).topk(2, -1).values.sum(-1)
-    lines = [f"  token {n}: variant {sorted(got)}  FP64 choice {sorted(want)}"]
+    lines = [f"  token {n}: variant {sorted(got)}  reference {sorted(want)}"]
     for e in sorted(set(got) ^ set(want)):
-        side = "variant only" if e in got else "FP64 only"
+        side = "variant only" if e in got else "reference only"
         lines.append(f"    expert {e:4d} (group {e // size}, {side}): biased FP64 {b64[e].item():.9f}, "
                      f"FP32 {b32[e].item():.9f}")
     order = groups.argsort(descending=True).tolist()

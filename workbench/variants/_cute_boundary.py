@@ -93,8 +93,11 @@ class BoundaryKernel:
         value = self._warp_sum(value)
         if cutlass.const_expr(self.num_warps > 1):
             lane = cute.arch.lane_idx()
+            # warp_idx() is a warp-wide shuffle (make_warp_uniform): every lane must reach it. Inside
+            # `if lane == 0` one lane waited for the other 31 forever: the kernel hung with > 1 warp.
+            warp = cute.arch.warp_idx()
             if lane == 0:
-                partials[cute.arch.warp_idx()] = value
+                partials[warp] = value
             cute.arch.sync_threads()
             part = cutlass.Float32(0.0)
             if lane < self.num_warps:

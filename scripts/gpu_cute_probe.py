@@ -14,7 +14,6 @@ Prints one line per case (ok, wrong, error, hung); a case's own output follows i
 not pass. Needs CUDA and cutlass (the GPU bundle); CPU-only machines get one line saying so.
 """
 
-from __future__ import annotations
 
 import argparse
 import os

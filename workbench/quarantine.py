@@ -12,11 +12,9 @@ from __future__ import annotations
 # (point, variant) -> (device type, why)
 KNOWN: dict[tuple[str, str], tuple[str, str]] = {
     ("boundary", "cute"): (
-        "cuda", "quarantined: its first call on an H200 never completed (the op gate waited in the sync "
-                "after it until the time limit; runs/check-tp8-backends/cute-gpu-tests.log)"),
-    ("qkvg_proj", "cute"): (
-        "cuda", "quarantined: never seen to complete on a GPU; it compiles and launches the way "
-                "boundary:cute does, whose first call hangs (runs/check-tp8-backends/cute-gpu-tests.log)"),
+        "cuda", "quarantined: on an H200 its kernel never completed with more than one warp per row "
+                "(runs/cute-probe-h200/). The PTX showed why: a full-warp shfl.sync (warp_idx()) inside the "
+                "lane-0 branch; fixed in _cute_boundary.py, not yet run on a GPU"),
 }
 
 

@@ -472,3 +472,20 @@ def _stalled_compile(point):
 
     stalled = CandidateResult(point, "torch_compile", "torch_compile", None, False, skipped="stalled")
     return PointResult(point, "torch", None, 9.0, 9.0, 0.02, [stalled])
+
+
+def test_a_locked_set_that_is_the_reference_reports_the_reference_time(tmp_path):
+    """When nothing beats the reference end to end, the locked build is the reference build: one
+    timing, speed-up 1.00x, never two timings of the same build whose noise reads as a slow-down."""
+    from beam_model import BeamForCausalLM
+    from workbench.search import PointResult, Search
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    search = Search(runner, calls={}, out_dir=str(tmp_path))
+    timed = []
+    search.time_build = lambda selection, configs=None, **kw: timed.append(dict(selection)) or \
+        {"median_us": 100.0 + len(timed), "spread": 0.01}
+    final = search.finalize({"boundary": PointResult("boundary", "torch", None, 5.0, 5.0, 0.02, [])})
+    assert timed == [{}] and final["locked"] is final["reference"] and final["selection"] == {}

@@ -291,7 +291,8 @@ class Search:
         gated = dict(chosen)
         gate = self._drop_model_gate_failures(chosen, configs)
         reference = self.time_build({})
-        locked = self.time_build(chosen, configs)
+        # A set that is the reference is the reference build: timing it twice would report noise as a speed-up
+        locked = self.time_build(chosen, configs) if chosen else reference
         band = max(MIN_BAND, locked["spread"])
         reverted = {}
         for point in list(chosen):
@@ -303,7 +304,7 @@ class Search:
             if t["median_us"] <= locked["median_us"] * (1 + band):
                 del chosen[point]  # no end-to-end gain beyond the noise: keep the reference
                 configs.pop(point, None)
-                locked = self.time_build(chosen, configs)
+                locked = self.time_build(chosen, configs) if chosen else reference
         if gate is None or chosen != gated:  # the set changed since it passed: gate what is locked
             gate = gates.model_gate(self.model, chosen, configs=configs)
         if not gate.passed:

@@ -230,6 +230,44 @@ def test_bench_point_rows(boundary_spec, monkeypatch):
     assert picky_row["error"] == "unavailable: needs hidden >= 4096"
 
 
+def test_bench_point_times_each_config_and_gates_it(boundary_spec, monkeypatch):
+    """--configs / --config: a row per (variant, config); with gate=True a config that computes the
+    wrong thing is named by the op gate and never timed; a config-less variant cannot take one."""
+    ref = registry.reference("boundary")
+
+    def at(config):
+        if config.get("wrong"):
+            return lambda y, h, w, **kw: tuple(None if t is None else t * 1.5 for t in ref.fn(y, h, w, **kw))
+        return ref.fn
+
+    _add_variant(monkeypatch, "boundary", "tuned", "torch", ref.fn, configs=[{"block": 1}, {"block": 2}],
+                 configure=at)
+    _add_variant(monkeypatch, "boundary", "plain", "torch", ref.fn)
+    workload = Workload(preset="beam-tiny", dtype="fp32")
+    kw = dict(device="cpu", ceilings=CEILINGS, rotate_bytes=0, **FAST)
+    rows = bench.bench_point("boundary", ["tuned", "plain"], workload, configs="all", **kw)
+    assert [(r["variant"], r["config"]) for r in rows] == \
+        [("torch", None), ("tuned", {"block": 1}), ("tuned", {"block": 2}), ("plain", None)]
+    assert all(r["error"] is None and r["median_us"] > 0 for r in rows)
+    rows = bench.bench_point("boundary", ["tuned", "plain"], workload, configs=[{"block": 8}, {"wrong": True}],
+                             gate=True, **kw)
+    by = {(r["variant"], json.dumps(r["config"])): r for r in rows}
+    assert by[("tuned", '{"block": 8}')]["gate"] == "pass" and by[("tuned", '{"block": 8}')]["median_us"] > 0
+    wrong = by[("tuned", '{"wrong": true}')]
+    assert wrong["error"].startswith("fails the op gate: ") and wrong["median_us"] is None
+    assert by[("plain", '{"block": 8}')]["error"] == "boundary:plain takes no tuning config"
+    assert "`{\"block\":8}`" in bench.report_table(rows)
+
+
+def test_bench_cli_config_errors(capsys):
+    argv = ["bench", "boundary", "--preset", "beam-tiny", "--device", "cpu"]
+    for extra, message in [(["--config", '{"BLOCK": 64}'], "--config applies to the variants named with --variants"),
+                           (["--variants", "triton", "--config", "{BLOCK: 64}"], "is not JSON"),
+                           (["--variants", "triton", "--config", "[64]"], "must be a non-empty JSON object")]:
+        assert main([*argv, *extra]) != 0
+        assert message in capsys.readouterr().err
+
+
 def test_bench_point_unavailable_backend(boundary_spec, monkeypatch):
     monkeypatch.setattr(registry, "backend_available", lambda b: (b != "cute", "no cutlass here"))
     _add_variant(monkeypatch, "boundary", "cute_fused", "cute", lambda *a, **k: None)

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from workbench import registry
+from workbench.gates import op_gate
 from workbench.points import Call, Workload, leaves, map_leaves, spec
 from workbench.quarantine import quarantined
 
@@ -490,11 +491,14 @@ def _row(point, variant, backend, workload, device) -> dict:
 
 
 def bench_point(point: str, variant_names: list[str] | None = None, workload: Workload | None = None, *,
-                device="cpu", seed: int = 0, ceilings: dict | None = None,
-                on_progress: Callable[[str, int, int], None] | None = None, **timing_kw) -> list[dict]:
+                device="cpu", seed: int = 0, ceilings: dict | None = None, configs: str | list[dict] | None = None,
+                gate: bool = False, on_progress: Callable[[str, int, int], None] | None = None,
+                **timing_kw) -> list[dict]:
     """Time `variant_names` (default: all registered) of `point` at `workload`; the reference is always
-    timed, first, in the same run. Returns one bench.json row per variant; a variant that is
-    unavailable or raises gets a row with `error` and no timings. `timing_kw` go to `time_call`."""
+    timed, first, in the same run. Returns one bench.json row per variant and config; a variant that
+    is unavailable, raises or (with `gate`) fails the op gate gets a row with `error` and no timings.
+    `configs`: None times each variant at its default; "all" at every registered tuning config; a
+    list of config dicts at those (a tuner's own, no source edit). `timing_kw` go to `time_call`."""
     device = _device(device)
     workload = workload or Workload()
     point_spec = spec(point)
@@ -502,6 +506,7 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
     names = list(dict.fromkeys([registry.REFERENCE, *(variant_names or table)]))
     variants = [registry.get(point, n) for n in names]  # an unknown name is the caller's mistake: raise
     skipped = {} if variant_names else {n: quarantined(point, n, device) for n in names}  # named: tried
+    runs = [(v, config) for v in variants for config in _configs_of(v, configs)]
 
     touched = floor = None
     try:
@@ -518,17 +523,26 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         return base[i]
 
     rows = []
-    for idx, v in enumerate(variants):
+    for idx, (v, config) in enumerate(runs):
         if on_progress:
-            on_progress(v.name, idx, len(variants))
+            on_progress(v.name, idx, len(runs))
         row = _row(point, v.name, v.backend, workload, device)
+        row["config"] = config
         rows.append(row)
         ok, why = availability(v, workload, device)
         row["error"] = f"unavailable: {why}" if not ok else skipped.get(v.name)
+        if config and v.configure is None:
+            row["error"] = f"{v.qualname} takes no tuning config"
         if row["error"]:
             continue
         try:
-            t = _timed_variant(v, base_call, device=device, touched_bytes=touched, **timing_kw)
+            if gate and v.name != registry.REFERENCE:
+                report = op_gate(v, [workload], device=device, seeds=(seed,), config=config)
+                row["gate"] = "pass" if report.passed else report.first_failure()
+                if not report.passed:
+                    row["error"] = f"fails the op gate: {row['gate']}"
+                    continue
+            t = _timed_variant(v, base_call, device=device, config=config, touched_bytes=touched, **timing_kw)
         except Exception as e:  # one variant's failure is its row, never the whole bench
             row["error"] = _describe(e)
             continue
@@ -543,6 +557,13 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         if ref_us and row["median_us"]:
             row["speedup_vs_reference"] = ref_us / row["median_us"]
     return rows
+
+
+def _configs_of(v: registry.Variant, configs: str | list[dict] | None) -> list[dict | None]:
+    """The configs a bench times `v` at: the reference and config-less variants at their default."""
+    if configs is None or v.name == registry.REFERENCE or (configs == "all" and not v.configs):
+        return [None]
+    return list(v.configs) if configs == "all" else list(configs)
 
 
 # ---- result files -----------------------------------------------------------------------------------------
@@ -607,6 +628,8 @@ def report_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(c[0] for c in cols) + " | note |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         cells = ["" if r.get(k) is None else format(r[k], f) if f else str(r[k]) for _, k, f in cols]
+        if r.get("config"):
+            cells[1] += f" `{json.dumps(r['config'], separators=(',', ':'))}`"
         if cells[-1]:
             cells[-1] += "x"
         note = r.get("error") or (f"graph fallback: {r['graph_error']}" if r.get("graph_error") else "")

@@ -7,6 +7,7 @@ there. Never edits variants or lock files.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from workbench.commands.common import DTYPES, print_json, resolve_device
@@ -36,6 +37,14 @@ def add_arguments(p) -> None:
                    help="stop once (p90-p10)/median is below this (default: %(default)s)")
     p.add_argument("--max-seconds", type=float, default=2.0,
                    help="timing budget per variant, compilation excluded (default: %(default)s)")
+    tune = p.add_mutually_exclusive_group()
+    tune.add_argument("--configs", action="store_const", const="all", dest="configs",
+                      help="time the variants at every registered tuning config, a row each")
+    tune.add_argument("--config", action="append", metavar="JSON", dest="config_json",
+                      help="time the variants at this tuning config (repeatable), e.g. "
+                           "'{\"path\": \"gemv\", \"BLOCK_N\": 4, ...}': a tuner's own, no source edit")
+    p.add_argument("--gate", action="store_true",
+                   help="op-gate each variant and config at this shape first; one that fails is not timed")
     p.add_argument("--out", metavar="DIR", help="write bench.json and report.md to DIR (e.g. runs/NAME)")
     p.add_argument("--dir", action="append", metavar="DIR",
                    help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
@@ -57,9 +66,34 @@ def command_line(args, device, graph: bool) -> str:
               "--graph" if graph else "--no-graph", "--seed", str(args.seed), "--warmup", str(args.warmup),
               "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps),
               "--target-spread", str(args.target_spread), "--max-seconds", str(args.max_seconds)]
+    if args.configs:
+        parts.append("--configs")
+    for c in args.config_json or []:
+        parts += ["--config", c]
+    if args.gate:
+        parts.append("--gate")
     if args.out:
         parts += ["--out", args.out]
     return shlex.join(parts + (["--json"] if args.json else []))
+
+
+def _parse_configs(texts: list[str] | None) -> list[dict] | None:
+    if not texts:
+        return None
+    configs = []
+    for text in texts:
+        try:
+            config = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"--config {text!r} is not JSON: {e}") from None
+        if not isinstance(config, dict) or not config:
+            raise ValueError(f"--config {text!r} must be a non-empty JSON object")
+        configs.append(config)
+    return configs
+
+
+def _label(row) -> str:
+    return row["variant"] + (f" {json.dumps(row['config'], separators=(',', ':'))}" if row.get("config") else "")
 
 
 def _print_table(rows, title) -> None:
@@ -69,14 +103,14 @@ def _print_table(rows, title) -> None:
     table = Table(title=title)
     for col in ("variant", "backend", "median us", "spread", "% floor", "vs ref", "first call ms", "note"):
         left = col in ("variant", "backend", "note")
-        table.add_column(col, justify="left" if left else "right", no_wrap=col != "note",
-                         min_width=12 if col == "note" else None)
+        table.add_column(col, justify="left" if left else "right", no_wrap=col not in ("note", "variant"),
+                         min_width=12 if col == "note" else None, overflow="fold" if col == "variant" else "ellipsis")
     for r in rows:
         if r["error"]:
-            table.add_row(r["variant"], r["backend"], "", "", "", "", "", f"[red]{r['error']}[/]")
+            table.add_row(_label(r), r["backend"], "", "", "", "", "", f"[red]{r['error']}[/]")
             continue
         note = f"graph fallback: {r['graph_error']}" if r["graph_error"] else ("graph" if r["graph"] else "eager")
-        table.add_row(r["variant"], r["backend"], f"{r['median_us']:.2f}", f"{r['spread']:.1%}",
+        table.add_row(_label(r), r["backend"], f"{r['median_us']:.2f}", f"{r['spread']:.1%}",
                       f"{r['pct_of_floor']:.1f}" if r["pct_of_floor"] is not None else "",
                       f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] else "",
                       f"{r['first_call_ms']:.1f}" if r.get("first_call_ms") is not None else "", note)
@@ -107,6 +141,10 @@ def run(args) -> int:
     timing = dict(warmup=args.warmup, min_reps=args.min_reps, max_reps=args.max_reps,
                   target_spread=args.target_spread, max_seconds=args.max_seconds, use_graph=graph)
     command = command_line(args, device, graph)
+    configs = args.configs or _parse_configs(args.config_json)
+    if args.config_json and not args.variants:
+        raise ValueError("--config applies to the variants named with --variants")
+    timing.update(configs=configs, gate=args.gate)
 
     if args.json:
         rows = bench.bench_point(args.point, args.variants, workload, device=device, seed=args.seed, **timing)

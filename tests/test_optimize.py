@@ -315,7 +315,28 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
                    and "{'unroll': 1}" in r.skipped for r in rows)
         assert result.choice == "torch" and not inflight.exists()
         assert (tmp_path / "search" / "boundary.json").exists()
+
+        # A variant added to the point makes its cache stale: the point is searched again, and the
+        # hung variant, whose code did not change, is skipped again rather than hung on again.
+        table["planted_new"] = registry.Variant("boundary", "planted_new", "torch", registry.reference("boundary").fn)
+        again = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",)).search_point("boundary")
+        assert len(calls_made) == n and "planted_new" in [c.variant for c in again.candidates]
+        rows = [c for c in again.candidates if c.variant == "planted_hang"]
+        assert rows and all("did not finish in an earlier run" in r.skipped and "its code is unchanged" in r.skipped
+                            for r in rows)
+        # Its code changed (here: the saved record says it was other code): it is tried again.
+        fresh = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",))
+        fingerprint = fresh._fingerprint("boundary")
+        cache = tmp_path / "search" / "boundary.json"
+        saved = json.loads(cache.read_text())
+        assert set(fresh._stalled_before("boundary", fingerprint)) == {"planted_hang"}
+        cache.write_text(json.dumps({**saved, "fingerprint": {**saved["fingerprint"], "sources": {
+            **saved["fingerprint"]["sources"], "planted_hang": "other code"}}}))
+        assert fresh._stalled_before("boundary", fingerprint) == {}
+        cache.write_text(json.dumps({**saved, "fingerprint": {**saved["fingerprint"], "calls": {"sliding": 9}}}))
+        assert fresh._stalled_before("boundary", fingerprint) == {}  # other shapes: nothing carried over
     finally:
+        table.pop("planted_new", None)
         del table["planted_hang"]
         released.set()
 

@@ -34,6 +34,7 @@ from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
 from workbench.registry import REFERENCE, variants
 
+STALLED = "did not finish in an earlier run of this search"  # a skip reason's mark: the candidate hung
 ALL_LAYERS = "all"  # the kind standing for every layer kind of a point whose inputs ignore it
 MIN_BAND = 0.02  # never trust a speed-up smaller than 2%, however quiet the machine looked
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
@@ -155,6 +156,7 @@ class Search:
         results = [best]
         fingerprint = self._fingerprint(point)
         unfinished = self._inflight(point, fingerprint)  # candidates that earlier processes never finished
+        stalled = self._stalled_before(point, fingerprint)
         for name, v in table.items():
             if name == REFERENCE:
                 continue
@@ -164,8 +166,8 @@ class Search:
                 if point in self.skip:
                     break
                 stuck = None if why else next((c for c in unfinished if c["variant"] == name), None)
-                skipped = why or (stuck is not None and (
-                    f"{name} {stuck['config'] or ''} did not finish in an earlier run of this search (the process "
+                skipped = why or stalled.get(name) or (stuck is not None and (
+                    f"{name} {stuck['config'] or ''} {STALLED} (the process "
                     f"hung, crashed or was stopped in it), so none of its configs is tried; delete "
                     f"{self._inflight_file(point)} to try again"))
                 result = CandidateResult(point, name, v.backend, config, False, skipped=skipped) if skipped else \
@@ -205,6 +207,25 @@ class Search:
         except (OSError, ValueError):
             return []
         return saved["candidates"] if saved.get("fingerprint") == fingerprint else []
+
+    def _stalled_before(self, point: str, fingerprint: dict) -> dict[str, str]:
+        """Variants that never finished in the last search of this point at the same shapes and whose
+        code has not changed since: the point is searched again because another variant changed, and
+        trying them again would cost the same hang (e.g. a torch.compile of the grouped MoE at prefill
+        that ran past the watchdog)."""
+        try:
+            with open(self._cache_file(point)) as f:
+                saved = json.load(f)
+            old, candidates = saved["fingerprint"], saved["result"]["candidates"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        if any(old.get(k) != fingerprint[k] for k in ("target", "preset", "dtype", "device", "calls")):
+            return {}
+        return {c["variant"]: f"{c['skipped'].split(';')[0]}; its code is unchanged since, so it is not tried "
+                              f"again (delete {self._cache_file(point)} to try)"
+                for c in candidates
+                if STALLED in (c.get("skipped") or "")
+                and old.get("sources", {}).get(c["variant"]) == fingerprint["sources"].get(c["variant"])}
 
     def _write_inflight(self, point: str, fingerprint: dict, candidates: list[dict]) -> None:
         path = self._inflight_file(point)

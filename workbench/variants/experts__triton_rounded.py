@@ -1,0 +1,35 @@
+"""`experts:triton_rounded`: experts:triton's grouped (prefill) path with each routed pair's output
+rounded to the model dtype before the weighted FP32 combine: the reference's rounding, and half the
+bytes between the down projection and the combine (`_triton_moe_rounded.py`). Decode shapes take
+experts:triton's GEMV path, so the search times this variant only where pairs are grouped.
+
+A module of its own rather than a change to experts.py / _triton_moe.py: either would change
+experts:triton's source hash, and so stale every lock that holds it.
+"""
+
+from workbench.registry import register
+from workbench.variants.experts import TRITON_CONFIGS
+
+GROUPED_CONFIGS = [c for c in TRITON_CONFIGS if c["path"] == "grouped"]
+
+
+def _supports(wl):
+    from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"experts:triton_rounded takes bf16, fp16 or fp32 weights, not {wl.dtype}"
+    if wl.tokens * wl.config.num_experts_per_tok <= GEMV_MAX_PAIRS:
+        return f"at most {GEMV_MAX_PAIRS} routed pairs run experts:triton's GEMV path: time that variant"
+    return True
+
+
+def _at(config=None):
+    def experts_triton_rounded(x, ids, weights, w):
+        from workbench.variants._triton_moe_rounded import rounded_experts
+
+        return rounded_experts(x, ids, weights, w, config)
+    return experts_triton_rounded
+
+
+register("experts", "triton_rounded", "triton", supports=_supports, configs=GROUPED_CONFIGS,
+         configure=_at)(_at())

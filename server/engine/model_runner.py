@@ -84,7 +84,9 @@ class ModelRunner:
         ids = torch.empty(n, dtype=torch.int64, device=dev)
         seeded = [i for i, s in enumerate(seqs) if s.params.seed is not None and not s.params.greedy]
         shared = sorted(set(range(n)) - set(seeded))
-        if shared:  # greedy and unseeded rows: one batched draw from the engine's generator
+        if len(shared) == n:  # the usual step: every row draws from the engine's generator, no gather
+            ids = sample(logits, temperature, top_k, top_p, generator=self.generator)
+        elif shared:  # greedy and unseeded rows: one batched draw from the engine's generator
             idx = torch.tensor(shared, device=dev)
             ids[idx] = sample(logits[idx], temperature[idx], top_k[idx], top_p[idx], generator=self.generator)
         for i in seeded:  # a row of its own with its own generator: reproducible whatever the batch

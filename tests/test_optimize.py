@@ -127,6 +127,25 @@ def test_changed_variant_source_is_detected(run, monkeypatch):
     assert any(p.startswith("boundary: source of") for p in result.problems), result.problems
 
 
+def test_verify_names_the_file_that_changed(run, monkeypatch):
+    """A lock records each covered file's hash: a kernel module edited under a point names itself,
+    not just the point's module (a variant's hash covers every module its point's module imports)."""
+    out, _, _ = run
+    real_files, real_hash = lockmod.source_files, lockmod.source_hash
+    kernel = "workbench/variants/_cute_boundary.py"  # imported by boundary.py only
+
+    def edited(point, name):
+        files = real_files(point, name)
+        return {**files, kernel: "f" * 16} if kernel in files else files
+
+    monkeypatch.setattr(lockmod, "source_files", edited)
+    monkeypatch.setattr(lockmod, "source_hash", lambda point, name: "0" * 16 if kernel in real_files(point, name)
+                        else real_hash(point, name))
+    problems = verify(os.path.join(out, "lock.yaml"), run_gates=False).problems
+    named = [p for p in problems if "source of" in p]
+    assert named and all(p.endswith(f": {kernel} (edited)") for p in named), problems
+
+
 def test_other_environment_is_refused_for_serving(run):
     out, _, _ = run
     path = os.path.join(out, "lock.yaml")

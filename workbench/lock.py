@@ -54,15 +54,34 @@ def _project_imports(path: str, seen: set[str] | None = None) -> list[str]:
     return sorted(seen)
 
 
-def source_hash(point: str, variant: str) -> str:
-    """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
+def _source_paths(point: str, variant: str) -> list[str]:
+    """The files a variant's hash covers: its module, the project modules it imports, the wrapper's."""
     v = get(point, variant)
     wrapper = inspect.getsourcefile(v.fn)  # torch_compile: the compile call wraps the point's reference
+    return [v.source_file, *_project_imports(v.source_file), *([wrapper] if wrapper != v.source_file else [])]
+
+
+def source_hash(point: str, variant: str) -> str:
+    """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
     h = hashlib.sha256()
-    for path in [v.source_file, *_project_imports(v.source_file), *([wrapper] if wrapper != v.source_file else [])]:
+    for path in _source_paths(point, variant):
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
+
+
+def source_files(point: str, variant: str) -> dict[str, str]:
+    """Each covered file's own sha256 (16 hex), so `verify` can name the file that changed."""
+    out = {}
+    for path in _source_paths(point, variant):
+        with open(path, "rb") as f:
+            out[_relative(path)] = hashlib.sha256(f.read()).hexdigest()[:16]
+    return out
+
+
+def _changed_files(locked: dict, now: dict) -> str:
+    changed = sorted(p for p in set(locked) | set(now) if locked.get(p) != now.get(p))
+    return ", ".join(f"{p} ({'new' if p not in locked else 'gone' if p not in now else 'edited'})" for p in changed)
 
 
 def _relative(path: str) -> str:
@@ -85,7 +104,8 @@ class Lock:
               gate: dict | None = None) -> dict:
         v = get(point, variant)
         return {"variant": variant, "backend": v.backend, "source": _relative(v.source_file),
-                "source_hash": source_hash(point, variant), "config": config or None,
+                "source_hash": source_hash(point, variant), "source_files": source_files(point, variant),
+                "config": config or None,
                 "timing": timing or {}, "gate": gate or {}}
 
     @property
@@ -185,8 +205,10 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
             problems.append(f"{point}: {err.args[0]}")
             continue
         if now != e.get("source_hash"):
+            files = e.get("source_files")  # locks written before it was recorded name the module only
+            where = _changed_files(files, source_files(point, e["variant"])) if isinstance(files, dict) else None
             problems.append(f"{point}: source of {e['variant']} ({e.get('source')}) changed "
-                            f"(locked {e.get('source_hash')}, now {now})")
+                            f"(locked {e.get('source_hash')}, now {now})" + (f": {where}" if where else ""))
     if environment is None:
         from workbench.bench import environment as current_environment
 

@@ -194,7 +194,11 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     import shutil
 
     from workbench import optimize as optmod
-    from workbench.optimize import _profile_key, _saved_profile
+    from workbench.optimize import _profile_key, _saved
+    from workbench.profiler.attribution import Profile
+
+    def _saved_profile(folder, key):
+        return _saved(os.path.join(folder, "profile.json"), key, Profile.from_dict)
 
     out, _, _ = run
     resumed = str(tmp_path / "resumed")

@@ -559,6 +559,11 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
     return rows
 
 
+def config_text(config: dict) -> str:
+    """A tuning config on one line, as a row names it."""
+    return json.dumps(config, separators=(",", ":"))
+
+
 def _configs_of(v: registry.Variant, configs: str | list[dict] | None) -> list[dict | None]:
     """The configs a bench times `v` at: the reference and config-less variants at their default."""
     if configs is None or v.name == registry.REFERENCE or (configs == "all" and not v.configs):
@@ -629,7 +634,7 @@ def report_table(rows: list[dict]) -> str:
     for r in rows:
         cells = ["" if r.get(k) is None else format(r[k], f) if f else str(r[k]) for _, k, f in cols]
         if r.get("config"):
-            cells[1] += f" `{json.dumps(r['config'], separators=(',', ':'))}`"
+            cells[1] += f" `{config_text(r['config'])}`"
         if cells[-1]:
             cells[-1] += "x"
         note = r.get("error") or (f"graph fallback: {r['graph_error']}" if r.get("graph_error") else "")

@@ -57,24 +57,13 @@ def _profile_key(opts: OptimizeOptions, dtype: str) -> dict:
         "reference": {p: source_hash(p, REFERENCE) for p in POINTS}}))
 
 
-def _saved_profile(out_dir: str, key: dict):
-    """The run folder's profile.json when it was made for `key` (so a resumed run skips profiling the
-    reference step again: a minute at prefill-8x2k), else None."""
+def _saved(path: str, key: dict, read):
+    """`read` of a JSON file this run folder keeps beside its results (profile.json, end_to_end.json)
+    when it was made for `key`, so a resumed run skips that stage (minutes at prefill-8x2k), else None."""
     try:
-        with open(os.path.join(out_dir, "profile.json")) as f:
+        with open(path) as f:
             saved = json.load(f)
-        return Profile.from_dict(saved) if saved.get("key") == key else None
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _saved_end_to_end(out_dir: str, key: dict) -> dict | None:
-    """The run folder's end-to-end result (reference, locked and reverted builds timed in one process,
-    the model gate) when it was made for the same search results and sources, else None."""
-    try:
-        with open(os.path.join(out_dir, "end_to_end.json")) as f:
-            saved = json.load(f)
-        return saved["final"] if saved.get("key") == key else None
+        return read(saved) if saved.get("key") == key else None
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
@@ -108,7 +97,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
 
     on_event({"type": "stage", "stage": "profile"})
     key = _profile_key(opts, dtype)
-    profile = _saved_profile(opts.out_dir, key)  # a resumed run: the reference step is the same
+    # a resumed run: the reference step is the same
+    profile = _saved(os.path.join(opts.out_dir, "profile.json"), key, Profile.from_dict)
     if profile is None:
         profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
                                trace_path=os.path.join(opts.out_dir, "profile.trace.json"))
@@ -138,7 +128,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     on_event({"type": "stage", "stage": "end-to-end"})
     e2e_key = json.loads(json.dumps({"profile": key, "points": {p: search._fingerprint(p) for p in results},
                                      "choices": {p: [r.choice, r.config] for p, r in results.items()}}))
-    final = _saved_end_to_end(opts.out_dir, e2e_key)  # a run stopped after this stage: minutes at prefill
+    # a run stopped after this stage: minutes of timing at prefill
+    final = _saved(os.path.join(opts.out_dir, "end_to_end.json"), e2e_key, lambda saved: saved["final"])
     if final is None:
         final = search.finalize(results)
         _write_json(os.path.join(opts.out_dir, "end_to_end.json"), {"key": e2e_key, "final": final})
@@ -208,7 +199,7 @@ def time_compile_baseline(search, baseline: str, results: dict) -> tuple[float |
         try:
             return search.time_build({}, compile_mode=baseline)["median_us"], {}, None
         except Exception as e:
-            return None, {}, f"torch.compile ({baseline}) of the whole step failed: {_first_line(e)}"
+            return None, {}, f"torch.compile ({baseline}) of the whole step failed: {bench._describe(e)}"
     left_out = uncompilable(results)
     while True:
         try:
@@ -218,17 +209,13 @@ def time_compile_baseline(search, baseline: str, results: dict) -> tuple[float |
             point = _compiled_point(e)
             if point is None or point in left_out:
                 raise
-            left_out[point] = f"torch.compile failed in the end-to-end build ({_first_line(e)})"
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            left_out[point] = f"torch.compile failed in the end-to-end build ({bench._describe(e)})"
 
 
 def _compiled_point(error: BaseException) -> str | None:
     """The point whose torch.compile'd reference raised `error`, read off its traceback: the registry's
     compile wrapper (one code object for every point) holds the reference function it compiles."""
-    wrapper = _compiled(_first_line).__code__
+    wrapper = _compiled(len).__code__
     tb = error.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is wrapper:

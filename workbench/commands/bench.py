@@ -93,7 +93,9 @@ def _parse_configs(texts: list[str] | None) -> list[dict] | None:
 
 
 def _label(row) -> str:
-    return row["variant"] + (f" {json.dumps(row['config'], separators=(',', ':'))}" if row.get("config") else "")
+    from workbench.bench import config_text
+
+    return row["variant"] + (f" {config_text(row['config'])}" if row.get("config") else "")
 
 
 def _print_table(rows, title) -> None:

@@ -533,3 +533,48 @@ def test_a_locked_set_that_is_the_reference_reports_the_reference_time(tmp_path)
         {"median_us": 100.0 + len(timed), "spread": 0.01}
     final = search.finalize({"boundary": PointResult("boundary", "torch", None, 5.0, 5.0, 0.02, [])})
     assert timed == [{}] and final["locked"] is final["reference"] and final["selection"] == {}
+
+
+def _noisy_search(tmp_path, reference_us: list[float]):
+    """A boundary search on beam-tiny whose reference times read `reference_us` in turn and whose only
+    candidate (Triton, gate passed) times 100 us: what the search decides from those timings."""
+    from beam_model import BeamForCausalLM
+    from workbench.search import CandidateResult, Search
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    search = Search(runner, calls={"boundary": {"sliding": 2}}, out_dir=str(tmp_path), backends=("triton",))
+    timings = iter(reference_us)
+    search._step_time = lambda v, config, workloads: {"step_us": next(timings), "spread": 0.01, "recompiles": 0}
+    search._try = lambda v, config, workloads, ref_us: CandidateResult(
+        v.point, v.name, v.backend, config, True, step_us=100.0, spread=0.01, speedup=ref_us / 100.0)
+    return search, timings
+
+
+def test_one_slow_reference_timing_does_not_set_the_noise_band(tmp_path):
+    """The prefill search once timed the experts reference at 2.84 s then ~1.4 s a step: the two-timing
+    band (99%) kept a 12x faster kernel out. Timings are added until two agree within MAX_BAND; those
+    two give the reference time and the band."""
+    from workbench.search import MAX_BAND, MIN_BAND
+
+    search, left = _noisy_search(tmp_path, [2844.0, 1430.0, 1440.0, 999.0])
+    result = search.search_point("boundary")
+    assert result.choice == "triton" and result.reference_us == 1430.0
+    assert result.band == pytest.approx(10 / 1430) or result.band == MIN_BAND
+    assert next(left) == 999.0  # a third timing agreed with the second: no fourth
+    noisy, left = _noisy_search(tmp_path / "noisy", [100.0, 150.0, 230.0, 400.0, 1.0])
+    result = noisy.search_point("boundary")
+    assert result.band == MAX_BAND and result.reference_us == 100.0 and next(left) == 1.0  # capped, 4 timings
+    assert result.choice == "torch"  # 100 us is no gain on a reference of 100 us
+
+
+def test_a_cached_result_with_a_band_past_the_cap_is_searched_again(tmp_path):
+    """Results cached under the old two-timing rule with a band past MAX_BAND may hide a winner."""
+    from workbench.search import MAX_BAND, PointResult
+
+    search, _ = _noisy_search(tmp_path, [])
+    search._save("boundary", PointResult("boundary", "torch", None, 2844.0, 2844.0, 0.99, []))
+    assert search._load("boundary") is None
+    search._save("boundary", PointResult("boundary", "torch", None, 2844.0, 2844.0, MAX_BAND, []))
+    assert search._load("boundary") is not None

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -194,22 +195,25 @@ def time_compile_baseline(search, baseline: str, results: dict) -> tuple[float |
     """The torch.compile build's step time (us), the points it keeps at their reference (why), and the
     error that left the baseline out. "points": a point whose compile fails here (a shape the search
     did not compile, a compiler bug) joins the points kept at their reference, and the build is timed
-    again; a whole-step compile that fails costs its row in the report, not the lock."""
-    if baseline != "points":
-        try:
-            return search.time_build({}, compile_mode=baseline)["median_us"], {}, None
-        except Exception as e:
-            return None, {}, f"torch.compile ({baseline}) of the whole step failed: {bench._describe(e)}"
-    left_out = uncompilable(results)
+    again from a clean compiler state. The baseline is a row of the report: when it cannot be timed,
+    the report says why (the traceback goes to stderr) and the lock is written all the same."""
+    left_out = uncompilable(results) if baseline == "points" else {}
     while True:
         try:
+            if baseline != "points":
+                return search.time_build({}, compile_mode=baseline)["median_us"], {}, None
             return search.time_build({p: "torch_compile" for p in POINTS if p not in left_out})["median_us"], \
                 left_out, None
         except Exception as e:
-            point = _compiled_point(e)
+            point = _compiled_point(e) if baseline == "points" else None
             if point is None or point in left_out:
-                raise
+                traceback.print_exc()
+                what = "of the whole step" if baseline != "points" else "of every point"
+                return None, left_out, f"torch.compile ({baseline}) {what} failed: {bench._describe(e)}"
             left_out[point] = f"torch.compile failed in the end-to-end build ({bench._describe(e)})"
+            import torch._dynamo
+
+            torch._dynamo.reset()  # a failed compile may leave guards and caches half-built
 
 
 def _compiled_point(error: BaseException) -> str | None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 # (point, variant) -> (device type, why)
 KNOWN: dict[tuple[str, str], tuple[str, str]] = {
     ("boundary", "cute"): (
-        "cuda", "quarantined: on an H200 its kernel never completed with more than one warp per row "
-                "(runs/cute-probe-h200/). The PTX showed why: a full-warp shfl.sync (warp_idx()) inside the "
-                "lane-0 branch; fixed in _cute_boundary.py, not yet run on a GPU"),
+        "cuda", "quarantined until its GPU tests pass: it hung on an H200 with more than one warp per row "
+                "(a full-warp shfl.sync inside the lane-0 branch; fixed). Since the fix it runs and passes the "
+                "op gate there; two GPU rounding tests failed on the test's own rule, since amended "
+                "(runs/cute-probe-h200/README.md)"),
 }
 
 

@@ -129,6 +129,14 @@ def one_group_score():
     return route
 
 
+def one_vector_wrong():
+    def boundary(y, h, w, *, eps, group=None):  # the last row's first 16 bytes stored from its next 16
+        h_new, x_next = _ref("boundary")(y, h, w, eps=eps, group=group)
+        h_new[-1, :8] = h_new[-1, 8:16].clone()
+        return h_new, x_next
+    return boundary
+
+
 # name -> (point, factory, the check that must fail)
 PLANTED = {
     "window_off_by_one": ("attention", window_off_by_one, "accuracy"),
@@ -144,6 +152,7 @@ PLANTED = {
     "decode_only": ("attention", decode_only, "runs"),
     "ignores_top_p": ("sample", ignores_top_p, "support"),
     "one_group_score": ("route", one_group_score, "route_ids"),
+    "one_vector_wrong": ("boundary", one_vector_wrong, "accuracy"),
 }
 
 

@@ -214,3 +214,17 @@ def test_model_gate_forces_routing_yet_checks_the_candidates_own():
     finally:
         del table["planted_batched_wrong"]
     assert [c.name for c in report.failures] == ["routing"], [c.name for c in report.failures]
+
+
+def test_one_wrong_vector_in_a_large_output_fails_its_worst_element():
+    """At 8 x 2048 tokens one wrong 16-byte vector moves the output's relative error (a norm) by less
+    than the tolerance; its worst element is far outside ELEMENT_FACTOR x the tolerance."""
+    big = Workload(batch=8, tokens_per_seq=2048, context=0, dtype="bf16")
+    report = op_gate(planted("one_vector_wrong"), [big], seeds=(0,))
+    accuracy = [c for c in report.checks if c.name == "accuracy" and "output 0" in c.detail]
+    norm, element = [c for c in accuracy if "worst element" not in c.detail], \
+        [c for c in accuracy if "worst element" in c.detail]
+    assert norm and all(c.passed for c in norm), "the norm alone would not see it: this test's premise"
+    assert element and not any(c.passed for c in element)
+    assert all(c.error > 10 * c.threshold for c in element)
+    assert "[16383, " in element[0].detail  # the last token row: where it is wrong

@@ -583,3 +583,19 @@ def test_a_cached_result_with_a_band_past_the_cap_is_searched_again(tmp_path):
     assert search._load("boundary") is None
     search._save("boundary", PointResult("boundary", "torch", None, 2844.0, 2844.0, MAX_BAND, []))
     assert search._load("boundary") is not None
+
+
+def test_a_result_searched_without_a_library_is_searched_again_once_it_is_installed(tmp_path, monkeypatch):
+    """A point searched while CuTe DSL (or FlashInfer) was missing never tried its variants: once the
+    library is there, the cached result is not reused; while it is still missing, it is."""
+    from workbench import search as searchmod
+    from workbench.search import PointResult
+
+    search, _ = _noisy_search(tmp_path, [])
+    real = searchmod.backend_available
+    monkeypatch.setattr(searchmod, "backend_available",
+                        lambda b: (False, "not installed") if b == "cute" else real(b))
+    search._save("boundary", PointResult("boundary", "torch", None, 10.0, 10.0, 0.02, []))
+    assert search._load("boundary") is not None
+    monkeypatch.setattr(searchmod, "backend_available", lambda b: (True, "ok") if b == "cute" else real(b))
+    assert search._load("boundary") is None

@@ -6,7 +6,7 @@ its tuning configs passes the op gate first, then is timed
 at the shapes the target calls it with, weighted by how often one step calls it; it replaces the
 incumbent only if faster beyond the noise band (from repeated timings of the reference). Per-point results are
 cached as JSON under the run folder, keyed by the variants' source hashes, so a stopped run resumes
-where it was. A candidate that hangs or kills the process (a JIT build that never ends, a kernel that
+where it was (a point is searched again once a backend library that was missing then is installed). A candidate that hangs or kills the process (a JIT build that never ends, a kernel that
 faults) costs one run, not the search: the candidate in flight is recorded in
 `search/<point>.inflight` before it runs and cleared after, and a watchdog ends the process (exit code
 EXIT_STALLED) when one candidate runs past `candidate_timeout` seconds; a resumed run skips, with the
@@ -32,7 +32,7 @@ from workbench import bench, gates
 from workbench.lock import source_hash
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
-from workbench.registry import REFERENCE, variants
+from workbench.registry import REFERENCE, backend_available, variants
 
 STALLED = "did not finish in an earlier run of this search"  # a skip reason's mark: the candidate hung
 ALL_LAYERS = "all"  # the kind standing for every layer kind of a point whose inputs ignore it
@@ -294,13 +294,18 @@ class Search:
         result = PointResult.from_dict(saved["result"])
         # A band past MAX_BAND comes from the two-timing rule before _reference_time: it may have hidden
         # a winner, so that point is searched again
-        return result if result.band <= MAX_BAND else None
+        if result.band > MAX_BAND:
+            return None
+        # A library installed since (FlashInfer, CuTe DSL): its variants were never tried
+        installed = [b for b in saved.get("backends_missing", []) if backend_available(b)[0]]
+        return None if installed else result
 
     def _save(self, point: str, result: PointResult) -> None:
         path = self._cache_file(point)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict()}, f, indent=1)
+            json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict(),
+                       "backends_missing": _backends_missing(point)}, f, indent=1)
 
     def _drop_model_gate_failures(self, chosen: dict, configs: dict):
         """The op gate saw the target's shapes only; the model gate runs a ragged prefill and decode.
@@ -351,6 +356,11 @@ class Search:
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "model_gate": gate.to_dict()}
+
+
+def _backends_missing(point: str) -> list[str]:
+    """Backends of this point's variants that cannot run here (library not installed, no GPU)."""
+    return sorted({v.backend for v in variants(point).values() if not backend_available(v.backend)[0]})
 
 
 def _gap(a: float, b: float) -> float:

@@ -36,7 +36,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 SHAPES = [(4, 2, 16), (6, 1, 32)]  # (heads, kv_heads, head_dim): beam-tiny's GQA 2:1, TP8's 6:1
 # Small blocks and many splits, so tiny contexts still cross blocks, splits and empty splits.
 SMALL = [dict(BLOCK_N=16, MIN_BLOCKS=1, WAVES=64, MAX_SPLITS=8, num_warps=2, num_stages=1,
-              PREFILL_BLOCK_M=16, PREFILL_BLOCK_N=16, PREFILL_WARPS=2, PREFILL_STAGES=1)]
+              PREFILL_BLOCK_M=16, PREFILL_BLOCK_N=16, PREFILL_WARPS=2, PREFILL_STAGES=1, FUSED_MERGE_MAX_SPLITS=0)]
+SMALL += [dict(SMALL[0], FUSED_MERGE_MAX_SPLITS=8)]  # the last split program merges
 
 
 # ---- decode -----------------------------------------------------------------------------------
@@ -80,6 +81,28 @@ def test_decode_splits_follow_shapes_not_lengths():
     assert decode_splits(1, 1, 512, 64, 16, cfg, cpu) == 2    # window inside a page: at most 2 blocks
     assert decode_splits(64, 1, 512, 64, None, cfg, cpu) == 1
     assert decode_splits(1, 1, 512, 64, None, dict(cfg, MIN_BLOCKS=128), cpu) == 4
+
+
+def test_decode_merge_over_head_dim_blocks_and_split_chunks(monkeypatch):
+    """The merge runs one program per MERGE_BLOCK_D columns of head_dim (here 64: two) and walks the
+    splits MERGE_MAX_SPLITS at a time (forced to 2 here, so 8 splits take four chunks)."""
+    from workbench.variants import _triton_attention
+
+    monkeypatch.setattr(_triton_attention, "MERGE_MAX_SPLITS", 2)
+    q, cache, meta = _case([70, 33], [1, 1], heads=2, kv_heads=1, hd=64, page=8, window=None, dtype=torch.bfloat16)
+    _run_all(q, cache, meta, None, SMALL, label="merge chunks")
+
+
+def test_fused_merge_leaves_its_counters_at_zero():
+    """The last split program resets its (sequence, kv head) counter: the next call, with no memset in
+    between, merges right again (and the cached counters stay all zero)."""
+    from workbench.variants import _triton_attention
+
+    q, cache, meta = _case([70, 5, 33], [1] * 3, heads=4, kv_heads=2, hd=16, page=8, window=None,
+                           dtype=torch.bfloat16)
+    for _ in range(2):
+        _run_all(q, cache, meta, None, SMALL[1:], label="fused merge")
+    assert not _triton_attention._COUNTERS[q.device].any()
 
 
 def test_decode_padded_graph_rows():

@@ -9,8 +9,10 @@ Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, 
   (padded to 16 rows), walks its share of the query's visible key blocks (on sliding layers only the
   blocks of the last `window` keys: the loop starts at the window's first block, so the work is
   ~window keys whatever the context) with an FP32 online softmax, and writes partial (max, sum, acc).
-  A small kernel merges the splits in a fixed order. With one split the decode kernel writes the
-  output itself. The number of splits and every launch size come from tensor shapes and the device's
+  A small kernel merges the splits in a fixed order; or (configs with FUSED_MERGE_MAX_SPLITS, at
+  most that many splits) the last split program of a (sequence, kv head) to finish merges them, in
+  the same fixed order, which saves the second launch of a short, latency-bound decode (a sliding
+  window). With one split the decode kernel writes the output itself. The number of splits and every launch size come from tensor shapes and the device's
   SM count only (page_table's width, not the sequences' lengths), and lengths / positions are read on
   the device, so a decode step is CUDA-graph capturable and replays right with new contents.
 - prefill (ragged chunks): flash attention, one program per (block of a sequence's queries, query
@@ -26,8 +28,9 @@ FP32 dots (never TF32).
 
 This module must never read a page whose page_table entry is -1, nor any K/V row outside a query's
 visible range: such rows may hold stale NaN, so they are masked at the load (other=0) and never
-multiplied by a zero weight. It must never sync with the host on the decode path, and never use
-atomics (every output element is written by one program: results are bitwise reproducible).
+multiplied by a zero weight. It must never sync with the host on the decode path, and uses atomics
+only to count the splits that have finished, never to sum values (every output element is written by
+one program, merging in split order whichever program arrives last: results are bitwise reproducible).
 """
 
 import functools
@@ -45,10 +48,12 @@ MAX_GROUP = 64       # query heads per kv head a decode program holds at once
 MIN_DOT = 16         # tl.dot needs every dimension >= 16 on the GPU
 PV_SCALE = tl.constexpr(2.0 ** 15)  # see _dot_pv: exact, and p * PV_SCALE <= 32768 fits FP16
 PV_UNSCALE = tl.constexpr(2.0 ** -15)
+MERGE_MAX_SPLITS = 256  # splits one merge tile holds (a [256, 32] FP32 tile: 64 registers a thread)
+MERGE_BLOCK_D = 32      # head_dim columns per merge program
 
 # Defaults when no tuning config is given; it is also `attention.TRITON_CONFIGS[0]` (a test checks).
 DEFAULT = dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
-               PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2)
+               PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0)
 
 
 @triton.jit
@@ -117,11 +122,11 @@ def _normalised(acc, l_i):
 
 
 @triton.jit
-def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, count_ptr,
                    stride_qn, stride_qh, stride_cp, stride_ckv, stride_ct, stride_ch, stride_tb,
                    stride_on, stride_oh, max_pages, window, qk_scale, n_heads, head_dim,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SINGLE: tl.constexpr,
+                   PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SINGLE: tl.constexpr, FUSED_MERGE: tl.constexpr,
                    IEEE: tl.constexpr, INTERP: tl.constexpr):
     """One (sequence, kv head, split): its GQA group's queries against its share of the visible keys.
 
@@ -176,17 +181,49 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
         tl.store(m_ptr + row, m_i, mask=g_ok)
         tl.store(l_ptr + row, l_i, mask=g_ok)
         tl.store(acc_ptr + row[:, None] * head_dim + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+        if FUSED_MERGE:
+            # Every thread's stores above come before the count moves (barrier, then a release); the
+            # program that counts last acquires them all, merges, and leaves the counter at 0 again.
+            tl.debug_barrier()
+            counter = count_ptr + b * tl.num_programs(1) + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel") == n_splits - 1:
+                _merge_group((b.to(tl.int64) * n_heads + heads) * n_splits, g_ok, d, d_ok, m_ptr, l_ptr, acc_ptr,
+                             out_ptr + b.to(tl.int64) * stride_on + heads[:, None] * stride_oh + d[None, :],
+                             n_splits, head_dim, BLOCK_G, BLOCK_D)
+                tl.atomic_xchg(counter, 0)
+
+
+@triton.jit
+def _merge_group(rows, g_ok, d, d_ok, m_ptr, l_ptr, acc_ptr, out_ptrs, n_splits, head_dim,
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The fused merge: a GQA group's partials (`rows`: split 0's row of each head) in split order, as
+    _merge_kernel does; loads bypass L1 (".cg"): other programs wrote these rows during this kernel."""
+    m_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    for sp in range(0, n_splits):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + rows + sp, mask=g_ok, other=float("-inf"), cache_modifier=".cg"))
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for sp in range(0, n_splits):
+        w = tl.math.exp2(tl.load(m_ptr + rows + sp, mask=g_ok, other=float("-inf"), cache_modifier=".cg") - m_max)
+        l_sum += w * tl.load(l_ptr + rows + sp, mask=g_ok, other=0.0, cache_modifier=".cg")
+        acc += w[:, None] * tl.load(acc_ptr + (rows + sp)[:, None] * head_dim + d[None, :],
+                                    mask=g_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+    o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]  # no visible key at all: 0, not 0/0
+    tl.store(out_ptrs, round_to(o, out_ptrs.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (sequence, query head): combine the splits' partials in split order, FP32, round once."""
+    """One (sequence, query head, BLOCK_D of head_dim): combine the splits' partials, FP32, round once.
+    BLOCK_S covers every split (up to 256) so each tile is one load: at batch 1 with one kv head a
+    32K-token decode has 256 splits, and a program per head walking them 16 at a time was latency-bound."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // n_heads
     h = pid % n_heads
     s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     base = pid * n_splits
     m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
@@ -319,6 +356,24 @@ def _strides(q, cache, table, out):
             table.stride(0), out.stride(0), out.stride(1))
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(n: int, device: torch.device) -> torch.Tensor:
+    """n zeroed int32 arrival counters for the fused merge. Every launch leaves the counters it used
+    at 0, so one zeroed buffer per device serves every call without a memset in the step; it is
+    allocated outside CUDA graph capture only (memory allocated while capturing belongs to that graph's
+    pool), and a capture that needs more than exists gets its own zeroed counters, memset included."""
+    have = _COUNTERS.get(device)
+    if have is not None and have.numel() >= n:
+        return have
+    fresh = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return fresh
+    _COUNTERS[device] = fresh
+    return fresh
+
+
 def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
     """No host reads: every size below is a shape, a config value or the device's SM count."""
     batch, max_pages = table.shape
@@ -329,24 +384,27 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
     group = heads // kv_heads
     splits = decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
     single = splits == 1
+    fused = not single and splits <= cfg["FUSED_MERGE_MAX_SPLITS"]
     if single:  # the kernel takes the scratch pointers either way; they are not touched
         m = l_part = acc = out
     else:
         m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m)
         acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
+    counts = _split_counters(batch * kv_heads, q.device) if fused else m
     block_d = max(MIN_DOT, triton.next_power_of_2(hd))
     _decode_kernel[(batch, kv_heads, splits)](
-        q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc, *_strides(q, cache, table, out),
+        q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc, counts, *_strides(q, cache, table, out),
         max_pages, window or 0, qk_scale, heads, hd,
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=cfg["BLOCK_N"], PAGE=page, HAS_WINDOW=window is not None, SINGLE=single,
+        BLOCK_N=cfg["BLOCK_N"], PAGE=page, HAS_WINDOW=window is not None, SINGLE=single, FUSED_MERGE=fused,
         IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if not single:
-        _merge_kernel[(batch * heads,)](
+    if not single and not fused:
+        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
+        _merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
             m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
-            BLOCK_S=min(16, triton.next_power_of_2(splits)), BLOCK_D=triton.next_power_of_2(hd), num_warps=4)
+            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
 
 
 def _prefill(meta, cfg, *, q, cache, table, out, window, qk_scale):

@@ -92,18 +92,23 @@ declare(PointSpec(
 # The kernels are imported on the first call: this module must import without triton, and under the
 # CPU interpreter TRITON_INTERPRET must be set before they are defined. One config tunes both paths
 # (the search times it at its target's shape, decode or prefill): decode BLOCK_N keys per step, at
-# least MIN_BLOCKS blocks per split, splits for WAVES waves over the SMs (at most MAX_SPLITS);
+# least MIN_BLOCKS blocks per split, splits for WAVES waves over the SMs (at most MAX_SPLITS), merged by
+# the last split program when there are at most FUSED_MERGE_MAX_SPLITS (else by a second kernel);
 # prefill PREFILL_BLOCK_M queries x PREFILL_BLOCK_N keys per step.
 
 TRITON_CONFIGS = [
     dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2),
+         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
     dict(BLOCK_N=64, MIN_BLOCKS=4, WAVES=1, MAX_SPLITS=64, num_warps=4, num_stages=3,
-         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=64, PREFILL_WARPS=8, PREFILL_STAGES=2),
+         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=64, PREFILL_WARPS=8, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
     dict(BLOCK_N=32, MIN_BLOCKS=2, WAVES=4, MAX_SPLITS=256, num_warps=2, num_stages=2,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=32, PREFILL_WARPS=4, PREFILL_STAGES=3),
+         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=32, PREFILL_WARPS=4, PREFILL_STAGES=3, FUSED_MERGE_MAX_SPLITS=0),
     dict(BLOCK_N=128, MIN_BLOCKS=2, WAVES=2, MAX_SPLITS=128, num_warps=8, num_stages=2,
-         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=128, PREFILL_WARPS=8, PREFILL_STAGES=1),
+         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=128, PREFILL_WARPS=8, PREFILL_STAGES=1, FUSED_MERGE_MAX_SPLITS=0),
+    # the first, with the splits of a window (at most 9 of 64 keys at window 512) merged by the last
+    # split program to finish instead of a second kernel
+    dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
+         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=16),
 ]
 
 

@@ -13,7 +13,10 @@ Two paths compute the same function, each with two kernels:
   CUDA-graph capturable; the grid is sized for the worst case and surplus blocks exit at once).
   Kernel 1 is a grouped gate+up GEMM (tl.dot, FP32 accumulation) with SwiGLU in the epilogue;
   kernel 2 the grouped down GEMM with the routing weight in the epilogue, writing each pair's FP32
-  row; a small kernel sums each token's top_k rows in a fixed order and rounds once.
+  row; a small kernel sums each token's top_k rows in a fixed order and rounds once. Rounded
+  (experts:triton_rounded): kernel 2 writes each pair's row rounded to the model dtype, as the
+  reference rounds an expert's output, and the combine applies the weights (half the bytes between
+  them: 2.7 GB a layer in FP32 at 8 x 2048 tokens, top-8 of hidden 5120).
 
 Nothing here uses atomics: every output element is owned by one program, so results are bitwise
 identical run to run. The activation is rounded once to the model dtype (as in the reference); the
@@ -232,12 +235,13 @@ def _gate_up_grouped(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr
 def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
                   N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr):
-    """out[pair, n-block] = rw[pair] * (act[row] @ down[e].T) in FP32, for one expert's block of rows.
+                  N_BLOCKS_N: tl.constexpr, ROUNDED: tl.constexpr, PRECISION: tl.constexpr,
+                  INTERP: tl.constexpr):
+    """out[pair, n-block] = act[row] @ down[e].T for one expert's block of rows: times the routing
+    weight in FP32, or (ROUNDED) rounded to the model dtype with the weight left to the combine.
 
-    The grouped down GEMM with the routing weight in the epilogue. Rows of one token land in
-    different programs, so instead of atomics each pair gets its own FP32 row (scattered back to
-    pair order) and `_combine` sums them: deterministic, rounded once.
+    Rows of one token land in different programs, so instead of atomics each pair gets its own row
+    (scattered back to pair order) and `_combine` sums them: deterministic, rounded once.
     """
     pid_m = tl.program_id(0) // N_BLOCKS_N
     pid_n = tl.program_id(0) % N_BLOCKS_N
@@ -257,29 +261,39 @@ def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
         a = tl.load(a_ptrs + f0, mask=f_ok[None, :], other=0.0)
         b = tl.load(wd_ptr + w_off + f0, mask=f_ok[:, None], other=0.0)
         acc = _dot(a, b, acc, PRECISION, INTERP)
-    rw = tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + cols[None, :], acc * rw[:, None],
+    if ROUNDED:
+        rows = _round(acc, out_ptr.dtype.element_ty, INTERP)
+    else:
+        rows = acc * tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + cols[None, :], rows,
              mask=row_ok[:, None] & (cols[None, :] < HIDDEN))
 
 
 @triton.jit
-def _combine(out_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    """y[token] = sum_k out[token * TOP_K + k] in FP32, in k order, rounded once to the model dtype."""
+def _combine(out_ptr, rw_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr, WEIGHTED: tl.constexpr,
+             INTERP: tl.constexpr):
+    """y[token] = sum_k out[token * TOP_K + k] (times rw[token, k] when WEIGHTED) in FP32, in k order,
+    rounded once to the model dtype."""
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < HIDDEN
     acc = tl.zeros([BLOCK], tl.float32)
     for k in tl.static_range(TOP_K):
-        acc += tl.load(out_ptr + (token * TOP_K + k) * HIDDEN + offs, mask=ok, other=0.0)
+        row = tl.load(out_ptr + (token * TOP_K + k) * HIDDEN + offs, mask=ok, other=0.0).to(tl.float32)
+        if WEIGHTED:
+            row = tl.load(rw_ptr + token * TOP_K + k) * row
+        acc += row
     tl.store(y_ptr + token * HIDDEN + offs, _round(acc, y_ptr.dtype.element_ty, INTERP), mask=ok)
 
 
 # ---- entry point ---------------------------------------------------------------------------------
 
-def fused_experts(x, ids, weights, w, config: dict | None = None):
+def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bool = False):
     """The `experts` contract. `config` is one of the variant's tuning configs; its "path" forces
-    GEMV or grouped (the harness times both at the target's batch); None picks by size."""
+    GEMV or grouped (the harness times both at the target's batch); None picks by size. `rounded`
+    (experts:triton_rounded): the grouped path rounds each pair's down projection to the model dtype,
+    as the reference rounds each expert's output, and weights the pairs in the combine."""
     wg, wu, wd = w["gate_proj"], w["up_proj"], w["down_proj"]
     n, top_k = ids.shape
     n_experts, ff, hidden = wg.shape
@@ -317,11 +331,13 @@ def fused_experts(x, ids, weights, w, config: dict | None = None):
     _gate_up_grouped[(n_blocks * grid_n,)](
         x, sorted_pairs, block_expert, wg, wu, act, n_pairs, n_experts, hidden, ff, wg.stride(0), wg.stride(1),
         TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, **launch)
-    out = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
+    # per-pair rows: FP32 and weighted, or (rounded) in the model dtype: half the bytes to the combine
+    out = torch.empty(n_pairs, hidden, dtype=x.dtype if rounded else torch.float32, device=x.device)
     grid_n = triton.cdiv(hidden, bn)
     _down_grouped[(n_blocks * grid_n,)](
         act, sorted_pairs, block_expert, rw, wd, out, n_pairs, n_experts, hidden, ff, wd.stride(0), wd.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, **launch)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, ROUNDED=rounded, **launch)
     block = min(1024, triton.next_power_of_2(hidden))
-    _combine[(n, triton.cdiv(hidden, block))](out, y, hidden, TOP_K=top_k, BLOCK=block, INTERP=_INTERPRETED)
+    _combine[(n, triton.cdiv(hidden, block))](out, rw, y, hidden, TOP_K=top_k, BLOCK=block, WEIGHTED=rounded,
+                                              INTERP=_INTERPRETED)
     return y

@@ -1,10 +1,7 @@
 """`experts:triton_rounded`: experts:triton's grouped (prefill) path with each routed pair's output
 rounded to the model dtype before the weighted FP32 combine: the reference's rounding, and half the
-bytes between the down projection and the combine (`_triton_moe_rounded.py`). Decode shapes take
-experts:triton's GEMV path, so the search times this variant only where pairs are grouped.
-
-A module of its own rather than a change to experts.py / _triton_moe.py: either would change
-experts:triton's source hash, and so stale every lock that holds it.
+bytes between the down projection and the combine (`_triton_moe.py`, `rounded=True`). Decode shapes
+take experts:triton's GEMV path, so the search times this variant only where pairs are grouped.
 """
 
 from workbench.registry import register
@@ -25,9 +22,13 @@ def _supports(wl):
 
 def _at(config=None):
     def experts_triton_rounded(x, ids, weights, w):
-        from workbench.variants._triton_moe_rounded import rounded_experts
+        from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
 
-        return rounded_experts(x, ids, weights, w, config)
+        if ids.numel() <= GEMV_MAX_PAIRS:
+            return fused_experts(x, ids, weights, w)  # decode: the GEMV path keeps no per-pair rows
+        if config is not None and config["path"] != "grouped":
+            raise ValueError(f"experts:triton_rounded takes grouped configs, not {config}")
+        return fused_experts(x, ids, weights, w, config, rounded=True)
     return experts_triton_rounded
 
 

@@ -221,6 +221,36 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), None] and finalized == [1]
 
 
+def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(run, tmp_path, monkeypatch):
+    """`--compile-baseline points max-autotune-no-cudagraphs`: one row each in the report (the issue's
+    baseline beside every point's torch_compile); each is saved to end_to_end.json once timed, so a
+    resumed run times none again (a whole-step max-autotune compile takes minutes)."""
+    import shutil
+
+    from workbench import optimize as optmod
+
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(run[0], resumed)  # its end_to_end.json holds the "points" baseline
+    timed = []
+    monkeypatch.setattr(optmod, "time_compile_baseline", lambda search, mode, results: timed.append(mode) or
+                        (None, {}, f"torch.compile ({mode}) of the whole step failed: planted"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest",
+                           compile_baselines=("points", "max-autotune-no-cudagraphs"))
+    report = optimize(opts)
+    assert timed == ["max-autotune-no-cudagraphs"]
+    assert [b["mode"] for b in report["torch_compile_baselines"]] == ["points", "max-autotune-no-cudagraphs"]
+    assert report["torch_compile_ms"] == run[1]["torch_compile_ms"]  # the first row fills the old fields
+    with open(os.path.join(resumed, "report.md")) as f:
+        md = f.read()
+    assert "| torch.compile (every point) |" in md
+    assert "| torch.compile of the whole reference step (max-autotune-no-cudagraphs) | failed | |" in md
+    assert "torch.compile (max-autotune-no-cudagraphs) of the whole step failed: planted" in md
+    optimize(opts)
+    assert timed == ["max-autotune-no-cudagraphs"]
+
+
 def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):
     """The op gate sees the target's decode shapes only; a kernel with no prefill path passes it,
     then fails the model gate's ragged prefill: finalize drops that choice and keeps the others."""

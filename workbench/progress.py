@@ -8,6 +8,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from workbench.optimize import compile_baselines
+
 
 class ConsoleProgress:
     def __init__(self, console: Console | None = None):
@@ -67,16 +69,17 @@ class ConsoleProgress:
         for col in ("build", "step ms", "locked speed-up"):
             t.add_column(col, justify="right" if col != "build" else "left")
         t.add_row("reference", f"{r['reference_ms']:.3f}", f"{r['speedup']:.2f}x")
-        if r["torch_compile_ms"]:
-            t.add_row("torch.compile", f"{r['torch_compile_ms']:.3f}", f"{r['speedup_vs_torch_compile']:.2f}x")
-        else:
-            t.add_row("torch.compile", "failed", "")
+        baselines = compile_baselines(r)
+        for b in baselines:
+            name = "torch.compile" if b["mode"] == "points" else f"torch.compile ({b['mode']})"
+            t.add_row(name, *((f"{b['ms']:.3f}", f"{b['speedup']:.2f}x") if b["ms"] else ("failed", "")))
         t.add_row("locked", f"{r['locked_ms']:.3f}", "")
         self.console.print(t)
-        for point, why in (r.get("torch_compile_left_out") or {}).items():
-            self.console.print(f"torch.compile build: {point} kept at its reference: {why}")
-        if r.get("torch_compile_error"):
-            self.console.print(r["torch_compile_error"])
+        for b in baselines:
+            for point, why in (b.get("left_out") or {}).items():
+                self.console.print(f"torch.compile build: {point} kept at its reference: {why}")
+            if b.get("error"):
+                self.console.print(b["error"])
         locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != "torch"}
         self.console.print(f"locked variants: {locked or 'reference everywhere'}")
         self.console.print(f"wrote {out_dir}/lock.yaml, report.md, report.json, profile.json")

@@ -27,11 +27,11 @@ def add_arguments(p) -> None:
     p.add_argument("--candidate-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="end the run when one candidate's gate + timing takes longer (a hung kernel or JIT build); "
                         "the same command resumes and skips it (default: %(default)s; 0: no limit)")
-    p.add_argument("--compile-baseline", default="points",
+    p.add_argument("--compile-baseline", nargs="+", default=["points"], metavar="MODE",
                    choices=("points", "default", "max-autotune-no-cudagraphs"),  # the step is graph-captured already
-                   help="the report's torch.compile build: 'points' (each point's torch_compile variant, default) "
-                        "or a torch.compile mode for the whole reference step, e.g. max-autotune-no-cudagraphs "
-                        "(compiles the whole model: minutes at full size)")
+                   help="the report's torch.compile builds, a row each: 'points' (each point's torch_compile "
+                        "variant, default) and/or a torch.compile mode for the whole reference step, e.g. "
+                        "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size)")
     p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
     p.add_argument("--agent", metavar="CMD", help="after the search, run `CMD TASK_DIR` for the points with the "
                    "most headroom and judge the variant it leaves there (see AGENTS.md)")
@@ -64,7 +64,7 @@ def run(args) -> int:
                            out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
-                           candidate_timeout=args.candidate_timeout or None, compile_baseline=args.compile_baseline,
+                           candidate_timeout=args.candidate_timeout or None, compile_baselines=tuple(dict.fromkeys(args.compile_baseline)),
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.tui:
         from workbench.tui import WorkbenchApp

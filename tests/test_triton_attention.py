@@ -96,13 +96,13 @@ def test_decode_merge_over_head_dim_blocks_and_split_chunks(monkeypatch):
 def test_fused_merge_leaves_its_counters_at_zero():
     """The last split program resets its (sequence, kv head) counter: the next call, with no memset in
     between, merges right again (and the cached counters stay all zero)."""
-    from workbench.variants import _triton_attention
+    from workbench.variants import _arrivals
 
     q, cache, meta = _case([70, 5, 33], [1] * 3, heads=4, kv_heads=2, hd=16, page=8, window=None,
                            dtype=torch.bfloat16)
     for _ in range(2):
         _run_all(q, cache, meta, None, SMALL[1:], label="fused merge")
-    assert not _triton_attention._COUNTERS[q.device].any()
+    assert not _arrivals._COUNTERS[q.device].any()
 
 
 def test_decode_padded_graph_rows():

@@ -62,6 +62,19 @@ def test_route_matches_reference(shape, n, config):
     _assert_routes_equal(got, reference("route").fn(x, w, **kw))
 
 
+def test_route_fused_select_leaves_its_counter_at_zero():
+    """fused_select: the GEMV's last program selects and resets the arrival counter, so calls in a row
+    (a graph replaying the step, no memset between) route right each time."""
+    from workbench.variants import _arrivals
+
+    (cfg,) = [c for c in route_mod.ROUTE_CONFIGS if c["fused_select"]]
+    v = get("route", "triton")
+    for n in (1, 5, 1):
+        x, w, kw = _route_case("e256", n, seed=n)
+        _assert_routes_equal(v.at(cfg)(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
+    assert not _arrivals._COUNTERS[torch.device("cpu")].any()
+
+
 @pytest.mark.parametrize("n", [1, 6])
 def test_route_nan_rows_still_select_top_k_distinct_experts(n):
     """A NaN activation row must not leave ids unwritten: the experts would gather out of bounds."""

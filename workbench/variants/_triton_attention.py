@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.variants._arrivals import arrival_counters
 from workbench.variants._triton_common import INTERPRETED, round_to
 
 LOG2E = 1.4426950408889634
@@ -356,24 +357,6 @@ def _strides(q, cache, table, out):
             table.stride(0), out.stride(0), out.stride(1))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(n: int, device: torch.device) -> torch.Tensor:
-    """n zeroed int32 arrival counters for the fused merge. Every launch leaves the counters it used
-    at 0, so one zeroed buffer per device serves every call without a memset in the step; it is
-    allocated outside CUDA graph capture only (memory allocated while capturing belongs to that graph's
-    pool), and a capture that needs more than exists gets its own zeroed counters, memset included."""
-    have = _COUNTERS.get(device)
-    if have is not None and have.numel() >= n:
-        return have
-    fresh = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return fresh
-    _COUNTERS[device] = fresh
-    return fresh
-
-
 def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
     """No host reads: every size below is a shape, a config value or the device's SM count."""
     batch, max_pages = table.shape
@@ -391,7 +374,7 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
         m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m)
         acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
-    counts = _split_counters(batch * kv_heads, q.device) if fused else m
+    counts = arrival_counters(batch * kv_heads, q.device) if fused else m
     block_d = max(MIN_DOT, triton.next_power_of_2(hd))
     _decode_kernel[(batch, kv_heads, splits)](
         q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc, counts, *_strides(q, cache, table, out),

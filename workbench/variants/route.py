@@ -112,7 +112,8 @@ declare(PointSpec(
 
 # ---- triton: batch-size-specialised FP32 router GEMM + one fused selection kernel ----------------
 #
-# Two launches per call, as in the published design ("Fused FP32 routing"):
+# Two launches per call, as in the published design ("Fused FP32 routing"), or one (fused_select configs:
+# at N <= 16 the GEMV's last program to finish runs the selection):
 #  1. the router GEMM in FP32, one of three regimes picked from the token count N (a shape, so the
 #     choice is fixed inside a CUDA graph):
 #       N <= 16   `_route_gemv`: FP32 CUDA cores; a program owns BLOCK_E experts x one K slice and
@@ -132,6 +133,7 @@ declare(PointSpec(
 
 import os
 
+from workbench.variants._arrivals import arrival_counters  # noqa: E402
 from workbench.variants._triton_common import jit as _jit, tl, triton  # noqa: E402
 
 ROUTE_GEMV_MAX = 16   # tokens: up to here the FP32 GEMV
@@ -141,11 +143,16 @@ _TARGET_CTAS = 264    # 2 CTAs per SM on H200's 132 SMs: tiled regimes split K o
 
 @_jit
 def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
-                BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                bias_ptr, ids_ptr, wts_ptr, count_ptr, EPG, scale,
+                BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
+                SPLIT: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
     """Router logits for N <= 16 tokens on FP32 CUDA cores: part[s, n, e] = x[n, Ks] . W[e, Ks].
 
     Products accumulate element-wise in a [BLOCK_N, BLOCK_E, BLOCK_K] register tile and are reduced
-    over K once at the end, so the loop is pure loads + FMAs (no shuffles per step)."""
+    over K once at the end, so the loop is pure loads + FMAs (no shuffles per step). FUSED: the
+    program that stores the last partials (an arrival counter, `_arrivals.py`) runs the selection of
+    every token, so a decode step routes in one launch instead of two."""
     pid_e, pid_s = tl.program_id(0), tl.program_id(1)
     offs_n = tl.arange(0, BLOCK_N)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -163,6 +170,14 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
     out = tl.sum(acc, axis=2)
     tl.store(part_ptr + (pid_s * N + offs_n[:, None]) * E + offs_e[None, :], out,
              mask=(offs_n[:, None] < N) & (offs_e[None, :] < E))
+    if FUSED:
+        # Every thread's stores above come before the count moves (barrier, then a release); the last
+        # program acquires them all, selects, and leaves the counter at 0 again.
+        tl.debug_barrier()
+        if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) * tl.num_programs(1) - 1:
+            _select(tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT,
+                    N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, ".cg")
+            tl.atomic_xchg(count_ptr, 0)
 
 
 @_jit
@@ -217,19 +232,29 @@ def _route_mm(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
 def _route_select(part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: tl.constexpr,
                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
-    """noaux_tc selection for BLOCK_T tokens, fused: sum of the split-K partials -> sigmoid -> + bias
+    """The selection of BLOCK_T tokens per program (`_select`), after any router GEMM."""
+    _select(tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG,
+            scale, SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, "")
+
+
+@_jit
+def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: tl.constexpr,
+            N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
+            BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, CACHE: tl.constexpr):
+    """noaux_tc selection for tokens `tok`, fused: sum of the split-K partials -> sigmoid -> + bias
     -> group score (top-2 sum) -> top TOPK_GROUP groups -> top TOP_K experts in them -> unbiased
     scores there, renormalised, * scale. Experts sit in a [token, group, member] register tile.
     Selection is iterative arg-max (TOP_K rounds of two reductions): cheaper than a sort at 256
-    experts. Ids are written in ascending expert order (the contract leaves the order free)."""
-    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    experts. Ids are written in ascending expert order (the contract leaves the order free).
+    CACHE: the partials' load cache modifier (".cg", from L2, when other programs of the same kernel
+    wrote them)."""
     g = tl.arange(0, BLOCK_G)
     t3, g3, j3 = tok[:, None, None], g[None, :, None], tl.arange(0, BLOCK_J)[None, None, :]
     e3 = g3 * EPG + j3
     valid = (t3 < N) & (g3 < N_GROUP) & (j3 < EPG)
     logit = tl.zeros((BLOCK_T, BLOCK_G, BLOCK_J), tl.float32)
     for s in tl.static_range(SPLIT):  # unrolled: the loads overlap; fixed order: bitwise reproducible
-        logit += tl.load(part_ptr + (s * N + t3) * E + e3, mask=valid, other=0.0)
+        logit += tl.load(part_ptr + (s * N + t3) * E + e3, mask=valid, other=0.0, cache_modifier=CACHE)
     score = 1.0 / (1.0 + tl.exp(-logit))
     neg_inf = float("-inf")
     # NaN scores (a broken GEMM upstream) rank lowest: selection still writes top_k in-range ids, so
@@ -294,21 +319,27 @@ ROUTE_CONFIGS = [
     # N > 96 (split = most K slices, used only while the output tiles alone cannot fill the GPU).
     # select_*: tokens per program, and warps at that many tokens (fewer tokens, fewer warps: at one
     # token a single warp does the 2 * top_k + 2 * topk_group + 5 reductions with shuffles only).
+    # fused_select: at N <= 16 the GEMV's last program to finish selects (no second launch).
     dict(gemv_block_e=4, gemv_block_k=1024, gemv_split=5, gemv_warps=4,  # 320 CTAs x 16 KB at 256 x 5120
          fp32_block_m=32, fp32_block_e=64, fp32_block_k=32, fp32_split=16, fp32_warps=4,
          tc_block_m=64, tc_block_e=64, tc_block_k=64, tc_split=8, tc_warps=4, tc_stages=3,
-         select_tokens=4, select_warps=4),
+         select_tokens=4, select_warps=4, fused_select=False),
     dict(gemv_block_e=1, gemv_block_k=1024, gemv_split=1, gemv_warps=4,  # published: one CTA per expert
          fp32_block_m=16, fp32_block_e=64, fp32_block_k=64, fp32_split=16, fp32_warps=4,
          tc_block_m=64, tc_block_e=128, tc_block_k=64, tc_split=8, tc_warps=8, tc_stages=3,
-         select_tokens=8, select_warps=8),
+         select_tokens=8, select_warps=8, fused_select=False),
     # (A 20-way split config, gemv_block_e=16 / gemv_block_k=256 / select_tokens=2, gave NaN weights at
     # 8 tokens on the H200 under triton 3.6 while passing interpreted: the op gate rejected it there;
     # removed until that is understood.)
     dict(gemv_block_e=8, gemv_block_k=512, gemv_split=10, gemv_warps=4,
          fp32_block_m=64, fp32_block_e=64, fp32_block_k=16, fp32_split=8, fp32_warps=8,
          tc_block_m=128, tc_block_e=128, tc_block_k=64, tc_split=16, tc_warps=8, tc_stages=3,
-         select_tokens=16, select_warps=16),
+         select_tokens=16, select_warps=16, fused_select=False),
+    # the first, with the selection run by the GEMV's last program at N <= 16: one launch a decode step
+    dict(gemv_block_e=4, gemv_block_k=1024, gemv_split=5, gemv_warps=4,
+         fp32_block_m=32, fp32_block_e=64, fp32_block_k=32, fp32_split=16, fp32_warps=4,
+         tc_block_m=64, tc_block_e=64, tc_block_k=64, tc_split=8, tc_warps=4, tc_stages=3,
+         select_tokens=4, select_warps=4, fused_select=True),
 ]
 
 
@@ -325,20 +356,44 @@ def _route_prepare(w):
     return {"weight": weight, "bias": w["bias"].float().contiguous(), "bf16x3": torch.stack([w1, w2, w3])}
 
 
+def _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t):
+    """The selection's arguments, for `_route_select` or the fused `_route_gemv` (keywords: constexprs)."""
+    e = w["weight"].shape[0]
+    epg = e // n_group
+    return (w["bias"], ids, weights), (e, epg, float(scale)), dict(
+        SPLIT=part.shape[0], N_GROUP=n_group, TOPK_GROUP=topk_group, TOP_K=top_k, BLOCK_T=block_t,
+        BLOCK_G=_pow2(n_group), BLOCK_J=_pow2(epg))
+
+
+def _route_gemv_launch(x, w, cfg, select):
+    """The GEMV regime: partial logits [SPLIT, N, E]; with `select` (the selection's outputs and
+    settings), the last program also selects (fused_select configs)."""
+    n, k = x.shape
+    e = w["weight"].shape[0]
+    block_n = _pow2(n)
+    # Keep the register tile BLOCK_N x BLOCK_E x BLOCK_K near the N = 1 size as N grows.
+    block_k = max(16, cfg["gemv_block_k"] // block_n)
+    split, per = _split_k(k, block_k, cfg["gemv_split"])
+    part = torch.empty((split, n, e), dtype=torch.float32, device=x.device)
+    if select is None:  # placeholders for the pointers and sizes the unfused kernel never reads
+        outs, sizes, consts = (part, part, part), (0, 0, 0.0), dict(SPLIT=1, N_GROUP=1, TOPK_GROUP=1, TOP_K=1,
+                                                                     BLOCK_T=1, BLOCK_G=1, BLOCK_J=1)
+        count = part
+    else:
+        outs, sizes, consts = _select_args(part, w, *select)
+        count = arrival_counters(1, x.device)
+    _route_gemv[(triton.cdiv(e, cfg["gemv_block_e"]), split)](
+        x, w["weight"], part, n, e, k, per, *outs, count, *sizes[1:], BLOCK_N=block_n, BLOCK_E=cfg["gemv_block_e"],
+        BLOCK_K=block_k, FUSED=select is not None, **consts, num_warps=cfg["gemv_warps"])
+    return part
+
+
 def _route_logits(x, w, cfg):
     """FP32 partial logits [SPLIT, N, E] for the regime N falls in."""
     n, k = x.shape
     e = w["weight"].shape[0]
     if n <= ROUTE_GEMV_MAX:
-        block_n = _pow2(n)
-        # Keep the register tile BLOCK_N x BLOCK_E x BLOCK_K near the N = 1 size as N grows.
-        block_k = max(16, cfg["gemv_block_k"] // block_n)
-        split, per = _split_k(k, block_k, cfg["gemv_split"])
-        part = torch.empty((split, n, e), dtype=torch.float32, device=x.device)
-        _route_gemv[(triton.cdiv(e, cfg["gemv_block_e"]), split)](
-            x, w["weight"], part, n, e, k, per, BLOCK_N=block_n, BLOCK_E=cfg["gemv_block_e"],
-            BLOCK_K=block_k, num_warps=cfg["gemv_warps"])
-        return part
+        return _route_gemv_launch(x, w, cfg, None)
     tc = n > ROUTE_FP32_MAX
     p = "tc_" if tc else "fp32_"
     bm, be, bk = cfg[p + "block_m"], cfg[p + "block_e"], cfg[p + "block_k"]
@@ -356,20 +411,22 @@ def _route_logits(x, w, cfg):
 def _route_triton_at(cfg):
     def route_triton(x, w, *, n_group, topk_group, top_k, scale):
         x = x.contiguous()
-        n, e = x.shape[0], w["weight"].shape[0]
+        n = x.shape[0]
         ids = torch.empty((n, top_k), dtype=torch.int64, device=x.device)
         weights = torch.empty((n, top_k), dtype=torch.float32, device=x.device)
         if n == 0:
             return ids, weights
-        part = _route_logits(x, w, cfg)
-        epg = e // n_group
         # Never 2 tokens per program: BLOCK_T = 2 selected wrong experts on the H200 (triton 3.6),
         # twice, while passing interpreted; 1 (decode) and >= 4 pass the gates there.
+        if cfg["fused_select"] and n <= ROUTE_GEMV_MAX:  # one program selects every token
+            block_t = 1 if n == 1 else max(4, _pow2(n))
+            _route_gemv_launch(x, w, cfg, (ids, weights, n_group, topk_group, top_k, scale, block_t))
+            return ids, weights
+        part = _route_logits(x, w, cfg)
         block_t = 1 if n == 1 else max(min(4, cfg["select_tokens"]), min(cfg["select_tokens"], _pow2(n)))
+        outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
         _route_select[(triton.cdiv(n, block_t),)](
-            part, w["bias"], ids, weights, n, e, epg, float(scale), SPLIT=part.shape[0], N_GROUP=n_group,
-            TOPK_GROUP=topk_group, TOP_K=top_k, BLOCK_T=block_t, BLOCK_G=_pow2(n_group), BLOCK_J=_pow2(epg),
-            num_warps=max(1, cfg["select_warps"] * block_t // cfg["select_tokens"]))
+            part, *outs, n, *sizes, **consts, num_warps=max(1, cfg["select_warps"] * block_t // cfg["select_tokens"]))
         return ids, weights
 
     return route_triton

@@ -110,6 +110,23 @@ def test_odd_shapes(config):
     assert _rel_err(_run(config, x, ids, weights, w), _truth(x, ids, weights, w)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gemv_split_k(split, dtype):
+    """SPLIT_K: hidden 200 in 16-wide steps (13, the last one partial) cut into slices (7 + 6 steps, or
+    4 + 4 + 4 + 1), the last program of each (pair, n-block) summing them; calls in a row leave the
+    arrival counters at 0."""
+    from workbench.variants import _arrivals
+
+    cfg = dict(GEMV, BLOCK_K=16, SPLIT_K=split)
+    for seed in (1, 2):  # a second call reuses the counters the first left
+        x, ids, weights, w = _problem(3, dtype, seed=seed, hidden=200, ff=48, experts=10, top_k=3)
+        y, ref = _run(cfg, x, ids, weights, w), _truth(x, ids, weights, w)
+        assert _rel_err(y, ref) < TOL[dtype]
+        assert torch.equal(y, _run(cfg, x, ids, weights, w))
+    assert not _arrivals._COUNTERS[torch.device("cpu")].any()
+
+
 def test_no_tokens():
     x, ids, weights, w = _problem(0, torch.bfloat16)
     assert _run(None, x, ids, weights, w).shape == (0, TINY.hidden_size)

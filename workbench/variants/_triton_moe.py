@@ -18,9 +18,10 @@ Two paths compute the same function, each with two kernels:
   reference rounds an expert's output, and the combine applies the weights (half the bytes between
   them: 2.7 GB a layer in FP32 at 8 x 2048 tokens, top-8 of hidden 5120).
 
-Nothing here uses atomics: every output element is owned by one program, so results are bitwise
-identical run to run. The activation is rounded once to the model dtype (as in the reference); the
-combine is FP32 and rounded once.
+Atomics only count arrivals (the GEMV path's SPLIT_K configs), never sum values: every output element
+is written by one program, in a fixed order, so results are bitwise identical run to run. The
+activation is rounded once to the model dtype (as in the reference); the combine is FP32 and rounded
+once.
 """
 
 import os
@@ -28,6 +29,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from workbench.variants._arrivals import arrival_counters
 
 GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
 GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group
@@ -70,13 +73,17 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, INTERP: tl.constexpr):
 # ---- GEMV path -----------------------------------------------------------------------------------
 
 @triton.jit
-def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, HIDDEN, FF, stride_we, stride_wf,
-                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, HIDDEN, FF, K_PER_SPLIT,
+                  stride_we, stride_wf, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT: tl.constexpr, INTERP: tl.constexpr):
     """act[pair, n-block] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair].
 
     Fuses both GEMVs and SwiGLU: each gate/up weight element is loaded once (BLOCK_K-wide rows
     along hidden, which is contiguous) and FMA'd into an FP32 tile that is reduced only at the end,
     so the inner loop is pure loads + FMAs. Only the pair's own expert is touched.
+    SPLIT > 1: hidden is cut into SPLIT slices (program_id 2), more programs streaming at once; each
+    stores its FP32 partial (gate, up) and the last of a (pair, n-block) to arrive (an arrival
+    counter, `_arrivals.py`) sums them in slice order, applies SwiGLU and resets the counter.
     """
     pair = tl.program_id(0)
     token = pair // TOP_K
@@ -84,19 +91,41 @@ def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, HIDDEN, FF, stride_we
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     w_off = e * stride_we + offs_n[:, None] * stride_wf + offs_k[None, :]
+    k_lo = tl.program_id(2) * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, HIDDEN)
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, HIDDEN, BLOCK_K):
-        k_ok = offs_k + k0 < HIDDEN
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = offs_k + k0 < k_hi
         xk = tl.load(x_ptr + token.to(tl.int64) * HIDDEN + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         m = (offs_n[:, None] < FF) & k_ok[None, :]  # rows past FF would be the next expert's: never read
         acc_g += tl.load(wg_ptr + w_off + k0, mask=m, other=0.0).to(tl.float32) * xk[None, :]
         acc_u += tl.load(wu_ptr + w_off + k0, mask=m, other=0.0).to(tl.float32) * xk[None, :]
     g = tl.sum(acc_g, axis=1)
     u = tl.sum(acc_u, axis=1)
+    n_ok = offs_n < FF
+    if SPLIT > 1:
+        rows = part_ptr + (pair.to(tl.int64) * SPLIT * 2) * FF + offs_n  # part[pair, slice, gate|up, FF]
+        tl.store(rows + (tl.program_id(2) * 2) * FF, g, mask=n_ok)
+        tl.store(rows + (tl.program_id(2) * 2 + 1) * FF, u, mask=n_ok)
+        tl.debug_barrier()  # every thread's stores before the count moves (a release)
+        counter = count_ptr + pair * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:
+            g = tl.zeros([BLOCK_N], tl.float32)
+            u = tl.zeros([BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLIT):  # slice order: bitwise reproducible
+                g += tl.load(rows + (s * 2) * FF, mask=n_ok, other=0.0, cache_modifier=".cg")
+                u += tl.load(rows + (s * 2 + 1) * FF, mask=n_ok, other=0.0, cache_modifier=".cg")
+            _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok, INTERP)
+            tl.atomic_xchg(counter, 0)
+    else:
+        _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok, INTERP)
+
+
+@triton.jit
+def _swiglu_store(g, u, act_ptrs, mask, INTERP: tl.constexpr):
     act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u in FP32 (tl.sigmoid inlined: cheaper interpreted)
-    act = _round(act, act_ptr.dtype.element_ty, INTERP)
-    tl.store(act_ptr + pair.to(tl.int64) * FF + offs_n, act, mask=offs_n < FF)
+    tl.store(act_ptrs, _round(act, act_ptrs.dtype.element_ty, INTERP), mask=mask)
 
 
 @triton.jit
@@ -312,9 +341,16 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
     if cfg["path"] == "gemv":
         act = torch.empty(n_pairs, ff, dtype=x.dtype, device=x.device)
         bn, bk = cfg["BLOCK_N"], min(cfg["BLOCK_K"], triton.next_power_of_2(hidden))
-        _gate_up_gemv[(n_pairs, triton.cdiv(ff, bn))](
-            x, ids, wg, wu, act, hidden, ff, wg.stride(0), wg.stride(1),
-            TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, **launch)
+        # hidden slices of whole BLOCK_K steps, none empty
+        steps = triton.cdiv(hidden, bk)
+        per = triton.cdiv(steps, min(cfg.get("SPLIT_K", 1), steps))
+        split = triton.cdiv(steps, per)
+        grid = (n_pairs, triton.cdiv(ff, bn), split)
+        part = torch.empty((n_pairs, split, 2, ff), dtype=torch.float32, device=x.device) if split > 1 else act
+        count = arrival_counters(grid[0] * grid[1], x.device) if split > 1 else act
+        _gate_up_gemv[grid](
+            x, ids, wg, wu, act, part, count, hidden, ff, per * bk, wg.stride(0), wg.stride(1),
+            TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, **launch)
         bn, bk = cfg["DOWN_BLOCK_N"], min(cfg["DOWN_BLOCK_K"], triton.next_power_of_2(ff))
         _down_gemv[(n, triton.cdiv(hidden, bn))](
             act, ids, rw, wd, y, hidden, ff, wd.stride(0), wd.stride(1),

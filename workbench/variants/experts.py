@@ -107,7 +107,8 @@ declare(PointSpec(
 # 2048 pairs, where it would re-read each expert per pair); no config picks by size.
 
 TRITON_CONFIGS = [
-    # GEMV: BLOCK_N ff rows x BLOCK_K hidden per gate/up step; DOWN_* = hidden rows x ff per down step
+    # GEMV: BLOCK_N ff rows x BLOCK_K hidden per gate/up step (hidden in SPLIT_K slices, default 1);
+    # DOWN_* = hidden rows x ff per down step
     dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1),
     dict(path="gemv", BLOCK_N=4, BLOCK_K=1024, DOWN_BLOCK_N=8, DOWN_BLOCK_K=128, num_warps=4, num_stages=1),
     # the H200 sweep's best of each axis at beam-501b-tp8 b1 (runs/experts-sweep-tp8-b1/), combined
@@ -115,6 +116,9 @@ TRITON_CONFIGS = [
     dict(path="gemv", BLOCK_N=8, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=4, BLOCK_K=2048, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=8, BLOCK_K=1024, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
+    # the winner above with hidden cut in 2 / 4 slices: 2-4x the gate/up programs streaming at once
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=2),
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=4),
     # grouped: BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction, for both GEMMs
     dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     dict(path="grouped", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),

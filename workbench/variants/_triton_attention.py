@@ -12,9 +12,10 @@ Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, 
   A small kernel merges the splits in a fixed order; or (configs with FUSED_MERGE_MAX_SPLITS, at
   most that many splits) the last split program of a (sequence, kv head) to finish merges them, in
   the same fixed order, which saves the second launch of a short, latency-bound decode (a sliding
-  window). With one split the decode kernel writes the output itself. The number of splits and every launch size come from tensor shapes and the device's
-  SM count only (page_table's width, not the sequences' lengths), and lengths / positions are read on
-  the device, so a decode step is CUDA-graph capturable and replays right with new contents.
+  window). With one split the decode kernel writes the output itself. The number of splits and every
+  launch size come from tensor shapes and the device's SM count only (page_table's width, not the
+  sequences' lengths), and lengths / positions are read on the device, so a decode step is CUDA-graph
+  capturable and replays right with new contents.
 - prefill (ragged chunks): flash attention, one program per (block of a sequence's queries, query
   head), looping only over the key blocks some query of the block can see (causal + window).
   The grid is sized from the host copy of the ragged layout; prefill runs eagerly, never in graphs.
@@ -374,7 +375,7 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
         m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
         l_part = torch.empty_like(m)
         acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
-    counts = arrival_counters(batch * kv_heads, q.device) if fused else m
+    counts = arrival_counters(batch * kv_heads, q.device, "attention") if fused else m
     block_d = max(MIN_DOT, triton.next_power_of_2(hd))
     _decode_kernel[(batch, kv_heads, splits)](
         q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc, counts, *_strides(q, cache, table, out),

@@ -347,7 +347,7 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         split = triton.cdiv(steps, per)
         grid = (n_pairs, triton.cdiv(ff, bn), split)
         part = torch.empty((n_pairs, split, 2, ff), dtype=torch.float32, device=x.device) if split > 1 else act
-        count = arrival_counters(grid[0] * grid[1], x.device) if split > 1 else act
+        count = arrival_counters(grid[0] * grid[1], x.device, "experts") if split > 1 else act
         _gate_up_gemv[grid](
             x, ids, wg, wu, act, part, count, hidden, ff, per * bk, wg.stride(0), wg.stride(1),
             TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, **launch)

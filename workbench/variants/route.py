@@ -381,7 +381,7 @@ def _route_gemv_launch(x, w, cfg, select):
         count = part
     else:
         outs, sizes, consts = _select_args(part, w, *select)
-        count = arrival_counters(1, x.device)
+        count = arrival_counters(1, x.device, "route")
     _route_gemv[(triton.cdiv(e, cfg["gemv_block_e"]), split)](
         x, w["weight"], part, n, e, k, per, *outs, count, *sizes[1:], BLOCK_N=block_n, BLOCK_E=cfg["gemv_block_e"],
         BLOCK_K=block_k, FUSED=select is not None, **consts, num_warps=cfg["gemv_warps"])

@@ -1,0 +1,78 @@
+"""The kernels whose last program to finish does a final step, compiled for the H200 (sm_90) on the CPU.
+
+The interpreter runs their logic (the variants' own tests) but accepts code the GPU compiler may not,
+and says nothing about the memory ordering that makes the pattern correct on a GPU. Triton compiles
+to PTX and a cubin without a GPU, so each kernel is compiled here at a decode specialisation, and its
+PTX must hold what the pattern relies on: a GPU-scope acquire-release counter increment and reset, a
+CTA barrier before it, and the other programs' partials read from L2 (`ld.global.cg`). Runs in a
+subprocess without TRITON_INTERPRET (tests/conftest.py sets it, and interpreted kernels do not compile).
+"""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+SCRIPT = r'''
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import workbench.variants._triton_attention as attention
+import workbench.variants._triton_moe as moe
+import workbench.variants.route as route
+
+def ptx(fn, sig, consts):
+    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+I32 = "i32"
+out = {}
+out["attention decode, fused merge"] = ptx(attention._decode_kernel, dict(
+    q_ptr="*bf16", cache_ptr="*bf16", table_ptr="*i32", seq_lens_ptr="*i32", pos_ptr="*i64", out_ptr="*bf16",
+    m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", count_ptr="*i32", stride_qn=I32, stride_qh=I32, stride_cp=I32,
+    stride_ckv=I32, stride_ct=I32, stride_ch=I32, stride_tb=I32, stride_on=I32, stride_oh=I32, max_pages=I32,
+    window=I32, qk_scale="fp32", n_heads=I32, head_dim=I32), dict(
+    GROUP=6, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, PAGE=16, HAS_WINDOW=True, SINGLE=False, FUSED_MERGE=True,
+    IEEE=False, INTERP=False))
+out["route GEMV, fused selection"] = ptx(route._route_gemv, dict(
+    x_ptr="*bf16", w_ptr="*fp32", part_ptr="*fp32", N=I32, E=I32, K=I32, K_PER_SPLIT=I32, bias_ptr="*fp32",
+    ids_ptr="*i64", wts_ptr="*fp32", count_ptr="*i32", EPG=I32, scale="fp32"), dict(
+    BLOCK_N=1, BLOCK_E=4, BLOCK_K=1024, FUSED=True, SPLIT=5, N_GROUP=8, TOPK_GROUP=4, TOP_K=8, BLOCK_T=1,
+    BLOCK_G=8, BLOCK_J=32))
+out["experts gate/up GEMV, split-K"] = ptx(moe._gate_up_gemv, dict(
+    x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
+    count_ptr="*i32", HIDDEN=I32, FF=I32, K_PER_SPLIT=I32, stride_we=I32, stride_wf=I32), dict(
+    TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=4, INTERP=False))
+json.dump(out, sys.stdout)
+'''
+
+
+def _compiled() -> dict[str, str]:
+    try:
+        importlib.import_module("triton.backends.compiler").GPUTarget
+        importlib.import_module("triton.compiler").ASTSource
+    except (ImportError, AttributeError) as e:
+        pytest.skip(f"this triton cannot compile for a GPU target from Python: {e}")
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 3):
+        pytest.skip(f"triton {triton.__version__}: constexpr signatures need 3.3 or later")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_fused_final_steps_compile_for_sm90_with_their_memory_ordering():
+    for name, ptx in _compiled().items():
+        lines = [line.strip() for line in ptx.splitlines()]
+        assert any(line.startswith("bar.sync") or line.startswith("barrier.sync") for line in lines), name
+        assert any("atom.global.gpu.acq_rel.add" in line for line in lines), f"{name}: no acq_rel arrival count"
+        assert any("atom.global.gpu.acq_rel.exch" in line for line in lines), f"{name}: counter never reset"
+        assert any("ld.global.cg" in line for line in lines), f"{name}: partials not read from L2"

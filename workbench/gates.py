@@ -6,10 +6,10 @@
   inputs, never the reference at the model dtype. (The references' explicit `.float()` steps still
   run in FP32 there: far below BF16/FP16 rounding, ~1e-7 against the FP32 tolerances.)
   Checks: it runs; output count/shape/dtype as the reference's and contiguous; finite; accurate
-  (relative error per output and its worst element, or the point's own `compare`); the in-place cache written exactly at
-  its slots; inputs untouched; deterministic; earlier outputs not overwritten by a later call;
-  right again when the next seed's values are written into the same tensors (defeats results
-  cached by pointer or by first call).
+  (relative error per output and its worst element, or the point's own `compare`); the in-place
+  cache written exactly at its slots; inputs untouched; deterministic; earlier outputs not
+  overwritten by a later call; right again when the next seed's values are written into the same
+  tensors (defeats results cached by pointer or by first call).
 - `model_gate(selection)`: the whole build against the reference build: prompt logits, and greedy
   tokens over decode steps through the paged cache (a divergence passes only at a near-tie).
 

@@ -2,15 +2,16 @@
 
 Order: points ranked by what they could save (step time above their roofline floor). Per point,
 every available variant that is not quarantined on this device (workbench/quarantine.py) and each of
-its tuning configs passes the op gate first, then is timed
-at the shapes the target calls it with, weighted by how often one step calls it; it replaces the
-incumbent only if faster beyond the noise band (from repeated timings of the reference). Per-point results are
-cached as JSON under the run folder, keyed by the variants' source hashes, so a stopped run resumes
-where it was (a point is searched again once a backend library that was missing then is installed). A candidate that hangs or kills the process (a JIT build that never ends, a kernel that
-faults) costs one run, not the search: the candidate in flight is recorded in
-`search/<point>.inflight` before it runs and cleared after, and a watchdog ends the process (exit code
-EXIT_STALLED) when one candidate runs past `candidate_timeout` seconds; a resumed run skips, with the
-reason, every variant with a candidate recorded there (its other tuning configs run the same code).
+its tuning configs passes the op gate first, then is timed at the shapes the target calls it with,
+weighted by how often one step calls it; it replaces the incumbent only if faster beyond the noise
+band (from repeated timings of the reference). Per-point results are cached as JSON under the run
+folder, keyed by the variants' source hashes, so a stopped run resumes where it was (a point is
+searched again once a backend library that was missing then is installed). A candidate that hangs
+or kills the process (a JIT build that never ends, a kernel that faults) costs one run, not the
+search: the candidate in flight is recorded in `search/<point>.inflight` before it runs and cleared
+after, and a watchdog ends the process (exit code EXIT_STALLED) when one candidate runs past
+`candidate_timeout` seconds; a resumed run skips, with the reason, every variant with a candidate
+recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate; a choice whose reversal does not slow the step beyond the noise band is dropped. Progress goes
 to an `on_event` callback (CLI progress, TUI). This module never writes the lock or the report

@@ -64,7 +64,8 @@ def run(args) -> int:
                            out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
-                           candidate_timeout=args.candidate_timeout or None, compile_baselines=tuple(dict.fromkeys(args.compile_baseline)),
+                           candidate_timeout=args.candidate_timeout or None,
+                           compile_baselines=tuple(dict.fromkeys(args.compile_baseline)),
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.tui:
         from workbench.tui import WorkbenchApp

@@ -53,7 +53,7 @@ json.dump(out, sys.stdout)
 '''
 
 
-def _compiled() -> dict[str, str]:
+def _require_compiler() -> None:
     try:
         importlib.import_module("triton.backends.compiler").GPUTarget
         importlib.import_module("triton.compiler").ASTSource
@@ -61,6 +61,10 @@ def _compiled() -> dict[str, str]:
         pytest.skip(f"this triton cannot compile for a GPU target from Python: {e}")
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 3):
         pytest.skip(f"triton {triton.__version__}: constexpr signatures need 3.3 or later")
+
+
+def _compiled() -> dict[str, str]:
+    _require_compiler()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
@@ -76,3 +80,18 @@ def test_fused_final_steps_compile_for_sm90_with_their_memory_ordering():
         assert any("atom.global.gpu.acq_rel.add" in line for line in lines), f"{name}: no acq_rel arrival count"
         assert any("atom.global.gpu.acq_rel.exch" in line for line in lines), f"{name}: counter never reset"
         assert any("ld.global.cg" in line for line in lines), f"{name}: partials not read from L2"
+
+
+def test_sm90_resources_reads_registers_and_spills_of_a_config():
+    """scripts/sm90_resources.py: both GEMV kernels of an experts config, compiled for sm_90 on the
+    CPU, with their registers and spills from the cubin; a 1024-wide gate/up tile at 2 warps spills."""
+    _require_compiler()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = dict(path="gemv", BLOCK_N=8, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1)
+    done = subprocess.run([sys.executable, os.path.join(root, "scripts", "sm90_resources.py"), "--config",
+                           json.dumps(config)], cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    usage = json.loads(line.removesuffix(" SPILLS"))
+    assert usage["config"] == config and 0 < usage["down"]["REG"] <= 255
+    assert usage["gate_up"]["STACK"] > 0 and line.endswith(" SPILLS")

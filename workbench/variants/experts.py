@@ -111,14 +111,16 @@ TRITON_CONFIGS = [
     # DOWN_* = hidden rows x ff per down step
     dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1),
     dict(path="gemv", BLOCK_N=4, BLOCK_K=1024, DOWN_BLOCK_N=8, DOWN_BLOCK_K=128, num_warps=4, num_stages=1),
-    # the H200 sweep's best of each axis at beam-501b-tp8 b1 (runs/experts-sweep-tp8-b1/), combined
+    # the H200 sweep's best axes combined (runs/experts-sweep-tp8-b1/): 2 warps, 4 x 64 down tile (the
+    # decode lock's choice), then the same with gate/up tiles that do not spill registers at 2 warps
+    # on sm_90 (runs/sm90-resources-experts/; the 1024- and 2048-wide ones did, and ran 1.7-2x slower)
     dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
-    dict(path="gemv", BLOCK_N=4, BLOCK_K=2048, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=1024, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
-    # the winner above with hidden cut in 2 / 4 slices: 2-4x the gate/up programs streaming at once
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=2),
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=4),
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
+    dict(path="gemv", BLOCK_N=4, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
+    dict(path="gemv", BLOCK_N=2, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
+    # 8 x 256 above with hidden cut in 2 / 4 slices: 2-4x the gate/up programs streaming at once
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=2),
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=4),
     # grouped: BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction, for both GEMMs
     dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     dict(path="grouped", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),

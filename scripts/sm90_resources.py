@@ -49,6 +49,7 @@ def gemv_resources(config: dict, top_k: int) -> dict[str, dict]:
     from workbench.variants import _triton_moe as moe
 
     launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
+    down_launch = dict(launch, num_warps=config.get("DOWN_WARPS", config["num_warps"]))
     gate_up = moe._gate_up_gemv, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
@@ -59,8 +60,8 @@ def gemv_resources(config: dict, top_k: int) -> dict[str, dict]:
         stride_we="i32", stride_wh="i32"), dict(
         TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(), BLOCK_N=config["DOWN_BLOCK_N"],
         BLOCK_K=config["DOWN_BLOCK_K"], INTERP=False)
-    return {name: resources(fn, sig, consts, **launch) for name, (fn, sig, consts) in
-            (("gate_up", gate_up), ("down", down))}
+    return {name: resources(fn, sig, consts, **how) for name, (fn, sig, consts), how in
+            (("gate_up", gate_up, launch), ("down", down, down_launch))}
 
 
 def main() -> int:

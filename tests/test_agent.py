@@ -136,6 +136,19 @@ def test_suspect_speedups_need_trust():
     assert decide(slow, task).stage == "not_faster"
 
 
+def test_a_noisy_incumbent_timing_does_not_set_the_band():
+    """The incumbent is timed before and after the candidate; on a loaded machine the two were 99.9%
+    apart and a 7.5x faster candidate was rejected as "not faster". The band is capped, as the search's."""
+    from workbench.agent.judge import MAX_BAND
+
+    result = {"stage": "done", "candidate_us": 602.0, "incumbent_us": 4540.0, "band": 0.999,
+              "recheck": {"checked": 4, "failed": []}}
+    task = Task("boundary", "x", {"sliding": Workload(dtype="fp32")}, {"sliding": 1}, floor_us=5.0)
+    v = decide(result, task)
+    assert v.accepted and v.timing["band"] == MAX_BAND
+    assert decide({**result, "candidate_us": 4540.0 * (1 - MAX_BAND) + 1}, task).stage == "not_faster"
+
+
 # ------------------------------------------------------------------------------ optimize --agent
 
 PLAYLIST = ["calls_reference", "uses_time", "cuda_stream", "threading", "reads_file", "wrong", "stale",

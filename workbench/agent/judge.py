@@ -9,7 +9,8 @@
    of the timed calls runs with uninitialised memory poisoned and has its outputs re-checked
    against the reference afterwards (a variant right in the gate and wrong once timing starts fails).
 3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
-4. Accepted only if faster than the incumbent beyond the noise band (the incumbent timed twice).
+4. Accepted only if faster than the incumbent beyond the noise band (the incumbent timed before and
+   after the candidate; their gap, within [MIN_BAND, MAX_BAND]).
 A crash, hang or CUDA error in the worker is a rejection with the reason; never an exception here.
 """
 
@@ -29,6 +30,7 @@ from workbench.agent.static_check import check_file
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
 MIN_BAND = 0.02         # as the search: never trust a speed-up smaller than 2%
+MAX_BAND = 0.10         # as the search: incumbent timings further apart measured something besides the op
 RECHECK_FRACTION = 1 / 16
 RECHECK_SAMPLES = 4
 MAX_COPIES = 64         # rotated input copies in checked timing, each from its own seed
@@ -125,7 +127,7 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
         verdict.stage = "recheck"
         verdict.reason = "outputs of timed calls were wrong: " + "; ".join(verdict.recheck["failed"][:3])
         return verdict
-    cand, inc, band = result["candidate_us"], result["incumbent_us"], max(MIN_BAND, result["band"])
+    cand, inc, band = result["candidate_us"], result["incumbent_us"], min(max(MIN_BAND, result["band"]), MAX_BAND)
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
                       "floor_us": task.floor_us, "per_kind": result.get("per_kind")}
     verdict.suspect = bool(task.floor_us) and cand < SUSPECT * task.floor_us

@@ -354,7 +354,8 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         bn, bk = cfg["DOWN_BLOCK_N"], min(cfg["DOWN_BLOCK_K"], triton.next_power_of_2(ff))
         _down_gemv[(n, triton.cdiv(hidden, bn))](
             act, ids, rw, wd, y, hidden, ff, wd.stride(0), wd.stride(1),
-            TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk, **launch)
+            TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk,
+            **{**launch, "num_warps": cfg.get("DOWN_WARPS", cfg["num_warps"])})
         return y
 
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]

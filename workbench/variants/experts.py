@@ -108,7 +108,7 @@ declare(PointSpec(
 
 TRITON_CONFIGS = [
     # GEMV: BLOCK_N ff rows x BLOCK_K hidden per gate/up step (hidden in SPLIT_K slices, default 1);
-    # DOWN_* = hidden rows x ff per down step
+    # DOWN_* = hidden rows x ff per down step; DOWN_WARPS (default num_warps) for the down kernel
     dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1),
     dict(path="gemv", BLOCK_N=4, BLOCK_K=1024, DOWN_BLOCK_N=8, DOWN_BLOCK_K=128, num_warps=4, num_stages=1),
     # the H200 sweep's best axes combined (runs/experts-sweep-tp8-b1/): 2 warps, 4 x 64 down tile (the
@@ -118,6 +118,9 @@ TRITON_CONFIGS = [
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=4, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=2, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
+    # 8 x 256 at 2 warps with the default 16 x 64 down tile at 8 warps, where it does not spill
+    dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=2, num_stages=1,
+         DOWN_WARPS=8),
     # 8 x 256 above with hidden cut in 2 / 4 slices: 2-4x the gate/up programs streaming at once
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=2),
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=4),

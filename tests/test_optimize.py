@@ -629,3 +629,44 @@ def test_a_result_searched_without_a_library_is_searched_again_once_it_is_instal
     assert search._load("boundary") is not None
     monkeypatch.setattr(searchmod, "backend_available", lambda b: (True, "ok") if b == "cute" else real(b))
     assert search._load("boundary") is None
+
+
+def test_a_result_cached_under_older_gates_has_its_choice_gated_again(tmp_path, monkeypatch):
+    """A check added to the gates (GATE_VERSION) reaches cached results: the choice is gated again
+    before reuse (once: the file then carries the version); if it fails now the point is searched
+    again. The reference needs no gate."""
+    from workbench import gates
+    from workbench.search import CandidateResult, PointResult
+
+    search, _ = _noisy_search(tmp_path, [1000.0, 1000.0])
+    gated, verdict = [], {"passed": True}
+
+    class Report:
+        def __init__(self):
+            self.passed = verdict["passed"]
+
+        def to_dict(self):
+            return {"gate": "op", "passed": self.passed, "regated": True}
+
+    monkeypatch.setattr(gates, "op_gate", lambda v, wls, **kw: gated.append((v.name, kw["config"])) or Report())
+    chosen = CandidateResult("boundary", "triton", "triton", {"num_warps": 4}, True, step_us=50.0)
+    old = PointResult("boundary", "triton", {"num_warps": 4}, 100.0, 50.0, 0.02, [chosen])
+    search._save("boundary", old)
+    with open(search._cache_file("boundary")) as f:
+        saved = json.load(f)
+    del saved["gate_version"]  # as written before GATE_VERSION
+    with open(search._cache_file("boundary"), "w") as f:
+        json.dump(saved, f)
+    result = search.search_point("boundary")
+    assert gated == [("triton", {"num_warps": 4})] and result.choice == "triton"
+    assert result.candidates[0].gate["regated"]
+    search.search_point("boundary")
+    assert len(gated) == 1  # the file now carries the version
+    with open(search._cache_file("boundary")) as f:
+        saved = json.load(f)
+    saved["gate_version"] = gates.GATE_VERSION - 1
+    with open(search._cache_file("boundary"), "w") as f:
+        json.dump(saved, f)
+    verdict["passed"] = False
+    result = search.search_point("boundary")  # searched again: the stubbed timings pick triton at 100 us
+    assert len(gated) == 2 and result.reference_us == 1000.0

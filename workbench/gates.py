@@ -144,6 +144,10 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm().clamp(min=1e-30)).item()
 
 
+# Raised whenever a check is added or tightened: a search result cached under an older version has
+# its choice gated again before it is reused (workbench.search). 2: each output's worst element.
+GATE_VERSION = 2
+
 # An element may be off by ELEMENT_FACTOR x the point's tolerance of (its size + the output's RMS). The
 # relative error is a norm over the whole output: at 16K x 5120 one wrong 16-byte vector, or a token row
 # a kernel dropped, moves it by ~1e-3 and passes; bf16 rounding and summation order stay ~10x inside this.

@@ -30,6 +30,10 @@ class ConsoleProgress:
             c.print(profile_table(e["profile"]))
         elif kind == "point_start":
             c.print(f"[bold]{e['point']}[/]: gating and timing candidates")
+        elif kind == "regated":
+            verdict = "passes" if e["passed"] else "[red]fails[/]: searching the point again"
+            c.print(f"[bold]{e['point']}[/]: cached choice {e['variant']} gated again under the current gates: "
+                    f"{verdict}")
         elif kind == "point_cached":
             c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
         elif kind == "candidate":

@@ -6,7 +6,8 @@ its tuning configs passes the op gate first, then is timed at the shapes the tar
 weighted by how often one step calls it; it replaces the incumbent only if faster beyond the noise
 band (from repeated timings of the reference). Per-point results are cached as JSON under the run
 folder, keyed by the variants' source hashes, so a stopped run resumes where it was (a point is
-searched again once a backend library that was missing then is installed). A candidate that hangs
+searched again once a backend library that was missing then is installed, and a choice cached under
+older gates is gated again before it is reused). A candidate that hangs
 or kills the process (a JIT build that never ends, a kernel that faults) costs one run, not the
 search: the candidate in flight is recorded in `search/<point>.inflight` before it runs and cleared
 after, and a watchdog ends the process (exit code EXIT_STALLED) when one candidate runs past
@@ -143,7 +144,7 @@ class Search:
 
     def search_point(self, point: str) -> PointResult:
         cached = self._load(point)
-        if cached:
+        if cached and self._gated_again(point, cached):
             self.on_event({"type": "point_cached", "point": point, "result": cached.to_dict()})
             return cached
         self.on_event({"type": "point_start", "point": point})
@@ -199,6 +200,25 @@ class Search:
             timings.append(self._step_time(ref, None, workloads))
         fast = min(pair, key=lambda t: t["step_us"])
         return fast["step_us"], min(max(MIN_BAND, gap), MAX_BAND), fast["spread"]
+
+    def _gated_again(self, point: str, result: PointResult) -> bool:
+        """Whether a cached result may be reused under the current gates: one cached under an older
+        GATE_VERSION has its choice gated again (the other candidates' verdicts stay as recorded,
+        since only the choice is locked); if the choice fails now, the point is searched again."""
+        with open(self._cache_file(point)) as f:
+            if json.load(f).get("gate_version") == gates.GATE_VERSION:
+                return True
+        if result.choice != REFERENCE:
+            report = gates.op_gate(variants(point)[result.choice], list(self.workloads(point).values()),
+                                   device=self.device, seeds=self.seeds, config=result.config)
+            self.on_event({"type": "regated", "point": point, "variant": result.choice, "passed": report.passed})
+            if not report.passed:
+                return False
+            for c in result.candidates:
+                if c.variant == result.choice and c.config == result.config:
+                    c.gate = report.to_dict()
+        self._save(point, result)
+        return True
 
     def _left_out(self, v) -> str | None:
         """Why the search does not try a variant that may well run here: --backends, or quarantine."""
@@ -306,7 +326,8 @@ class Search:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict(),
-                       "backends_missing": _backends_missing(point)}, f, indent=1)
+                       "backends_missing": _backends_missing(point), "gate_version": gates.GATE_VERSION}, f,
+                      indent=1)
 
     def _drop_model_gate_failures(self, chosen: dict, configs: dict):
         """The op gate saw the target's shapes only; the model gate runs a ragged prefill and decode.

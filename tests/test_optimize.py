@@ -588,9 +588,9 @@ def _noisy_search(tmp_path, reference_us: list[float]):
 
 
 def test_one_slow_reference_timing_does_not_set_the_noise_band(tmp_path):
-    """The prefill search once timed the experts reference at 2.84 s then ~1.4 s a step: the two-timing
-    band (99%) kept a 12x faster kernel out. Timings are added until two agree within MAX_BAND; those
-    two give the reference time and the band."""
+    """The prefill search once timed the experts reference twice ~2x apart: the two-timing band (0.99,
+    runs/optimize-prefill-8x2k-beam-501b-tp8/search/experts.json) kept a 10x faster kernel out. Timings
+    are added until two agree within MAX_BAND; those two give the reference time and the band."""
     from workbench.search import MAX_BAND, MIN_BAND
 
     search, left = _noisy_search(tmp_path, [2844.0, 1430.0, 1440.0, 999.0])

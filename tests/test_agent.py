@@ -139,7 +139,7 @@ def test_suspect_speedups_need_trust():
 def test_a_noisy_incumbent_timing_does_not_set_the_band():
     """The incumbent is timed before and after the candidate; on a loaded machine the two were nearly
     2x apart and a much faster candidate was rejected as "not faster". The band is capped, as the search's."""
-    from workbench.agent.judge import MAX_BAND
+    from workbench.search import MAX_BAND
 
     result = {"stage": "done", "candidate_us": 602.0, "incumbent_us": 4540.0, "band": 0.999,
               "recheck": {"checked": 4, "failed": []}}

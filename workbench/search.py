@@ -199,7 +199,7 @@ class Search:
                 break
             timings.append(self._step_time(ref, None, workloads))
         fast = min(pair, key=lambda t: t["step_us"])
-        return fast["step_us"], min(max(MIN_BAND, gap), MAX_BAND), fast["spread"]
+        return fast["step_us"], bounded_band(gap), fast["spread"]
 
     def _gated_again(self, point: str, result: PointResult) -> bool:
         """Whether a cached result may be reused under the current gates: one cached under an older
@@ -359,7 +359,7 @@ class Search:
         reference = self.time_build({})
         # A set that is the reference is the reference build: timing it twice would report noise as a speed-up
         locked = self.time_build(chosen, configs) if chosen else reference
-        band = min(max(MIN_BAND, locked["spread"]), MAX_BAND)
+        band = bounded_band(locked["spread"])
         reverted = {}
         for point in list(chosen):
             trial = {p: v for p, v in chosen.items() if p != point}
@@ -383,6 +383,11 @@ class Search:
 def _backends_missing(point: str) -> list[str]:
     """Backends of this point's variants that cannot run here (library not installed, no GPU)."""
     return sorted({v.backend for v in variants(point).values() if not backend_available(v.backend)[0]})
+
+
+def bounded_band(measured: float) -> float:
+    """A noise band from a measured relative spread or gap, within [MIN_BAND, MAX_BAND]."""
+    return min(max(MIN_BAND, measured), MAX_BAND)
 
 
 def _gap(a: float, b: float) -> float:

@@ -27,10 +27,9 @@ from dataclasses import asdict, dataclass, field
 from workbench.agent import worker
 from workbench.agent.plugins import declared
 from workbench.agent.static_check import check_file
+from workbench.search import bounded_band
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
-MIN_BAND = 0.02         # as the search: never trust a speed-up smaller than 2%
-MAX_BAND = 0.10         # as the search: incumbent timings further apart measured something besides the op
 RECHECK_FRACTION = 1 / 16
 RECHECK_SAMPLES = 4
 MAX_COPIES = 64         # rotated input copies in checked timing, each from its own seed
@@ -127,7 +126,7 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
         verdict.stage = "recheck"
         verdict.reason = "outputs of timed calls were wrong: " + "; ".join(verdict.recheck["failed"][:3])
         return verdict
-    cand, inc, band = result["candidate_us"], result["incumbent_us"], min(max(MIN_BAND, result["band"]), MAX_BAND)
+    cand, inc, band = result["candidate_us"], result["incumbent_us"], bounded_band(result["band"])
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
                       "floor_us": task.floor_us, "per_kind": result.get("per_kind")}
     verdict.suspect = bool(task.floor_us) and cand < SUSPECT * task.floor_us

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 from workbench import registry
 from workbench.agent import plugins, scaffold, worker
-from workbench.agent.judge import MIN_BAND, SUSPECT, Task, judge
+from workbench.agent.judge import SUSPECT, Task, judge
+from workbench.search import MIN_BAND
 
 
 @dataclass

@@ -13,55 +13,34 @@ Read this before spending device time on a config. The GPU host's Triton may all
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # interpreted kernels do not compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-
-def resources(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
-    """{"REG", "STACK", "SHARED", "LOCAL"} of `fn` compiled for sm_90 at these constexprs."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=num_warps, num_stages=num_stages))
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "kernel.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", cubin], capture_output=True, text=True,
-                               check=True).stdout
-    line = next(line for line in usage.splitlines() if "REG:" in line)
-    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line)}
+from workbench.sm90 import compile_sm90, resource_usage  # noqa: E402
 
 
-def gemv_resources(config: dict, top_k: int) -> dict[str, dict]:
-    """Both GEMV kernels of `experts:triton` at a GEMV tuning config (decode, BF16)."""
+def gemv_kernels(config: dict, top_k: int) -> dict:
+    """Both GEMV kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a GEMV tuning
+    config (decode, BF16)."""
     from workbench.variants import _triton_moe as moe
 
     launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
-    down_launch = dict(launch, num_warps=config.get("DOWN_WARPS", config["num_warps"]))
-    gate_up = moe._gate_up_gemv, dict(
+    gate_up = compile_sm90(moe._gate_up_gemv, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
         TOP_K=top_k, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SPLIT=config.get("SPLIT_K", 1),
-        INTERP=False)
-    down = moe._down_gemv, dict(
+        INTERP=False), **launch)
+    down = compile_sm90(moe._down_gemv, dict(
         act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr="*bf16", y_ptr="*bf16", HIDDEN="i32", FF="i32",
         stride_we="i32", stride_wh="i32"), dict(
         TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(), BLOCK_N=config["DOWN_BLOCK_N"],
-        BLOCK_K=config["DOWN_BLOCK_K"], INTERP=False)
-    return {name: resources(fn, sig, consts, **how) for name, (fn, sig, consts), how in
-            (("gate_up", gate_up, launch), ("down", down, down_launch))}
+        BLOCK_K=config["DOWN_BLOCK_K"], INTERP=False),
+        **dict(launch, num_warps=config.get("DOWN_WARPS", config["num_warps"])))
+    return {"gate_up": gate_up, "down": down}
 
 
 def main() -> int:
@@ -74,7 +53,7 @@ def main() -> int:
     configs = [json.loads(c) for c in args.config] if args.config else \
         [c for c in TRITON_CONFIGS if c["path"] == "gemv"]
     for config in configs:
-        usage = gemv_resources(config, args.top_k)
+        usage = {name: resource_usage(k) for name, k in gemv_kernels(config, args.top_k).items()}
         spills = " SPILLS" if any(u["STACK"] or u["LOCAL"] for u in usage.values()) else ""
         print(json.dumps({"config": config, **usage}) + spills)
     return 0

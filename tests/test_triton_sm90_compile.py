@@ -20,16 +20,14 @@ triton = pytest.importorskip("triton")
 
 SCRIPT = r'''
 import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+sys.path.insert(0, "scripts")
+from sm90_resources import gemv_kernels
+from workbench.sm90 import compile_sm90
 import workbench.variants._triton_attention as attention
-import workbench.variants._triton_moe as moe
 import workbench.variants.route as route
 
 def ptx(fn, sig, consts):
-    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    return compile_sm90(fn, sig, consts).asm["ptx"]
 
 I32 = "i32"
 out = {}
@@ -45,10 +43,9 @@ out["route GEMV, fused selection"] = ptx(route._route_gemv, dict(
     ids_ptr="*i64", wts_ptr="*fp32", count_ptr="*i32", EPG=I32, scale="fp32"), dict(
     BLOCK_N=1, BLOCK_E=4, BLOCK_K=1024, FUSED=True, SPLIT=5, N_GROUP=8, TOPK_GROUP=4, TOP_K=8, BLOCK_T=1,
     BLOCK_G=8, BLOCK_J=32))
-out["experts gate/up GEMV, split-K"] = ptx(moe._gate_up_gemv, dict(
-    x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
-    count_ptr="*i32", HIDDEN=I32, FF=I32, K_PER_SPLIT=I32, stride_we=I32, stride_wf=I32), dict(
-    TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=4, INTERP=False))
+split_k = dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1,
+               SPLIT_K=4)
+out["experts gate/up GEMV, split-K"] = gemv_kernels(split_k, top_k=8)["gate_up"].asm["ptx"]
 json.dump(out, sys.stdout)
 '''
 

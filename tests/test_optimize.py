@@ -16,6 +16,15 @@ from workbench.registry import POINTS
 POINTS_SEARCHED = ("boundary", "qkvg_proj")
 
 
+def _tiny_runner():
+    """A decode-b1 step of beam-tiny in FP32 on the CPU: what the search tests build a Search on."""
+    from beam_model import BeamForCausalLM
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    return StepRunner(model, for_device(get_target("decode-b1"), model.device))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("opt"))
@@ -259,13 +268,10 @@ def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from planted import planted
 
-    from beam_model import BeamForCausalLM
     from workbench import registry
     from workbench.search import Search
-    from workbench.targets import StepRunner, for_device, get_target
 
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     events = []
     search = Search(runner, calls={}, out_dir=str(tmp_path), on_event=events.append)
     table = registry.variants("attention")
@@ -290,13 +296,10 @@ def test_a_torch_compile_entry_pins_the_code_it_compiles():
 
 
 def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
-    from beam_model import BeamForCausalLM
     from workbench.registry import get, variants
     from workbench.search import PointResult, Search
-    from workbench.targets import StepRunner, for_device, get_target
 
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     calls = {"qkvg_proj": {"sliding": 5, "full": 2}}
     only = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch_compile",))
     every = Search(runner, calls=calls, out_dir=str(tmp_path))
@@ -323,10 +326,8 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
     so the resumed search skips it with the reason, searches the rest and clears the record."""
     import threading
 
-    from beam_model import BeamForCausalLM
     from workbench import registry
     from workbench.search import Search
-    from workbench.targets import StepRunner, for_device, get_target
 
     released, calls_made = threading.Event(), []
 
@@ -335,8 +336,7 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
         released.wait(60)  # "hung" until the watchdog's stand-in releases it
         raise _ProcessDied
 
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     calls = {"boundary": {"sliding": 2, "full": 2}}
     stalls = []
 
@@ -446,8 +446,6 @@ def test_torch_compile_build_leaves_out_a_point_whose_compile_stalled_in_the_sea
 def test_whole_step_compile_baseline_runs_the_step_through_torch_compile(monkeypatch):
     """`--compile-baseline MODE`: the whole reference step through torch.compile (a user's baseline);
     the compiler is swapped for Dynamo's eager backend here (the plumbing, not Inductor, is tested)."""
-    from beam_model import BeamForCausalLM
-    from workbench.targets import StepRunner, for_device, get_target
 
     asked, real = [], torch.compile
 
@@ -456,8 +454,7 @@ def test_whole_step_compile_baseline_runs_the_step_through_torch_compile(monkeyp
         return real(fn, backend="eager", dynamic=dynamic)
 
     monkeypatch.setattr(torch, "compile", compile_eagerly)
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     eager = runner().clone()
     runner.rebind({}, compile_mode="max-autotune-no-cudagraphs")
     assert torch.equal(runner(), eager) and asked == [("max-autotune-no-cudagraphs", False)]
@@ -479,12 +476,9 @@ def test_report_names_the_compile_baseline():
 
 
 def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
-    from beam_model import BeamForCausalLM
     from workbench.search import ALL_LAYERS, Search
-    from workbench.targets import StepRunner, for_device, get_target
 
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     calls = {"experts": {"sliding": 3, "full": 2}, "attention": {"sliding": 5, "full": 2}, "head": {"sliding": 1}}
     search = Search(runner, calls=calls, out_dir="unused")
     assert search.step_calls("experts") == {ALL_LAYERS: 5} and list(search.workloads("experts")) == [ALL_LAYERS]
@@ -556,12 +550,9 @@ def _stalled_compile(point):
 def test_a_locked_set_that_is_the_reference_reports_the_reference_time(tmp_path):
     """When nothing beats the reference end to end, the locked build is the reference build: one
     timing, speed-up 1.00x, never two timings of the same build whose noise reads as a slow-down."""
-    from beam_model import BeamForCausalLM
     from workbench.search import PointResult, Search
-    from workbench.targets import StepRunner, for_device, get_target
 
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     search = Search(runner, calls={}, out_dir=str(tmp_path))
     timed = []
     search.time_build = lambda selection, configs=None, **kw: timed.append(dict(selection)) or \
@@ -573,12 +564,9 @@ def test_a_locked_set_that_is_the_reference_reports_the_reference_time(tmp_path)
 def _noisy_search(tmp_path, reference_us: list[float]):
     """A boundary search on beam-tiny whose reference times read `reference_us` in turn and whose only
     candidate (Triton, gate passed) times 100 us: what the search decides from those timings."""
-    from beam_model import BeamForCausalLM
     from workbench.search import CandidateResult, Search
-    from workbench.targets import StepRunner, for_device, get_target
 
-    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
-    runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
+    runner = _tiny_runner()
     search = Search(runner, calls={"boundary": {"sliding": 2}}, out_dir=str(tmp_path), backends=("triton",))
     timings = iter(reference_us)
     search._step_time = lambda v, config, workloads: {"step_us": next(timings), "spread": 0.01, "recompiles": 0}

@@ -10,13 +10,8 @@ so no lock goes stale for it. Remove an entry once the variant's GPU tests pass.
 from __future__ import annotations
 
 # (point, variant) -> (device type, why)
-KNOWN: dict[tuple[str, str], tuple[str, str]] = {
-    ("boundary", "cute"): (
-        "cuda", "quarantined until its GPU tests pass: it hung on an H200 with more than one warp per row "
-                "(a full-warp shfl.sync inside the lane-0 branch; fixed). Since the fix it runs and passes the "
-                "op gate there; two GPU rounding tests failed on the test's own rule, since amended "
-                "(runs/cute-probe-h200/README.md)"),
-}
+# boundary:cute was here until its GPU tests passed on the H200 (runs/cute-probe-h200/session7/).
+KNOWN: dict[tuple[str, str], tuple[str, str]] = {}
 
 
 def quarantined(point: str, name: str, device) -> str | None:

@@ -12,6 +12,7 @@ from workbench import lock as lockmod
 from workbench.lock import Lock, verify
 from workbench.optimize import OptimizeOptions, optimize
 from workbench.registry import POINTS
+from workbench.targets import for_device, get_target
 
 POINTS_SEARCHED = ("boundary", "qkvg_proj")
 
@@ -214,7 +215,8 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     shutil.copytree(out, resumed)
     opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
                            out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
-    key = _profile_key(opts, "fp32")
+    target = for_device(get_target("decode-b1"), opts.device)
+    key = _profile_key(opts, "fp32", lambda kind: target.workload("beam-tiny", "fp32", kind))
     assert _saved_profile(resumed, key).to_dict()["points"] == _saved_profile(out, key).to_dict()["points"]
     assert _saved_profile(resumed, {**key, "seed": 1}) is None and _saved_profile(str(tmp_path), key) is None
     real, calls = optmod.profile_step, []
@@ -485,6 +487,30 @@ def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
     assert search.step_calls("attention") == calls["attention"]  # window, cache group: per kind
     assert {k: w.layer for k, w in search.workloads("attention").items()} == {"sliding": "sliding", "full": "full"}
     assert search.step_calls("head") == {"sliding": 1}
+
+
+def test_head_and_sample_are_timed_on_each_prompts_last_token():
+    """A prefill step runs head and sample on each sequence's last new token (the profiler's "model"
+    calls): the search once timed them at one row per prompt token, 16384 rows at prefill-8x2k
+    (runs/optimize-prefill-8x2k-beam-501b-tp8/README.md), a workload the step never runs."""
+    from beam_model import BeamForCausalLM
+    from workbench.profiler.attribution import profile_step
+    from workbench.search import Search
+    from workbench.targets import StepRunner
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    target = for_device(get_target("prefill-8x2k"), model.device)
+    assert target.tokens_per_seq > 1
+    calls = {p.point: p.calls_by_kind for p in profile_step(StepRunner(model, target)).points}
+    assert calls["head"] == calls["sample"] == {"model": 1}
+    search = Search(StepRunner(model, target), calls=calls, out_dir="unused")
+    for point in ("head", "sample"):
+        (workload,) = search.workloads(point).values()
+        assert workload.tokens == target.batch
+    (experts,) = search.workloads("experts").values()
+    assert experts.tokens == target.batch * target.tokens_per_seq
+    full = get_target("prefill-8x2k").workload("beam-501b-tp8", "bf16", "model")
+    assert full.tokens == 8 and full.context == 2048
 
 
 def test_a_point_whose_compile_fails_end_to_end_is_kept_at_its_reference(monkeypatch):

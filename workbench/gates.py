@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.points import Call, Workload, leaves, map_leaves, named_leaves, spec
+from workbench.points import Call, Workload, leaves, map_leaves, named_leaves, spec, step_kinds
 from workbench.registry import POINTS, Variant, reference
 
 # The whole build against the reference build at the same dtype (a full-size rank has no room for an
@@ -618,8 +618,7 @@ def lock_gates(lock, *, device=None) -> dict[str, dict]:
     for point, entry in lock.points.items():
         if entry["variant"] == REFERENCE:
             continue
-        kinds = ("sliding", "full") if point in ("qk_prep", "attention") else ("sliding",)
-        report = op_gate(get(point, entry["variant"]), [target.workload(preset, dtype, k) for k in kinds],
+        report = op_gate(get(point, entry["variant"]), [target.workload(preset, dtype, k) for k in step_kinds(point)],
                          device=device, config=entry.get("config"))
         results[point] = {"passed": report.passed, "failed": report.first_failure(), "report": report.to_dict()}
     if BeamConfig.from_preset(preset).num_parameters < 5e9:  # a full-size rank is the optimize run's to gate

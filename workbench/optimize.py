@@ -51,10 +51,12 @@ class OptimizeOptions:
     compile_baselines: tuple[str, ...] = ("points",)
 
 
-def _profile_key(opts: OptimizeOptions, dtype: str) -> dict:
-    """What the reference profile depends on: the step, the machine, the reference variants' code."""
+def _profile_key(opts: OptimizeOptions, dtype: str, workload_for) -> dict:
+    """What the reference profile depends on: the step, the shapes its floors are computed at, the
+    machine, the reference variants' code."""
     return json.loads(json.dumps({
         "target": opts.target, "preset": opts.preset, "dtype": dtype, "seed": opts.seed,
+        "workloads": {kind: workload_for(kind).label() for kind in ("sliding", "full", "model")},
         "device": str(opts.device), "gpu": torch.cuda.get_device_name(opts.device) if opts.device.type == "cuda" else None,
         "reference": {p: source_hash(p, REFERENCE) for p in POINTS}}))
 
@@ -98,7 +100,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         return target.workload(opts.preset, dtype, kind)
 
     on_event({"type": "stage", "stage": "profile"})
-    key = _profile_key(opts, dtype)
+    key = _profile_key(opts, dtype, workload_for)
     # a resumed run: the reference step is the same
     profile = _saved(os.path.join(opts.out_dir, "profile.json"), key, Profile.from_dict)
     if profile is None:

@@ -21,6 +21,16 @@ from workbench.registry import POINTS, variants
 # Points whose inputs depend on the layer kind (window, RoPE or NoPE, cache group); the others see the
 # same shapes and values in sliding-window and full-attention layers.
 LAYER_DEPENDENT = ("qk_prep", "attention")
+# Points the model runs once per step, after the last layer (the profiler's "model" kind), on each
+# sequence's last new token only: a prefill of 8 x 2048 tokens samples 8 rows, not 16384.
+STEP_POINTS = ("head", "sample")
+
+
+def step_kinds(point: str) -> tuple[str, ...]:
+    """The kinds of call (`Target.workload`'s layer_kind) at which a point runs in a step."""
+    if point in STEP_POINTS:
+        return ("model",)
+    return ("sliding", "full") if point in LAYER_DEPENDENT else ("sliding",)
 
 
 @dataclass(frozen=True)

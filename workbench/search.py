@@ -124,6 +124,7 @@ class Search:
         left_out = sorted(name for name, v in table.items() if name != REFERENCE and self._left_out(v))
         key = {"target": self.runner.target.name, "preset": self.model.config.preset, "dtype": self.dtype,
                "device": str(self.device.type), "calls": self.calls[point],
+               "workloads": {kind: w.label() for kind, w in self.workloads(point).items()},
                "sources": {name: source_hash(point, name) for name in table},
                **({"left_out": left_out} if left_out else {})}
         return json.loads(json.dumps(key))

@@ -30,8 +30,10 @@ class Target:
         return self.tokens_per_seq == 1
 
     def workload(self, preset: str, dtype: str, layer_kind: str) -> Workload:
-        """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer."""
-        return Workload(preset=preset, batch=self.batch, tokens_per_seq=self.tokens_per_seq,
+        """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer, or after
+        the last one ("model": head and sample, on each sequence's last new token)."""
+        rows = 1 if layer_kind == "model" else self.tokens_per_seq
+        return Workload(preset=preset, batch=self.batch, tokens_per_seq=rows,
                         context=self.context + self.tokens_per_seq,
                         layer="full" if layer_kind == "full" else "sliding", dtype=dtype)
 

@@ -30,6 +30,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from workbench.agent import scaffold
     from workbench.commands.common import resolve_device
+    from workbench.points import step_kinds
     from workbench.registry import POINTS
     from workbench.targets import for_device, get_target
 
@@ -38,8 +39,7 @@ def run(args) -> int:
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
     target = for_device(get_target(args.target), device)
-    kinds = ("sliding", "full") if args.point in ("qk_prep", "attention") else ("sliding",)
-    workloads = {k: target.workload(preset, args.dtype or "bf16", k) for k in kinds}
+    workloads = {k: target.workload(preset, args.dtype or "bf16", k) for k in step_kinds(args.point)}
     shapes = scaffold.shapes_text(args.point, workloads)
     path = scaffold.write(args.point, args.name, args.backend, directory=args.dir, shapes=shapes, force=args.force)
     dir_flag = f" --dir {args.dir}" if args.dir else ""

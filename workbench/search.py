@@ -14,7 +14,8 @@ after, and a watchdog ends the process (exit code EXIT_STALLED) when one candida
 `candidate_timeout` seconds; a resumed run skips, with the reason, every variant with a candidate
 recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
-gate; a choice whose reversal does not slow the step beyond the noise band is dropped. Progress goes
+gate; a choice whose reversal does not slow the step beyond the step's own noise (`step_band`) is
+dropped. Progress goes
 to an `on_event` callback (CLI progress, TUI). This module never writes the lock or the report
 (`workbench.optimize` does) and never edits variants.
 """
@@ -41,6 +42,9 @@ ALL_LAYERS = "all"  # the kind standing for every layer kind of a point whose in
 MIN_BAND = 0.02  # never trust a speed-up smaller than 2%, however quiet the machine looked
 MAX_BAND = 0.10  # reference timings further apart than this measured something besides the op
 REFERENCE_TIMINGS = 4  # at most, while no two of them agree within MAX_BAND
+# A whole step times far steadier than one op: spreads of 0.1-1.6% on the H200 (the builds in
+# runs/optimize-*-beam-501b-tp8/end_to_end.json), where the op-level MIN_BAND dropped choices worth 1-3%.
+MIN_STEP_BAND = 0.005
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
 
 
@@ -360,7 +364,7 @@ class Search:
         reference = self.time_build({})
         # A set that is the reference is the reference build: timing it twice would report noise as a speed-up
         locked = self.time_build(chosen, configs) if chosen else reference
-        band = bounded_band(locked["spread"])
+        band = step_band(locked)
         reverted = {}
         for point in list(chosen):
             trial = {p: v for p, v in chosen.items() if p != point}
@@ -389,6 +393,16 @@ def _backends_missing(point: str) -> list[str]:
 def bounded_band(measured: float) -> float:
     """A noise band from a measured relative spread or gap, within [MIN_BAND, MAX_BAND]."""
     return min(max(MIN_BAND, measured), MAX_BAND)
+
+
+def step_band(timing: dict) -> float:
+    """The band within which a whole step's median is noise: three standard errors of the difference
+    of two medians of `reps` timings with this spread ((p90 - p10) / median, 2.56 sigma for a normal
+    spread; a median's standard error is 1.25 sigma / sqrt(reps)), within [MIN_STEP_BAND, MAX_BAND].
+    Six reps of a 300 ms prefill step with a 3% spread give 2.5%; a decode step's hundreds of reps
+    give the minimum."""
+    sigma = timing["spread"] / 2.56
+    return min(max(MIN_STEP_BAND, 3 * 1.25 * sigma * (2 / timing["reps"]) ** 0.5), MAX_BAND)
 
 
 def _gap(a: float, b: float) -> float:

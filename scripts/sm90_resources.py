@@ -1,13 +1,15 @@
-"""Registers, local-memory spills and shared memory of `experts:triton`'s decode (GEMV) kernels on an
-H200, per tuning config, without a GPU: Triton compiles them for sm_90 on the CPU, and the CUDA
-toolkit's `cuobjdump` (in the triton wheel) reads the cubin's resource usage.
+"""Registers, local-memory spills, shared memory and load pipelining of `experts:triton`'s kernels
+(decode GEMV and prefill grouped) on an H200, per tuning config, without a GPU: Triton compiles them
+for sm_90 on the CPU, specialised as a launch at beam-501b-tp8's sizes would be (16-byte aligned
+pointers, sizes divisible by 16), and the CUDA toolkit's `cuobjdump` (in the triton wheel) reads the
+cubin's resource usage.
 
 A config whose kernel spills (STACK > 0: registers spilled to local memory) streams its weights
-slower, whatever the tiles suggest: on the H200, 8 x 1024 gate/up tiles at 2 warps spilled ~4.3 KB a
-thread and ran 1.7x slower than the 8 x 512 winner (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md).
+slower, whatever the tiles suggest: on the H200, the 8 x 1024 and wider gate/up tiles at 2 warps
+spill and ran 1.7-2.1x slower than the 8 x 512 winner (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md).
 Read this before spending device time on a config. The GPU host's Triton may allocate differently.
 
-    python3 scripts/sm90_resources.py [--config JSON ...]   (default: experts.TRITON_CONFIGS' GEMV configs)
+    python3 scripts/sm90_resources.py [--config JSON ...]   (default: experts.TRITON_CONFIGS)
 """
 
 import argparse
@@ -23,12 +25,25 @@ sys.path.insert(0, ROOT)
 from workbench.sm90 import compile_sm90, resource_usage  # noqa: E402
 
 
+def _sizes(n_pairs: int) -> dict:
+    """The integer arguments the kernels get at beam-501b-tp8 (they decide divisibility hints)."""
+    from beam_model.config import BeamConfig
+
+    c = BeamConfig.from_preset("beam-501b-tp8")
+    hidden, ff = c.hidden_size, c.moe_intermediate_size
+    return dict(N_PAIRS=n_pairs, N_EXPERTS=c.n_routed_experts, HIDDEN=hidden, FF=ff, stride_we=ff * hidden,
+                stride_wf=hidden, stride_wh=ff)
+
+
 def gemv_kernels(config: dict, top_k: int) -> dict:
     """Both GEMV kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a GEMV tuning
-    config (decode, BF16)."""
+    config (decode at batch 1, BF16, beam-501b-tp8's sizes)."""
     from workbench.variants import _triton_moe as moe
 
-    launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
+    ints = _sizes(top_k)
+    steps = -(-ints["HIDDEN"] // config["BLOCK_K"])  # hidden slices of whole BLOCK_K steps, as the launch
+    ints["K_PER_SPLIT"] = config["BLOCK_K"] * -(-steps // config.get("SPLIT_K", 1))
+    launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"], ints=ints)
     gate_up = compile_sm90(moe._gate_up_gemv, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
@@ -43,6 +58,30 @@ def gemv_kernels(config: dict, top_k: int) -> dict:
     return {"gate_up": gate_up, "down": down}
 
 
+def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
+    """Both grouped (prefill) kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a
+    grouped tuning config (BF16; `rounded`: experts:triton_rounded's down epilogue)."""
+    from workbench.variants import _triton_moe as moe
+
+    ints = _sizes(8 * 2048 * top_k)  # an 8 x 2048-token prefill
+    common = dict(pairs_ptr="*i32", block_expert_ptr="*i32")
+    sizes = dict(N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32")
+    gate_up = compile_sm90(moe._gate_up_grouped, dict(
+        x_ptr="*bf16", **common, wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", **sizes, stride_we="i32",
+        stride_wf="i32"), dict(
+        TOP_K=top_k, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+        N_BLOCKS_N=1, PRECISION=None, INTERP=False), ints=ints, num_warps=config["num_warps"],
+        num_stages=config["num_stages"])
+    down = compile_sm90(moe._down_grouped, dict(
+        act_ptr="*bf16", **common, rw_ptr="*fp32", wd_ptr="*bf16", out_ptr="*bf16" if rounded else "*fp32", **sizes,
+        stride_we="i32", stride_wh="i32"), dict(
+        BLOCK_M=config["BLOCK_M"], BLOCK_N=config.get("DOWN_BLOCK_N", config["BLOCK_N"]),
+        BLOCK_K=config.get("DOWN_BLOCK_K", config["BLOCK_K"]), N_BLOCKS_N=1, ROUNDED=rounded, PRECISION=None,
+        INTERP=False), ints=ints, num_warps=config.get("DOWN_WARPS", config["num_warps"]),
+        num_stages=config.get("DOWN_STAGES", config["num_stages"]))
+    return {"gate_up": gate_up, "down": down}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", metavar="JSON", help="a GEMV config (repeatable)")
@@ -50,10 +89,11 @@ def main() -> int:
     args = p.parse_args()
     from workbench.variants.experts import TRITON_CONFIGS
 
-    configs = [json.loads(c) for c in args.config] if args.config else \
-        [c for c in TRITON_CONFIGS if c["path"] == "gemv"]
+    configs = [json.loads(c) for c in args.config] if args.config else TRITON_CONFIGS
     for config in configs:
-        usage = {name: resource_usage(k) for name, k in gemv_kernels(config, args.top_k).items()}
+        kernels = (gemv_kernels if config["path"] == "gemv" else grouped_kernels)(config, args.top_k)
+        # cp_async: the loop's loads are pipelined through shared memory (num_stages > 1 took effect)
+        usage = {name: {**resource_usage(k), "cp_async": "cp.async" in k.asm["ptx"]} for name, k in kernels.items()}
         spills = " SPILLS" if any(u["STACK"] or u["LOCAL"] for u in usage.values()) else ""
         print(json.dumps({"config": config, **usage}) + spills)
     return 0

@@ -646,6 +646,23 @@ def test_one_slow_reference_timing_does_not_set_the_noise_band(tmp_path):
     assert result.choice == "torch"  # 100 us is no gain on a reference of 100 us
 
 
+def test_a_config_that_does_not_run_as_itself_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    """A variant's `config_supports` declines a tuning config at the target's shapes: the search
+    records that candidate as skipped with the reason and never times it."""
+    from workbench.registry import get
+
+    search, _ = _noisy_search(tmp_path, [1000.0, 1000.0])
+    triton = get("boundary", "triton")
+    declined = triton.configs[0]
+    monkeypatch.setattr(triton, "config_supports", lambda config, wl: "planted" if config == declined else True)
+    tried = []
+    real_try = search._try
+    search._try = lambda v, config, workloads, ref_us: tried.append(config) or real_try(v, config, workloads, ref_us)
+    rows = [c for c in search.search_point("boundary").candidates if c.variant == "triton"]
+    assert declined not in tried and len(tried) == len(triton.configs) - 1
+    assert [c.skipped for c in rows if c.config == declined] == ["planted"]
+
+
 def test_a_cached_result_with_a_band_past_the_cap_is_searched_again(tmp_path):
     """Results cached under the old two-timing rule with a band past MAX_BAND may hide a winner."""
     from workbench.search import MAX_BAND, PointResult

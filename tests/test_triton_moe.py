@@ -127,6 +127,48 @@ def test_gemv_split_k(split, dtype):
     assert not _arrivals._COUNTERS[(torch.device("cpu"), "experts")].any()
 
 
+def test_grouped_down_gemm_takes_its_own_tile(monkeypatch):
+    """DOWN_BLOCK_N / DOWN_BLOCK_K / DOWN_WARPS / DOWN_STAGES reach the grouped path's down kernel
+    (hidden 80 in 32-wide tiles, ff 48 in 16-wide steps: both masked), and gate/up keeps its own."""
+    launched = {}
+
+    def spy(name):
+        kernel = getattr(_triton_moe, name)
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kw):
+                    launched[name] = kw
+                    return kernel[grid](*args, **kw)
+                return launch
+        monkeypatch.setattr(_triton_moe, name, Spy())
+
+    spy("_gate_up_grouped"), spy("_down_grouped")
+    cfg = dict(GROUPED, DOWN_BLOCK_N=32, DOWN_BLOCK_K=16, DOWN_WARPS=2, DOWN_STAGES=1)
+    x, ids, weights, w = _problem(9, torch.float32, seed=4, hidden=80, ff=48, experts=10, top_k=3)
+    assert _rel_err(_run(cfg, x, ids, weights, w), _truth(x, ids, weights, w)) < TOL[torch.float32]
+    down, gate_up = launched["_down_grouped"], launched["_gate_up_grouped"]
+    assert (down["BLOCK_N"], down["BLOCK_K"], down["num_warps"], down["num_stages"]) == (32, 16, 2, 1)
+    assert (gate_up["BLOCK_N"], gate_up["BLOCK_K"], gate_up["num_warps"]) == \
+        (GROUPED["BLOCK_N"], GROUPED["BLOCK_K"], GROUPED["num_warps"])
+
+
+def test_gemv_configs_past_the_gemv_limit_are_not_timed_as_themselves():
+    """Past GEMV_HARD_MAX_PAIRS a GEMV config runs the grouped default, so the search and bench skip
+    it there with the reason instead of timing the default once per GEMV config (nine times at the
+    8 x 2K prefill, runs/optimize-prefill-8x2k-beam-501b-tp8/search/experts.json)."""
+    from workbench.points import Workload
+
+    v = get("experts", "triton")
+    top_k = TINY.num_experts_per_tok
+    at_limit = Workload(preset="beam-tiny", batch=1, tokens_per_seq=_triton_moe.GEMV_HARD_MAX_PAIRS // top_k,
+                        context=_triton_moe.GEMV_HARD_MAX_PAIRS // top_k)
+    past = at_limit.with_(batch=2)
+    assert v.unsupported_config(GEMV, at_limit) is None
+    assert "grouped default" in v.unsupported_config(GEMV, past)
+    assert v.unsupported_config(GROUPED, past) is None and v.unsupported_config(None, past) is None
+
+
 def test_no_tokens():
     x, ids, weights, w = _problem(0, torch.bfloat16)
     assert _run(None, x, ids, weights, w).shape == (0, TINY.hidden_size)

@@ -533,6 +533,9 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         row["error"] = f"unavailable: {why}" if not ok else skipped.get(v.name)
         if config and v.configure is None:
             row["error"] = f"{v.qualname} takes no tuning config"
+        elif ok and not row["error"]:
+            why_not = v.unsupported_config(config, workload)
+            row["error"] = why_not and f"skipped: {why_not}"
         if row["error"]:
             continue
         try:

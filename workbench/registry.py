@@ -35,6 +35,8 @@ class Variant:
     supports: Callable[..., bool | str] | None = None  # (workload) -> True, or False / the reason it cannot
     configs: list[dict] = field(default_factory=list)  # tuning configs the harness may search
     configure: Callable[[dict], Callable] | None = None  # config -> the variant's callable at that config
+    # (config, workload) -> True, or False / why that config does not run as itself at that workload
+    config_supports: Callable[..., bool | str] | None = None
 
     @property
     def qualname(self) -> str:
@@ -62,6 +64,16 @@ class Variant:
             verdict = self.supports(workload)
             if isinstance(verdict, str) or not verdict:
                 return verdict or f"{self.qualname} does not support {workload.label()}"
+        return None
+
+    def unsupported_config(self, config: dict | None, workload) -> str | None:
+        """Why tuning config `config` is not worth timing at `workload` (e.g. it would run another
+        config's code there), or None."""
+        if config is None or self.config_supports is None:
+            return None
+        verdict = self.config_supports(config, workload)
+        if isinstance(verdict, str) or not verdict:
+            return verdict or f"{self.qualname} {config} does not run at {workload.label()}"
         return None
 
     def at(self, config: dict | None) -> Callable:

@@ -172,10 +172,11 @@ class Search:
                 if point in self.skip:
                     break
                 stuck = None if why else next((c for c in unfinished if c["variant"] == name), None)
-                skipped = why or stalled.get(name) or (stuck is not None and (
-                    f"{name} {stuck['config'] or ''} {STALLED} (the process "
-                    f"hung, crashed or was stopped in it), so none of its configs is tried; delete "
-                    f"{self._inflight_file(point)} to try again"))
+                skipped = why or _config_unsupported(v, config, workloads) or stalled.get(name) or (
+                    stuck is not None and (
+                        f"{name} {stuck['config'] or ''} {STALLED} (the process "
+                        f"hung, crashed or was stopped in it), so none of its configs is tried; delete "
+                        f"{self._inflight_file(point)} to try again"))
                 result = CandidateResult(point, name, v.backend, config, False, skipped=skipped) if skipped else \
                     self._watched(v, config, workloads, ref_us, fingerprint, unfinished)
                 results.append(result)
@@ -383,6 +384,10 @@ class Search:
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "model_gate": gate.to_dict()}
+
+
+def _config_unsupported(v, config, workloads) -> str | None:
+    return next((r for r in (v.unsupported_config(config, w) for w in workloads.values()) if r), None)
 
 
 def _backends_missing(point: str) -> list[str]:

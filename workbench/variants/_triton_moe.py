@@ -370,10 +370,15 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, **launch)
     # per-pair rows: FP32 and weighted, or (rounded) in the model dtype: half the bytes to the combine
     out = torch.empty(n_pairs, hidden, dtype=x.dtype if rounded else torch.float32, device=x.device)
+    # the down GEMM (N = hidden, K = ff) may take its own tile, warps and stages: it has one
+    # accumulator where gate/up has two, and a short reduction (ff) where gate/up's is hidden
+    bn, bk = cfg.get("DOWN_BLOCK_N", bn), cfg.get("DOWN_BLOCK_K", bk)
     grid_n = triton.cdiv(hidden, bn)
     _down_grouped[(n_blocks * grid_n,)](
         act, sorted_pairs, block_expert, rw, wd, out, n_pairs, n_experts, hidden, ff, wd.stride(0), wd.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, ROUNDED=rounded, **launch)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, ROUNDED=rounded,
+        **{**launch, "num_warps": cfg.get("DOWN_WARPS", cfg["num_warps"]),
+           "num_stages": cfg.get("DOWN_STAGES", cfg["num_stages"])})
     block = min(1024, triton.next_power_of_2(hidden))
     _combine[(n, triton.cdiv(hidden, block))](out, rw, y, hidden, TOP_K=top_k, BLOCK=block, WEIGHTED=rounded,
                                               INTERP=_INTERPRETED)

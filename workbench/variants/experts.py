@@ -113,23 +113,33 @@ TRITON_CONFIGS = [
     dict(path="gemv", BLOCK_N=4, BLOCK_K=1024, DOWN_BLOCK_N=8, DOWN_BLOCK_K=128, num_warps=4, num_stages=1),
     # the H200 sweep's best axes combined (runs/experts-sweep-tp8-b1/): 2 warps, 4 x 64 down tile (the
     # decode lock's choice), then the same with gate/up tiles that do not spill registers at 2 warps
-    # on sm_90 (runs/sm90-resources-experts/; the 1024- and 2048-wide ones did, and ran 1.7-2x slower)
+    # on sm_90 (runs/sm90-resources-experts/; the 1024- and 2048-wide ones do, and ran 1.7-2x slower)
     dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=4, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
     dict(path="gemv", BLOCK_N=2, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
-    # 8 x 256 at 2 warps with the default 16 x 64 down tile at 8 warps, where it does not spill
+    # 8 x 256 at 2 warps with the default 16 x 64 down tile at 8 warps
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=2, num_stages=1,
          DOWN_WARPS=8),
     # 8 x 256 above with hidden cut in 2 / 4 slices: 2-4x the gate/up programs streaming at once
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=2),
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=4),
-    # grouped: BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction, for both GEMMs
+    # grouped: BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction, for both GEMMs unless DOWN_*
+    # (BLOCK_N, BLOCK_K, WARPS, STAGES) give the down GEMM its own
     dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     dict(path="grouped", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     dict(path="grouped", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4),
     dict(path="grouped", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     dict(path="grouped", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3),
+    # The 8 x 2K prefill lock's tile (the largest tried was the fastest, runs/optimize-prefill-8x2k-*)
+    # with wider down tiles: gate/up's N is ff (320 at TP8: 64 divides it), down's is hidden (5120),
+    # and down holds one accumulator where gate/up holds two. None spills on sm_90, and each pipelines
+    # its loads (scripts/sm90_resources.py, runs/sm90-resources-experts/)
+    dict(path="grouped", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3, DOWN_BLOCK_N=128),
+    dict(path="grouped", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3, DOWN_BLOCK_N=256,
+         DOWN_BLOCK_K=32),
+    dict(path="grouped", BLOCK_M=128, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=4, DOWN_BLOCK_N=128,
+         DOWN_WARPS=8, DOWN_STAGES=3),
 ]
 
 
@@ -137,6 +147,15 @@ def _triton_supports(wl):
     if wl.dtype not in ("bf16", "fp16", "fp32"):
         return f"experts:triton takes bf16, fp16 or fp32 weights, not {wl.dtype}"
     return True  # any hidden / ff / experts / top_k: every tile is masked or wrapped
+
+
+def _triton_config_supports(config, wl):
+    from workbench.variants._triton_moe import GEMV_HARD_MAX_PAIRS  # kernels: imported on use
+
+    pairs = wl.tokens * wl.config.num_experts_per_tok
+    if config["path"] == "gemv" and pairs > GEMV_HARD_MAX_PAIRS:
+        return f"{pairs} routed pairs run a GEMV config as the grouped default (GEMV stops at {GEMV_HARD_MAX_PAIRS})"
+    return True
 
 
 def _triton_at(config=None):
@@ -148,4 +167,4 @@ def _triton_at(config=None):
 
 
 register("experts", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS,
-         configure=_triton_at)(_triton_at())
+         configure=_triton_at, config_supports=_triton_config_supports)(_triton_at())

@@ -105,6 +105,16 @@ def test_fused_merge_leaves_its_counters_at_zero():
     assert not _arrivals._COUNTERS[(q.device, "attention")].any()
 
 
+def test_fused_and_separate_merges_give_the_same_bits():
+    """Both merges run `_merge_head` over one tile of a head's splits, so where the last split program
+    merges (FUSED_MERGE_MAX_SPLITS) the output is bitwise the separate merge kernel's."""
+    q, cache, meta = _case([70, 5, 33], [1] * 3, heads=6, kv_heads=1, hd=32, page=8, window=12,
+                           dtype=torch.bfloat16)
+    v = available("attention", "triton")
+    separate, fused = v.at(SMALL[0]), v.at(SMALL[1])
+    assert torch.equal(fused(q, cache, meta, window=12, scale=0.25), separate(q, cache, meta, window=12, scale=0.25))
+
+
 def test_decode_padded_graph_rows():
     """Rows padded into a captured batch: position 0, length 1, a table of zeros (the reserved page 0)."""
     q, cache, meta = _case([20, 0], [1, 1], heads=4, kv_heads=2, hd=16, page=8, window=None, dtype=torch.bfloat16)

@@ -37,6 +37,7 @@ out["attention decode, fused merge"] = ptx(attention._decode_kernel, dict(
     stride_ckv=I32, stride_ct=I32, stride_ch=I32, stride_tb=I32, stride_on=I32, stride_oh=I32, max_pages=I32,
     window=I32, qk_scale="fp32", n_heads=I32, head_dim=I32), dict(
     GROUP=6, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, PAGE=16, HAS_WINDOW=True, SINGLE=False, FUSED_MERGE=True,
+    MERGE_BLOCK_S=16,
     IEEE=False, INTERP=False))
 out["route GEMV, fused selection"] = ptx(route._route_gemv, dict(
     x_ptr="*bf16", w_ptr="*fp32", part_ptr="*fp32", N=I32, E=I32, K=I32, K_PER_SPLIT=I32, bias_ptr="*fp32",

@@ -9,10 +9,10 @@ Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, 
   (padded to 16 rows), walks its share of the query's visible key blocks (on sliding layers only the
   blocks of the last `window` keys: the loop starts at the window's first block, so the work is
   ~window keys whatever the context) with an FP32 online softmax, and writes partial (max, sum, acc).
-  A small kernel merges the splits in a fixed order; or (configs with FUSED_MERGE_MAX_SPLITS, at
-  most that many splits) the last split program of a (sequence, kv head) to finish merges them, in
-  the same fixed order, which saves the second launch of a short, latency-bound decode (a sliding
-  window). With one split the decode kernel writes the output itself. The number of splits and every
+  A small kernel merges the splits, all of a head's splits in one tile; or (configs with
+  FUSED_MERGE_MAX_SPLITS, at most that many splits) the last split program of a (sequence, kv head)
+  to finish merges them with the same code (`_merge_head`), which saves the second launch of a
+  short, latency-bound decode (a sliding window): both give the same bits. With one split the decode kernel writes the output itself. The number of splits and every
   launch size come from tensor shapes and the device's SM count only (page_table's width, not the
   sequences' lengths), and lengths / positions are read on the device, so a decode step is CUDA-graph
   capturable and replays right with new contents.
@@ -31,7 +31,7 @@ This module must never read a page whose page_table entry is -1, nor any K/V row
 visible range: such rows may hold stale NaN, so they are masked at the load (other=0) and never
 multiplied by a zero weight. It must never sync with the host on the decode path, and uses atomics
 only to count the splits that have finished, never to sum values (every output element is written by
-one program, merging in split order whichever program arrives last: results are bitwise reproducible).
+one program, merging in a fixed order whichever program arrives last: results are bitwise reproducible).
 """
 
 import functools
@@ -129,7 +129,7 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
                    stride_on, stride_oh, max_pages, window, qk_scale, n_heads, head_dim,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SINGLE: tl.constexpr, FUSED_MERGE: tl.constexpr,
-                   IEEE: tl.constexpr, INTERP: tl.constexpr):
+                   MERGE_BLOCK_S: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr):
     """One (sequence, kv head, split): its GQA group's queries against its share of the visible keys.
 
     Keys are walked in BLOCK_N-aligned blocks from the block holding the first visible key (the
@@ -189,62 +189,54 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
             tl.debug_barrier()
             counter = count_ptr + b * tl.num_programs(1) + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel") == n_splits - 1:
-                _merge_group((b.to(tl.int64) * n_heads + heads) * n_splits, g_ok, d, d_ok, m_ptr, l_ptr, acc_ptr,
-                             out_ptr + b.to(tl.int64) * stride_on + heads[:, None] * stride_oh + d[None, :],
-                             n_splits, head_dim, BLOCK_G, BLOCK_D)
+                for h in tl.static_range(GROUP):  # unrolled: the heads' loads need not wait on each other
+                    head = kvh * GROUP + h
+                    o = _merge_head(m_ptr, l_ptr, acc_ptr, (b.to(tl.int64) * n_heads + head) * n_splits, n_splits,
+                                    head_dim, d, d_ok, MERGE_BLOCK_S, BLOCK_D)
+                    tl.store(out_ptr + b.to(tl.int64) * stride_on + head * stride_oh + d,
+                             round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
                 tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge_group(rows, g_ok, d, d_ok, m_ptr, l_ptr, acc_ptr, out_ptrs, n_splits, head_dim,
-                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The fused merge: a GQA group's partials (`rows`: split 0's row of each head) in split order, as
-    _merge_kernel does; loads bypass L1 (".cg"): other programs wrote these rows during this kernel."""
-    m_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    for sp in range(0, n_splits):
-        m_max = tl.maximum(m_max, tl.load(m_ptr + rows + sp, mask=g_ok, other=float("-inf"), cache_modifier=".cg"))
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    l_sum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for sp in range(0, n_splits):
-        w = tl.math.exp2(tl.load(m_ptr + rows + sp, mask=g_ok, other=float("-inf"), cache_modifier=".cg") - m_max)
-        l_sum += w * tl.load(l_ptr + rows + sp, mask=g_ok, other=0.0, cache_modifier=".cg")
-        acc += w[:, None] * tl.load(acc_ptr + (rows + sp)[:, None] * head_dim + d[None, :],
-                                    mask=g_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
-    o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]  # no visible key at all: 0, not 0/0
-    tl.store(out_ptrs, round_to(o, out_ptrs.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
-                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (sequence, query head, BLOCK_D of head_dim): combine the splits' partials, FP32, round once.
-    BLOCK_S covers every split (up to 256) so each tile is one load: at batch 1 with one kv head a
-    32K-token decode has 256 splits, and a program per head walking them 16 at a time was latency-bound."""
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // n_heads
-    h = pid % n_heads
+def _merge_head(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok,
+                BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One query head's output columns `d` from its splits' partials (rows base .. base + n_splits):
+    FP32, BLOCK_S splits per tile, so up to BLOCK_S splits cost one wait on memory per load, where
+    walking them one by one waited once per split. Loads bypass L1 (".cg"): in the fused merge, other
+    programs wrote these rows during this kernel."""
     s = tl.arange(0, BLOCK_S)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
-    base = pid * n_splits
     m_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, n_splits, BLOCK_S):
-        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + s, mask=s0 + s < n_splits, other=float("-inf")))
+        m_max = tl.maximum(m_max, tl.load(m_ptr + base + s0 + s, mask=s0 + s < n_splits, other=float("-inf"),
+                                          cache_modifier=".cg"))
     m = tl.max(m_max, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
     l_sum = tl.zeros([BLOCK_S], tl.float32)
     acc = tl.zeros([BLOCK_S, BLOCK_D], tl.float32)
     for s0 in range(0, n_splits, BLOCK_S):
         ok = s0 + s < n_splits
-        w = tl.math.exp2(tl.load(m_ptr + base + s0 + s, mask=ok, other=float("-inf")) - m)
-        l_sum += w * tl.load(l_ptr + base + s0 + s, mask=ok, other=0.0)
+        w = tl.math.exp2(tl.load(m_ptr + base + s0 + s, mask=ok, other=float("-inf"), cache_modifier=".cg") - m)
+        l_sum += w * tl.load(l_ptr + base + s0 + s, mask=ok, other=0.0, cache_modifier=".cg")
         a = tl.load(acc_ptr + (base + s0 + s)[:, None] * head_dim + d[None, :], mask=ok[:, None] & d_ok[None, :],
-                    other=0.0)
+                    other=0.0, cache_modifier=".cg")
         acc += w[:, None] * a
     total = tl.sum(l_sum, 0)
-    o = tl.sum(acc, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
-    tl.store(out_ptr + b * stride_on + h * stride_oh + d, round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
+    return tl.sum(acc, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
+
+
+@triton.jit
+def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
+                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (sequence, query head, BLOCK_D of head_dim): combine the splits' partials, round once.
+    BLOCK_S covers every split (up to 256): at batch 1 with one kv head a 32K-token decode has 256
+    splits, and a program per head walking them 16 at a time was latency-bound."""
+    pid = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    o = _merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
+    out = out_ptr + (pid // n_heads) * stride_on + (pid % n_heads) * stride_oh + d
+    tl.store(out, round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -382,7 +374,8 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
         max_pages, window or 0, qk_scale, heads, hd,
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=cfg["BLOCK_N"], PAGE=page, HAS_WINDOW=window is not None, SINGLE=single, FUSED_MERGE=fused,
-        IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,
+        MERGE_BLOCK_S=triton.next_power_of_2(splits) if fused else 1, IEEE=q.dtype == torch.float32,
+        INTERP=INTERPRETED,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if not single and not fused:
         block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))

@@ -67,11 +67,13 @@ def test_route_fused_select_leaves_its_counter_at_zero():
     (a graph replaying the step, no memset between) route right each time."""
     from workbench.variants import _arrivals
 
-    (cfg,) = [c for c in route_mod.ROUTE_CONFIGS if c["fused_select"]]
+    fused = [c for c in route_mod.ROUTE_CONFIGS if c["fused_select"]]
+    assert fused
     v = get("route", "triton")
-    for n in (1, 5, 1):
-        x, w, kw = _route_case("e256", n, seed=n)
-        _assert_routes_equal(v.at(cfg)(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
+    for cfg in fused:
+        for n in (1, 5, 1):
+            x, w, kw = _route_case("e256", n, seed=n)
+            _assert_routes_equal(v.at(cfg)(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
     assert not _arrivals._COUNTERS[(torch.device("cpu"), "route")].any()
 
 

@@ -235,7 +235,8 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
 def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(run, tmp_path, monkeypatch):
     """`--compile-baseline points max-autotune-no-cudagraphs`: one row each in the report (the issue's
     baseline beside every point's torch_compile); each is saved to end_to_end.json once timed, so a
-    resumed run times none again (a whole-step max-autotune compile takes minutes)."""
+    resumed run times none again (a whole-step max-autotune compile takes minutes), and the whole-step
+    one is kept for later re-locks of the folder."""
     import shutil
 
     from workbench import optimize as optmod
@@ -260,6 +261,11 @@ def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(ru
     assert "torch.compile (max-autotune-no-cudagraphs) of the whole step failed: planted" in md
     optimize(opts)
     assert timed == ["max-autotune-no-cudagraphs"]
+    # A re-lock after a kernel change (here: end_to_end.json gone) times every point's build again,
+    # and reuses the whole reference step's compile, which did not change.
+    os.remove(os.path.join(resumed, "end_to_end.json"))
+    optimize(opts)
+    assert timed == ["max-autotune-no-cudagraphs", "points"]
 
 
 def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):

@@ -140,12 +140,20 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         _write_json(e2e_path, {"key": e2e_key, "final": final})
     else:
         on_event({"type": "resumed_end_to_end"})
-    # each baseline is kept as it is timed: a whole-step max-autotune compile takes minutes
+    # each baseline is kept as it is timed: a whole-step max-autotune compile takes minutes. Whole-step
+    # baselines compile the reference step only, so they are also kept for later searches of this
+    # folder (a re-lock after a kernel change) while the reference step and torch are the same.
     baselines = _saved(e2e_path, e2e_key, lambda saved: saved.get("compile_baselines", {}))
+    whole_path = os.path.join(opts.out_dir, "compile_baselines.json")
+    whole_key = {"profile": key, "torch": torch.__version__}
+    whole = _saved(whole_path, whole_key, lambda saved: saved["modes"]) or {}
     for mode in opts.compile_baselines:
         if mode not in baselines:
-            baselines[mode] = time_compile_baseline(search, mode, results)
+            baselines[mode] = whole.get(mode) or time_compile_baseline(search, mode, results)
             _write_json(e2e_path, {"key": e2e_key, "final": final, "compile_baselines": baselines})
+            if mode != "points" and mode not in whole:
+                whole[mode] = baselines[mode]
+                _write_json(whole_path, {"key": whole_key, "modes": whole})
     compiled_us, not_compiled, compile_error = baselines[opts.compile_baselines[0]]
     search.runner.rebind(final["selection"], final["configs"])
     locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings)

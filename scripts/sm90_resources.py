@@ -84,7 +84,7 @@ def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", action="append", metavar="JSON", help="a GEMV config (repeatable)")
+    p.add_argument("--config", action="append", metavar="JSON", help="a tuning config, GEMV or grouped (repeatable)")
     p.add_argument("--top-k", type=int, default=8, help="routed experts per token (default: %(default)s)")
     args = p.parse_args()
     from workbench.variants.experts import TRITON_CONFIGS

@@ -15,9 +15,8 @@ after, and a watchdog ends the process (exit code EXIT_STALLED) when one candida
 recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate; a choice whose reversal does not slow the step beyond the step's own noise (`step_band`) is
-dropped. Progress goes
-to an `on_event` callback (CLI progress, TUI). This module never writes the lock or the report
-(`workbench.optimize` does) and never edits variants.
+dropped. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
+lock or the report (`workbench.optimize` does) and never edits variants.
 """
 
 from __future__ import annotations
@@ -404,8 +403,8 @@ def step_band(timing: dict) -> float:
     """The band within which a whole step's median is noise: three standard errors of the difference
     of two medians of `reps` timings with this spread ((p90 - p10) / median, 2.56 sigma for a normal
     spread; a median's standard error is 1.25 sigma / sqrt(reps)), within [MIN_STEP_BAND, MAX_BAND].
-    Six reps of a 300 ms prefill step with a 3% spread give 2.5%; a decode step's hundreds of reps
-    give the minimum."""
+    Six reps of a 300 ms prefill step with a 3% spread give 2.5%; a decode step's 50 reps with a
+    0.25% spread give the minimum."""
     sigma = timing["spread"] / 2.56
     return min(max(MIN_STEP_BAND, 3 * 1.25 * sigma * (2 / timing["reps"]) ** 0.5), MAX_BAND)
 

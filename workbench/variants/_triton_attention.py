@@ -12,10 +12,11 @@ Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, 
   A small kernel merges the splits, all of a head's splits in one tile; or (configs with
   FUSED_MERGE_MAX_SPLITS, at most that many splits) the last split program of a (sequence, kv head)
   to finish merges them with the same code (`_merge_head`), which saves the second launch of a
-  short, latency-bound decode (a sliding window): both give the same bits. With one split the decode kernel writes the output itself. The number of splits and every
-  launch size come from tensor shapes and the device's SM count only (page_table's width, not the
-  sequences' lengths), and lengths / positions are read on the device, so a decode step is CUDA-graph
-  capturable and replays right with new contents.
+  short, latency-bound decode (a sliding window): both give the same bits. With one split the decode
+  kernel writes the output itself. The number of splits and every launch size come from tensor
+  shapes and the device's SM count only (page_table's width, not the sequences' lengths), and
+  lengths / positions are read on the device, so a decode step is CUDA-graph capturable and replays
+  right with new contents.
 - prefill (ragged chunks): flash attention, one program per (block of a sequence's queries, query
   head), looping only over the key blocks some query of the block can see (causal + window).
   The grid is sized from the host copy of the ragged layout; prefill runs eagerly, never in graphs.

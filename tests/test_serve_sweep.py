@@ -48,8 +48,8 @@ def test_step_metric_is_read_back_per_kind_and_rounded_batch():
     assert fake.engine.step_observer == m.observe_step
     before = serve_sweep.parse_metrics(m.render().decode())
     for seconds in (0.004, 0.004, 0.009):
-        fake.engine.step_observer("decode", 3, seconds, 0.0003)
-    fake.engine.step_observer("prefill", 1, 0.02, 0.001)
+        fake.engine.step_observer("decode", 3, seconds, 0.0003, 0.0035)
+    fake.engine.step_observer("prefill", 1, 0.02, 0.001, None)  # a CPU step: no device time
     fake.engine.step_observer("decode", 300, 0.05, 0.002)
     after = serve_sweep.parse_metrics(m.render().decode())
     rows = {(r["kind"], r["batch"]): r for r in serve_sweep.step_times(before, after)}
@@ -58,6 +58,7 @@ def test_step_metric_is_read_back_per_kind_and_rounded_batch():
     assert rows["decode", 4]["p50_ms_upper_bucket"] == pytest.approx(4.0)
     assert rows["decode", 4]["prepare_mean_ms"] == pytest.approx(0.3)
     assert rows["prefill", 1]["prepare_mean_ms"] == pytest.approx(1.0)
+    assert rows["decode", 4]["device_mean_ms"] == pytest.approx(3.5) and rows["prefill", 1]["device_mean_ms"] is None
 
 
 def test_engine_reports_each_model_step_to_its_observer():
@@ -65,10 +66,11 @@ def test_engine_reports_each_model_step_to_its_observer():
     model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
     engine = Engine(model, ByteTokenizer(), num_pages=32, max_num_batched_tokens=64)
     seen = []
-    engine.step_observer = lambda kind, n, seconds, prepare: seen.append((kind, n, seconds, prepare))
+    engine.step_observer = lambda kind, n, seconds, prepare, device: seen.append((kind, n, seconds, prepare, device))
     engine.generate([list(range(10, 15)), list(range(5, 105))], SamplingParams(max_tokens=4, temperature=0.0))
     kinds = [k for k, *_ in seen]
-    assert len(seen) == engine.num_steps and all(0 < prepare < s for *_, s, prepare in seen)
+    assert len(seen) == engine.num_steps and all(0 < prepare < s for *_, s, prepare, _ in seen)
+    assert all(device is None for *_, device in seen)  # CUDA events only
     # 5 + 100 prompt tokens under a 64-token budget: both prompts start (prefill), the short one's
     # decode rides along the long one's second chunk (mixed), then both decode
     assert kinds[:2] == ["prefill", "mixed"] and kinds[-1] == "decode"

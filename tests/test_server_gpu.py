@@ -37,10 +37,14 @@ def test_graph_decode_equals_eager(model):
     calls = []
     replay = graphed_engine.runner._replay
     graphed_engine.runner._replay = lambda *a: calls.append(a[0]) or replay(*a)
+    steps = []
+    graphed_engine.step_observer = lambda kind, n, seconds, prepare, device: steps.append((seconds, device))
     graphed = graphed_engine.generate(ps, GREEDY)
     assert calls and set(calls) <= {1, 2, 4, 8}
     assert graphed == eager
     assert graphed_engine.stats()["pages_used"] == {FULL: 0, SLIDING: 0}
+    # each step's GPU time (CUDA events from the forward's launch to the drawn tokens) is within its wall time
+    assert steps and all(device is not None and 0 < device < seconds for seconds, device in steps)
 
 
 def test_pools_sized_from_free_memory(model):

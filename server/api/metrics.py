@@ -82,12 +82,20 @@ class Metrics:
             "Host time of one model step before its forward is launched (inputs, page tables, attention "
             "plans): the part of beam_engine_step_seconds the device never sees; same labels",
             ["kind", "batch"], buckets=PREPARE_BUCKETS, registry=r)
+        self.step_device = Histogram(
+            "beam_engine_step_device_seconds",
+            "GPU time of one model step from its forward's launch until its tokens are drawn (CUDA events): "
+            "beam_engine_step_seconds minus this is the host's share of the step; CUDA only; same labels",
+            ["kind", "batch"], buckets=STEP_BUCKETS, registry=r)
         async_engine.engine.step_observer = self.observe_step  # called on the engine thread (thread-safe)
         r.register(_EngineCollector(async_engine))
 
-    def observe_step(self, kind: str, num_seqs: int, seconds: float, prepare: float) -> None:
+    def observe_step(self, kind: str, num_seqs: int, seconds: float, prepare: float,
+                     device: float | None = None) -> None:
         self.step.labels(kind, batch_label(num_seqs)).observe(seconds)
         self.step_prepare.labels(kind, batch_label(num_seqs)).observe(prepare)
+        if device is not None:
+            self.step_device.labels(kind, batch_label(num_seqs)).observe(device)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -73,13 +73,14 @@ class Engine:
         self.eos_token_id = tokenizer.eos_token_id
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
-        # Called on the engine thread after each model step as (kind, num_seqs, seconds, prepare):
-        # the wall time of `ModelRunner.run`, from the step's start until its sampled tokens are on
-        # the host (the runner's `.tolist()` of the samples is the only synchronization; none is
-        # added), and the host time it spent before launching the forward (inputs, page tables,
-        # attention plans). A step that samples nothing (a prompt chunk mid-prompt) is not waited
-        # for: its GPU time lands in the next step. The server's metrics set this
-        # (beam_engine_step_seconds, beam_engine_step_prepare_seconds).
+        # Called on the engine thread after each model step as (kind, num_seqs, seconds, prepare,
+        # device): the wall time of `ModelRunner.run`, from the step's start until its sampled tokens
+        # are on the host (the runner's `.tolist()` of the samples is the only synchronization; none is
+        # added), the host time it spent before launching the forward (inputs, page tables, attention
+        # plans), and on CUDA the GPU time from the forward's launch to the drawn tokens (events; else
+        # None). A step that samples nothing (a prompt chunk mid-prompt) is not waited for: its GPU
+        # time lands in the next step. The server's metrics set this (beam_engine_step_seconds,
+        # beam_engine_step_prepare_seconds, beam_engine_step_device_seconds).
         self.step_observer = None
 
     def _plan_pages(self, num_pages, num_sliding_pages, utilization) -> dict[str, int]:
@@ -159,7 +160,8 @@ class Engine:
             samples = self.runner.run(batch.seqs, batch.num_tokens)
             if self.step_observer is not None:
                 self.step_observer(step_kind(batch.seqs, batch.num_tokens), len(batch.seqs),
-                                   time.perf_counter() - started, self.runner.last_prepare_seconds)
+                                   time.perf_counter() - started, self.runner.last_prepare_seconds,
+                                   self.runner.last_device_seconds)
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             log.exception("model step failed; failing its %d requests", len(batch.seqs))
             for seq in batch.seqs:

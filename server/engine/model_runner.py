@@ -41,6 +41,11 @@ class ModelRunner:
         self.logits_hook = logits_hook  # test-only: see server/engine/testing.py
         self.graphs: dict[int, tuple] = {}
         self.last_prepare_seconds = 0.0  # host time of the last run before its forward was launched
+        # GPU time of the last run from its forward's launch to its sampled tokens' copy (CUDA events;
+        # None on the CPU, and for a run that samples nothing, which is not waited for)
+        self.last_device_seconds = None
+        self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+            if self.device.type == "cuda" else None
         if cuda_graphs and self.device.type == "cuda":
             top = min(max_num_seqs, MAX_GRAPH_BATCH)
             sizes = sorted({b for b in GRAPH_BATCH_SIZES if b < top} | {top})
@@ -52,6 +57,7 @@ class ModelRunner:
         """Feed `counts[i]` pending tokens of `seqs[i]`; returns the sampled token of each sequence
         that has now fed all its pending tokens (None for a sequence mid-prompt)."""
         started = time.perf_counter()
+        self.last_device_seconds = None
         starts = [s.num_computed for s in seqs]
         ids = [t for s, c, n in zip(seqs, starts, counts) for t in s.token_ids[c:c + n]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
@@ -62,6 +68,7 @@ class ModelRunner:
             step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
             ids = torch.tensor(ids, device=self.device)
             self.last_prepare_seconds = time.perf_counter() - started
+            self._mark(0)
             logits = self.model.step(ids, self.cache, step)
         rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
         results: list[TokenLogprob | None] = [None] * len(seqs)
@@ -95,7 +102,10 @@ class ModelRunner:
                 s.generator = torch.Generator(device=dev).manual_seed(s.params.seed)
             ids[i:i + 1] = sample(logits[i:i + 1], temperature[i:i + 1], top_k[i:i + 1], top_p[i:i + 1],
                                   generator=s.generator)
-        chosen = ids.tolist()
+        self._mark(1)
+        chosen = ids.tolist()  # waits for the forward and the draw
+        if self._events is not None:
+            self.last_device_seconds = self._events[0].elapsed_time(self._events[1]) / 1e3
         out = [TokenLogprob(t, 0.0) for t in chosen]
         want = [i for i, s in enumerate(seqs) if s.params.logprobs]
         if want:
@@ -173,5 +183,11 @@ class ModelRunner:
             meta.groups[g].seq_lens_host[:] = lens
         self.model.replan(meta)
         self.last_prepare_seconds = time.perf_counter() - started
+        self._mark(0)
         graph.replay()
         return out[:b]
+
+    def _mark(self, i: int) -> None:
+        """Record device-time event `i` (0: forward launched, 1: tokens drawn) on the current stream."""
+        if self._events is not None:
+            self._events[i].record()

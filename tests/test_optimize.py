@@ -41,7 +41,8 @@ def run(tmp_path_factory):
 
 def test_run_writes_every_result_file(run):
     out, report, events = run
-    for name in ("lock.yaml", "report.json", "report.md", "profile.json", "profile.trace.json"):
+    for name in ("lock.yaml", "report.json", "report.md", "profile.json", "profile.trace.json",
+                 "locked_profile.json", "locked_profile.trace.json"):
         assert os.path.isfile(os.path.join(out, name)), name
     with open(os.path.join(out, "report.json")) as f:
         saved = json.load(f)
@@ -57,6 +58,12 @@ def test_run_writes_every_result_file(run):
         if e["type"] == "candidate" and e["result"]["step_us"] is not None:
             assert e["result"]["gate_passed"]
             assert e["result"]["seconds"] > 0  # its wall time, first-use builds included
+    # the locked step as the profiler saw it: every point's device time there, and its floor
+    with open(os.path.join(out, "locked_profile.json")) as f:
+        locked = {pp["point"]: pp for pp in json.load(f)["points"]}
+    for p in saved["points"]:
+        assert p["locked_step_ms"] == pytest.approx(locked[p["point"]]["time_us"] / 1e3)
+        assert p["floor_ms"] > 0 and locked[p["point"]]["variant"] == p["variant"]
     # which backend won each searched point, and by how much: each backend's fastest gated candidate
     for p in saved["points"]:
         bests = p["best_ms_by_backend"]
@@ -225,11 +232,12 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     monkeypatch.setattr(optmod.Search, "finalize", lambda self, r: finalized.append(1) or real_finalize(self, r))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     first = optimize(opts)
-    assert calls == [None]  # the locked build's profile only
+    locked_trace = os.path.join(resumed, "locked_profile.trace.json")
+    assert calls == [locked_trace]  # the locked build's profile only
     assert finalized == []  # and the end-to-end builds' timings and gate from end_to_end.json
     assert first["locked_ms"] == run[1]["locked_ms"] and first["reference_ms"] == run[1]["reference_ms"]
     optimize(OptimizeOptions(**{**opts.__dict__, "seed": 1}))
-    assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), None] and finalized == [1]
+    assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), locked_trace] and finalized == [1]
 
 
 def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(run, tmp_path, monkeypatch):

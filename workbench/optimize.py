@@ -156,7 +156,11 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
                 _write_json(whole_path, {"key": whole_key, "modes": whole})
     compiled_us, not_compiled, compile_error = baselines[opts.compile_baselines[0]]
     search.runner.rebind(final["selection"], final["configs"])
-    locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings)
+    # where the locked step's time goes, point by point and kernel by kernel, as `workbench profile` says
+    locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
+                                  trace_path=os.path.join(opts.out_dir, "locked_profile.trace.json"))
+    _write_json(os.path.join(opts.out_dir, "locked_profile.json"), locked_profile.to_dict())
+    in_locked = {pp.point: pp for pp in locked_profile.points}
 
     floor_us = sum(p.floor_us or 0.0 for p in profile.points)
     env = bench.environment()
@@ -202,7 +206,10 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
              if p in results else None,
              "reference_ms": results[p].reference_us / 1e3 if p in results else None,
              "reverted_ms": final["reverted_us"][p] / 1e3 if p in final["reverted_us"] else None,
-             "best_ms_by_backend": backend_bests(results[p]) if p in results else {}}
+             "best_ms_by_backend": backend_bests(results[p]) if p in results else {},
+             # the profiler's device time of the point in one locked step (eager), and its bytes/FLOPs floor
+             "locked_step_ms": in_locked[p].time_us / 1e3 if p in in_locked else None,
+             "floor_ms": in_locked[p].floor_us / 1e3 if p in in_locked and in_locked[p].floor_us else None}
             for p in POINTS
         ],
     }
@@ -324,9 +331,11 @@ def report_markdown(r: dict) -> str:
         + (f" (locked step at {100 * r['fraction_of_floor']:.0f}% of floor speed)" if r["fraction_of_floor"] else ""),
         "", f"Kernels per layer: reference {r['kernels_per_layer']['reference']}, "
             f"locked {r['kernels_per_layer']['locked']}", "",
-        "| point | locked variant | backend | ms/step | reference ms/step | step ms with it reverted "
-        "| fastest gated candidate of each backend, ms/step |",
-        "| --- | --- | --- | ---: | ---: | ---: | --- |",
+        "ms/step: the search's timing of the point at the step's shapes; in the locked step: the profiler's "
+        "device time of the point in one locked step (`locked_profile.json`), beside its floor.", "",
+        "| point | locked variant | backend | ms/step | reference ms/step | in the locked step, ms | floor ms "
+        "| step ms with it reverted | fastest gated candidate of each backend, ms/step |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
 
     def fmt(x):
@@ -334,5 +343,6 @@ def report_markdown(r: dict) -> str:
     for p in r["points"]:
         bests = ", ".join(f"{b} {ms:.3f}" for b, ms in (p.get("best_ms_by_backend") or {}).items()) or "-"
         lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {fmt(p['ms'])} | "
-                     f"{fmt(p['reference_ms'])} | {fmt(p['reverted_ms'])} | {bests} |")
+                     f"{fmt(p['reference_ms'])} | {fmt(p.get('locked_step_ms'))} | {fmt(p.get('floor_ms'))} | "
+                     f"{fmt(p['reverted_ms'])} | {bests} |")
     return "\n".join(lines) + "\n"

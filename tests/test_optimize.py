@@ -503,6 +503,19 @@ def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
     assert search.step_calls("head") == {"sliding": 1}
 
 
+def test_a_compiled_point_is_timed_by_the_cpu_profiler():
+    """On the CPU the profiler counts the ATen ops under a point's range; torch.compile's generated
+    kernels have none, so a compiled point read ~0 us in the locked step's profile. Its compiled
+    graph's own time is counted now."""
+    from workbench.profiler.attribution import profile_step
+
+    runner = _tiny_runner()
+    runner.rebind({"boundary": "torch_compile"})
+    boundary = next(p for p in profile_step(runner).points if p.point == "boundary")
+    assert boundary.variant == "torch_compile" and boundary.time_us > 0
+    assert boundary.kernels >= boundary.calls  # at least one compiled graph's kernels per call
+
+
 def test_head_and_sample_are_timed_on_each_prompts_last_token():
     """A prefill step runs head and sample on each sequence's last new token (the profiler's "model"
     calls): the search once timed them at one row per prompt token, 16384 rows at prefill-8x2k

@@ -76,14 +76,24 @@ _NO_WORK = {"aten::view", "aten::as_strided", "aten::reshape", "aten::expand", "
             "aten::alias", "aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "aten::unbind"}
 
 
+# torch.compile's generated CPU kernels run under this range with no ATen op of their own.
+_COMPILED_GRAPH = "## Call CompiledFxGraph"
+_COMPILED_KERNELS = "torch.compile kernels"
+
+
 def _cpu_work(evt) -> list[tuple[str, float]]:
-    """(name, us) of the leaf ATen ops that compute under a range: the CPU stands in for a device."""
+    """(name, us) of the leaf ATen ops that compute under a range, and of each compiled graph's own
+    kernels (its time outside those ops): the CPU stands in for a device."""
     def computes(e):
         return e.name.startswith("aten::") and e.name not in _NO_WORK
 
-    # The innermost computing ops (aten::mm counts though it calls aten::resolve_conj), with their time.
-    return [(e.name, e.cpu_time_total) for e in _walk(evt)
-            if computes(e) and not any(computes(d) for c in e.cpu_children for d in _walk(c))]
+    def leaves(root):  # the innermost computing ops (aten::mm counts though it calls aten::resolve_conj)
+        return [(e.name, e.cpu_time_total) for e in _walk(root)
+                if computes(e) and not any(computes(d) for c in e.cpu_children for d in _walk(c))]
+
+    compiled = [(_COMPILED_KERNELS, e.cpu_time_total - sum(t for _, t in leaves(e)))
+                for e in _walk(evt) if e.name.startswith(_COMPILED_GRAPH)]
+    return leaves(evt) + compiled
 
 
 def _trace_events(prof, trace_path: str | None) -> list[dict]:

@@ -404,6 +404,8 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
         assert fresh._stalled_before("boundary", fingerprint) == {}
         cache.write_text(json.dumps({**saved, "fingerprint": {**saved["fingerprint"], "calls": {"sliding": 9}}}))
         assert fresh._stalled_before("boundary", fingerprint) == {}  # other shapes: nothing carried over
+        cache.write_text(json.dumps({**saved, "fingerprint": {**saved["fingerprint"], "workloads": {"all": "other"}}}))
+        assert fresh._stalled_before("boundary", fingerprint) == {}
     finally:
         table.pop("planted_new", None)
         del table["planted_hang"]

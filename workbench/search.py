@@ -260,7 +260,7 @@ class Search:
             old, candidates = saved["fingerprint"], saved["result"]["candidates"]
         except (OSError, ValueError, KeyError, TypeError):
             return {}
-        if any(old.get(k) != fingerprint[k] for k in ("target", "preset", "dtype", "device", "calls")):
+        if any(old.get(k) != fingerprint[k] for k in ("target", "preset", "dtype", "device", "calls", "workloads")):
             return {}
         return {c["variant"]: f"{c['skipped'].split(';')[0]}; its code is unchanged since, so it is not tried "
                               f"again (delete {self._cache_file(point)} to try)"

@@ -335,17 +335,13 @@ ROUTE_CONFIGS = [
          fp32_block_m=64, fp32_block_e=64, fp32_block_k=16, fp32_split=8, fp32_warps=8,
          tc_block_m=128, tc_block_e=128, tc_block_k=64, tc_split=16, tc_warps=8, tc_stages=3,
          select_tokens=16, select_warps=16, fused_select=False),
+]
+ROUTE_CONFIGS += [
     # the first, with the selection run by the GEMV's last program at N <= 16: one launch a decode step
-    dict(gemv_block_e=4, gemv_block_k=1024, gemv_split=5, gemv_warps=4,
-         fp32_block_m=32, fp32_block_e=64, fp32_block_k=32, fp32_split=16, fp32_warps=4,
-         tc_block_m=64, tc_block_e=64, tc_block_k=64, tc_split=8, tc_warps=4, tc_stages=3,
-         select_tokens=4, select_warps=4, fused_select=True),
+    dict(ROUTE_CONFIGS[0], fused_select=True),
     # the same with half the GEMV programs (160), so half the arrivals on the one counter: the first
     # lost on the H200 (0.447 vs 0.374 ms/step), and its 320 programs all count on a single address
-    dict(gemv_block_e=8, gemv_block_k=512, gemv_split=5, gemv_warps=4,
-         fp32_block_m=32, fp32_block_e=64, fp32_block_k=32, fp32_split=16, fp32_warps=4,
-         tc_block_m=64, tc_block_e=64, tc_block_k=64, tc_split=8, tc_warps=4, tc_stages=3,
-         select_tokens=4, select_warps=4, fused_select=True),
+    dict(ROUTE_CONFIGS[0], gemv_block_e=8, gemv_block_k=512, fused_select=True),
 ]
 
 

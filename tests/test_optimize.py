@@ -240,6 +240,36 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     assert calls[1:] == [os.path.join(resumed, "profile.trace.json"), locked_trace] and finalized == [1]
 
 
+def test_a_relock_reports_what_changed_against_the_lock_it_replaced(run, tmp_path, monkeypatch):
+    """A re-lock in a run folder compares itself with the report it replaces: the locked step then
+    and now, and each point whose locked variant or config changed; a rerun that locks the same
+    build again keeps that comparison."""
+    import shutil
+
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(run[0], resumed)
+    path = os.path.join(resumed, "report.json")
+    with open(path) as f:
+        old = json.load(f)
+    old["locked_ms"] = 99.0
+    moved = next(p for p in old["points"] if p["point"] == "boundary")
+    was = dict(moved)
+    moved.update(variant="planted", config={"num_warps": 2}, ms=1.5)
+    with open(path, "w") as f:
+        json.dump(old, f)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
+    previous = optimize(opts)["previous"]
+    assert previous["locked_ms"] == 99.0
+    assert [c["point"] for c in previous["changed"]] == ["boundary"]
+    assert previous["changed"][0]["was"] == 'planted {"num_warps":2}' and previous["changed"][0]["was_ms"] == 1.5
+    assert previous["changed"][0]["now"].startswith(was["variant"])
+    with open(os.path.join(resumed, "report.md")) as f:
+        assert "## Against the lock this one replaced" in f.read()
+    assert optimize(opts)["previous"] == previous  # the same lock again
+
+
 def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(run, tmp_path, monkeypatch):
     """`--compile-baseline points max-autotune-no-cudagraphs`: one row each in the report (the issue's
     baseline beside every point's torch_compile); each is saved to end_to_end.json once timed, so a

@@ -72,6 +72,14 @@ def _saved(path: str, key: dict, read):
         return None
 
 
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def rank_points(profile) -> list[str]:
     """Points by what they could save: time above the floor (the whole time when no floor is known)."""
     def saving(p):
@@ -201,7 +209,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "fraction_of_floor": floor_us / final["locked"]["median_us"] if floor_us else None,
         "kernels_per_layer": {"reference": profile.kernels_per_layer, "locked": locked_profile.kernels_per_layer},
         "points": [
-            {"point": p, "variant": selection[p], "backend": get(p, selection[p]).backend,
+            {"point": p, "variant": selection[p], "config": final["configs"].get(p),
+             "backend": get(p, selection[p]).backend,
              "ms": (results[p].choice_us if selection[p] != REFERENCE else results[p].reference_us) / 1e3
              if p in results else None,
              "reference_ms": results[p].reference_us / 1e3 if p in results else None,
@@ -213,7 +222,9 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
             for p in POINTS
         ],
     }
-    _write_json(os.path.join(opts.out_dir, "report.json"), report)
+    report_path = os.path.join(opts.out_dir, "report.json")
+    report["previous"] = against_previous(_read_json(report_path), report)
+    _write_json(report_path, report)
     with open(os.path.join(opts.out_dir, "report.md"), "w") as f:
         f.write(report_markdown(report))
     on_event({"type": "done", "report": report})
@@ -298,6 +309,27 @@ def rerender(out_dir: str) -> dict:
     return report
 
 
+def against_previous(previous: dict | None, report: dict) -> dict | None:
+    """What this lock changed against the one it replaces in the run folder (same target, preset,
+    dtype and GPU): the locked step then, and each point whose variant or tuning config changed. A
+    rerun that locks the same build keeps the comparison the previous report made."""
+    if not previous or any(previous.get(k) != report[k] for k in ("target", "preset", "dtype", "gpu")):
+        return None
+    was = {p["point"]: p for p in previous.get("points", [])}
+    changed = [{"point": p["point"], "was": _choice(was[p["point"]]), "was_ms": was[p["point"]].get("ms"),
+                "now": _choice(p), "now_ms": p["ms"]}
+               for p in report["points"] if p["point"] in was and _choice(was[p["point"]]) != _choice(p)]
+    if not changed and previous.get("locked_ms") == report["locked_ms"]:
+        return previous.get("previous")  # the same lock written again (a resumed, finished run)
+    return {"locked_ms": previous.get("locked_ms"), "git_commit": (previous.get("environment") or {}).get("git_commit"),
+            "changed": changed}
+
+
+def _choice(point: dict) -> str:
+    config = point.get("config")
+    return point["variant"] + (f" {bench.config_text(config)}" if config else "")
+
+
 def compile_baselines(r: dict) -> list[dict]:
     """A report's torch.compile rows; reports written before there could be several hold one."""
     if "torch_compile_baselines" in r:
@@ -345,4 +377,12 @@ def report_markdown(r: dict) -> str:
         lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {fmt(p['ms'])} | "
                      f"{fmt(p['reference_ms'])} | {fmt(p.get('locked_step_ms'))} | {fmt(p.get('floor_ms'))} | "
                      f"{fmt(p['reverted_ms'])} | {bests} |")
+    previous = r.get("previous")
+    if previous:
+        lines += ["", "## Against the lock this one replaced", "",
+                  f"Locked step: {fmt(previous['locked_ms'])} ms then (commit {previous.get('git_commit')}), "
+                  f"{r['locked_ms']:.3f} ms now. Points whose locked variant or config changed:", "",
+                  "| point | was | ms/step | now | ms/step |", "| --- | --- | ---: | --- | ---: |",
+                  *[f"| {c['point']} | {c['was']} | {fmt(c['was_ms'])} | {c['now']} | {fmt(c['now_ms'])} |"
+                    for c in previous["changed"]]]
     return "\n".join(lines) + "\n"

@@ -270,6 +270,19 @@ def test_a_relock_reports_what_changed_against_the_lock_it_replaced(run, tmp_pat
     assert optimize(opts)["previous"] == previous  # the same lock again
 
 
+def test_a_report_from_before_configs_were_recorded_compares_variants_only():
+    from workbench.optimize import against_previous
+
+    step = {"target": "decode-b1", "preset": "p", "dtype": "bf16", "gpu": "g"}
+    old = {**step, "locked_ms": 3.6, "points": [{"point": "experts", "variant": "triton", "ms": 1.6},
+                                                {"point": "head", "variant": "torch", "ms": 0.07}]}
+    new = {**step, "locked_ms": 3.5, "points": [{"point": "experts", "variant": "triton", "config": {"BLOCK_N": 8},
+                                                 "ms": 1.5},
+                                                {"point": "head", "variant": "triton", "config": None, "ms": 0.05}]}
+    assert [c["point"] for c in against_previous(old, new)["changed"]] == ["head"]
+    assert against_previous({**old, "gpu": "other"}, new) is None  # another GPU's lock: no comparison
+
+
 def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(run, tmp_path, monkeypatch):
     """`--compile-baseline points max-autotune-no-cudagraphs`: one row each in the report (the issue's
     baseline beside every point's torch_compile); each is saved to end_to_end.json once timed, so a

@@ -316,9 +316,13 @@ def against_previous(previous: dict | None, report: dict) -> dict | None:
     if not previous or any(previous.get(k) != report[k] for k in ("target", "preset", "dtype", "gpu")):
         return None
     was = {p["point"]: p for p in previous.get("points", [])}
+
+    def moved(p):  # a report from before points carried their config compares variants only
+        old = was[p["point"]]
+        return _choice(old) != (_choice(p) if "config" in old else p["variant"])
     changed = [{"point": p["point"], "was": _choice(was[p["point"]]), "was_ms": was[p["point"]].get("ms"),
                 "now": _choice(p), "now_ms": p["ms"]}
-               for p in report["points"] if p["point"] in was and _choice(was[p["point"]]) != _choice(p)]
+               for p in report["points"] if p["point"] in was and moved(p)]
     if not changed and previous.get("locked_ms") == report["locked_ms"]:
         return previous.get("previous")  # the same lock written again (a resumed, finished run)
     return {"locked_ms": previous.get("locked_ms"), "git_commit": (previous.get("environment") or {}).get("git_commit"),

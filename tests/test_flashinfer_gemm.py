@@ -4,14 +4,13 @@ a multiple of 64, output features of 16, `out` written in place, FP32 accumulati
 through the op gate; the `gpu` test runs the real kernel at beam-tiny and beam-501b-tp8 shapes."""
 
 import dataclasses
-import sys
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.variant_helpers import failures
+from tests.variant_helpers import failures, stand_in_flashinfer
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -30,11 +29,7 @@ def calls(monkeypatch):
         seen.append(input.shape[0])
         out.copy_(F.linear(input.float(), weight.float()))  # FP32 accumulation, one rounding
 
-    flashinfer, gemm = types.ModuleType("flashinfer"), types.ModuleType("flashinfer.gemm")
-    gemm.tinygemm_bf16 = tinygemm_bf16
-    flashinfer.gemm = gemm
-    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
-    monkeypatch.setitem(sys.modules, "flashinfer.gemm", gemm)
+    stand_in_flashinfer(monkeypatch, "gemm", tinygemm_bf16=tinygemm_bf16)
     return seen
 
 

@@ -4,13 +4,12 @@ checks the adapter: argument order, the FP32 router GEMM, int64 ids, and the sup
 `gpu` test runs the op gate with the real kernel at beam-tiny and beam-501b-tp8 shapes."""
 
 import dataclasses
-import sys
 import types
 
 import pytest
 import torch
 
-from tests.variant_helpers import failures
+from tests.variant_helpers import failures, stand_in_flashinfer
 from workbench import gates, registry
 from workbench.points import Workload, spec
 
@@ -32,12 +31,7 @@ def _stand_in(scores, bias, n_group, topk_group, topk, routed_scaling_factor, to
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    flashinfer = types.ModuleType("flashinfer")
-    fused_moe = types.ModuleType("flashinfer.fused_moe")
-    fused_moe.fused_topk_deepseek = _stand_in
-    flashinfer.fused_moe = fused_moe
-    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
-    monkeypatch.setitem(sys.modules, "flashinfer.fused_moe", fused_moe)
+    stand_in_flashinfer(monkeypatch, "fused_moe", fused_topk_deepseek=_stand_in)
 
 
 @pytest.mark.parametrize("batch", [1, 7])

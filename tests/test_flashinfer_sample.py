@@ -6,12 +6,11 @@ shapes."""
 
 import dataclasses
 import sys
-import types
 
 import pytest
 import torch
 
-from tests.variant_helpers import failures
+from tests.variant_helpers import failures, stand_in_flashinfer
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -33,11 +32,7 @@ def calls(monkeypatch):
         choice = torch.multinomial(sorted_p * keep, 1, generator=generator)
         return order.gather(1, choice)[:, 0].to(torch.int32)
 
-    flashinfer, sampling = types.ModuleType("flashinfer"), types.ModuleType("flashinfer.sampling")
-    sampling.top_k_top_p_sampling_from_probs = top_k_top_p_sampling_from_probs
-    flashinfer.sampling = sampling
-    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
-    monkeypatch.setitem(sys.modules, "flashinfer.sampling", sampling)
+    stand_in_flashinfer(monkeypatch, "sampling", top_k_top_p_sampling_from_probs=top_k_top_p_sampling_from_probs)
     return seen
 
 

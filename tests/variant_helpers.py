@@ -1,6 +1,8 @@
 """Helpers shared by the variant tests."""
 
 import dataclasses
+import sys
+import types
 
 import pytest
 import torch
@@ -41,3 +43,15 @@ def on_gpu_unless_quarantined(point: str, name: str):
     there (it hangs or fails; `workbench check POINT:NAME --device cuda` runs it regardless)."""
     why = "needs a CUDA GPU" if not torch.cuda.is_available() else quarantined(point, name, "cuda")
     return pytest.mark.skipif(why is not None, reason=why or "")
+
+
+def stand_in_flashinfer(monkeypatch, submodule: str, **functions):
+    """Install, for one test, a stand-in `flashinfer.<submodule>` holding `functions` (the CPU tests
+    drive FlashInfer adapters through it without the library); returns the submodule."""
+    flashinfer, sub = types.ModuleType("flashinfer"), types.ModuleType(f"flashinfer.{submodule}")
+    for name, fn in functions.items():
+        setattr(sub, name, fn)
+    setattr(flashinfer, submodule, sub)
+    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
+    monkeypatch.setitem(sys.modules, f"flashinfer.{submodule}", sub)
+    return sub

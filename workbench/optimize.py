@@ -64,11 +64,10 @@ def _profile_key(opts: OptimizeOptions, dtype: str, workload_for) -> dict:
 def _saved(path: str, key: dict, read):
     """`read` of a JSON file this run folder keeps beside its results (profile.json, end_to_end.json)
     when it was made for `key`, so a resumed run skips that stage (minutes at prefill-8x2k), else None."""
+    saved = _read_json(path)
     try:
-        with open(path) as f:
-            saved = json.load(f)
-        return read(saved) if saved.get("key") == key else None
-    except (OSError, ValueError, TypeError, KeyError):
+        return read(saved) if isinstance(saved, dict) and saved.get("key") == key else None
+    except (TypeError, KeyError):
         return None
 
 

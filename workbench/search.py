@@ -394,9 +394,9 @@ def _backends_missing(point: str) -> list[str]:
     return sorted({v.backend for v in variants(point).values() if not backend_available(v.backend)[0]})
 
 
-def bounded_band(measured: float) -> float:
-    """A noise band from a measured relative spread or gap, within [MIN_BAND, MAX_BAND]."""
-    return min(max(MIN_BAND, measured), MAX_BAND)
+def bounded_band(measured: float, least: float = MIN_BAND) -> float:
+    """A noise band from a measured relative spread or gap, within [least, MAX_BAND]."""
+    return min(max(least, measured), MAX_BAND)
 
 
 def step_band(timing: dict) -> float:
@@ -406,7 +406,7 @@ def step_band(timing: dict) -> float:
     Six reps of a 300 ms prefill step with a 3% spread give 2.5%; a decode step's 50 reps with a
     0.25% spread give the minimum."""
     sigma = timing["spread"] / 2.56
-    return min(max(MIN_STEP_BAND, 3 * 1.25 * sigma * (2 / timing["reps"]) ** 0.5), MAX_BAND)
+    return bounded_band(3 * 1.25 * sigma * (2 / timing["reps"]) ** 0.5, MIN_STEP_BAND)
 
 
 def _gap(a: float, b: float) -> float:

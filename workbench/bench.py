@@ -569,9 +569,9 @@ def config_text(config: dict) -> str:
 
 def _configs_of(v: registry.Variant, configs: str | list[dict] | None) -> list[dict | None]:
     """The configs a bench times `v` at: the reference and config-less variants at their default."""
-    if configs is None or v.name == registry.REFERENCE or (configs == "all" and not v.configs):
+    if configs is None or v.name == registry.REFERENCE:
         return [None]
-    return list(v.configs) if configs == "all" else list(configs)
+    return v.tuning_configs() if configs == "all" else list(configs)
 
 
 # ---- result files -----------------------------------------------------------------------------------------

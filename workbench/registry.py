@@ -37,6 +37,8 @@ class Variant:
     configure: Callable[[dict], Callable] | None = None  # config -> the variant's callable at that config
     # (config, workload) -> True, or False / why that config does not run as itself at that workload
     config_supports: Callable[..., bool | str] | None = None
+    # Its launches honour a config's "pdl" key (programmatic dependent launch, see `tuning_configs`)
+    pdl: bool = False
 
     @property
     def qualname(self) -> str:
@@ -75,6 +77,18 @@ class Variant:
         if isinstance(verdict, str) or not verdict:
             return verdict or f"{self.qualname} {config} does not run at {workload.label()}"
         return None
+
+    def tuning_configs(self) -> list[dict | None]:
+        """The configs a search or bench times (None: the default). Where this GPU can launch kernels
+        with programmatic dependent launch (sm_90+), a `pdl` variant's configs come twice, the second
+        time with "pdl": True: each kernel then lets the next one launch at once and waits for its
+        predecessor's writes in-kernel, hiding the launch gap between small decode kernels. Whether
+        that pays depends on the tile (a tile that reads weights before its wait gains most), so it
+        is timed per config like any other knob."""
+        base = list(self.configs) or [None]
+        if not (self.pdl and pdl_available()):
+            return base
+        return base + [{**(c or {}), "pdl": True} for c in base]
 
     def at(self, config: dict | None) -> Callable:
         """The callable to run, at a tuning config (a lock file's choice) or the default."""
@@ -187,6 +201,16 @@ def _cuda_available() -> bool:
     import torch  # deferred: the registry must import without torch's start-up cost
 
     return torch.cuda.is_available()
+
+
+def pdl_available() -> bool:
+    """Whether kernels can be launched with programmatic dependent launch here: a CUDA GPU of sm_90
+    or later, and compiled kernels (the Triton interpreter has no grid dependency control)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not _cuda_available():
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability() >= (9, 0)
 
 
 class Ops:

@@ -166,7 +166,7 @@ class Search:
             if name == REFERENCE:
                 continue
             why = self._unavailable(v, workloads)
-            for config in ([None] if why else (v.configs or [None])):  # an unavailable variant: one row
+            for config in ([None] if why else v.tuning_configs()):  # an unavailable variant: one row
                 self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
                     break

@@ -22,6 +22,9 @@ def compile_sm90(fn, signature: dict, constexprs: dict, ints: dict | None = None
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    # Constexprs left out take their Python defaults, as a launch does (ASTSource applies none)
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default
+                     and p.name not in signature}, **constexprs}
     aligned = [name for name, kind in signature.items()
                if kind.startswith("*") or (ints or {}).get(name, 1) % 16 == 0]
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}

@@ -1,4 +1,5 @@
-"""Helpers shared by the Triton variants: the guarded triton import, `jit`, `round_to`.
+"""Helpers shared by the Triton variants: the guarded triton import, `jit`, `round_to`, and
+programmatic dependent launch (`pdl_launch`, `pdl_enter`, `pdl_release`, `pdl_wait`).
 
 Imports without triton (then `triton` is None and no helper kernel exists): the variants register
 either way and the registry reports the backend as unavailable. Never import a variant from here.
@@ -43,3 +44,36 @@ if triton is not None:
             return tl.where(x != x, x, bits.to(tl.float32, bitcast=True)).to(tl.bfloat16)
         else:
             return x.to(dtype)
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """Launch arguments for a kernel that takes the `PDL` constexpr: with programmatic dependent
+    launch the kernel may start while its predecessor runs, so the kernel must call `pdl_wait` (or
+    `pdl_enter`) before it reads anything an earlier kernel wrote and before it writes anything;
+    only weights (never written) may be read before. Both come from this one flag, so no kernel is
+    launched early without waiting. Off under the interpreter, which has no grid dependency control
+    (a "pdl" config then runs as its base config)."""
+    on = bool(pdl) and not INTERPRETED
+    return {"PDL": on, "launch_pdl": on}
+
+
+if triton is not None:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    @triton.jit
+    def pdl_release(PDL: tl.constexpr):
+        """Let the next kernel launch now (its programs start and wait in `pdl_wait`)."""
+        if PDL:
+            gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible."""
+        if PDL:
+            gdc_wait()
+
+    @triton.jit
+    def pdl_enter(PDL: tl.constexpr):
+        """The start of a kernel that reads nothing before its wait: release the next, then wait."""
+        pdl_release(PDL)
+        pdl_wait(PDL)

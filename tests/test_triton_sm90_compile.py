@@ -93,3 +93,50 @@ def test_sm90_resources_reads_registers_and_spills_of_a_config():
     usage = json.loads(line.removesuffix(" SPILLS"))
     assert usage["config"] == config and 0 < usage["down"]["REG"] <= 255
     assert usage["gate_up"]["STACK"] > 0 and line.endswith(" SPILLS")
+
+
+PDL_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import _sizes
+from workbench.sm90 import compile_sm90
+import workbench.variants._triton_gemv as gemv
+import workbench.variants._triton_moe as moe
+
+out = {}
+for pdl in (False, True):
+    out[f"linear pdl={pdl}"] = compile_sm90(gemv._linear_kernel, dict(
+        x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", part_ptr="*bf16", lock_ptr="*i32", M="i32", N="i32",
+        K="i32", stride_xm="i32", b1="i32", b2="i32", b3="i32"), dict(
+        BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, DOT=False, SWIGLU=False, IEEE=False, PDL=pdl),
+        ints=dict(M=1, N=7168, K=5120, stride_xm=5120, b1=7168, b2=7168, b3=7168), num_warps=2).asm["ptx"]
+    out[f"experts gate/up pdl={pdl}"] = compile_sm90(moe._gate_up_gemv, dict(
+        x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
+        count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
+        TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=1, INTERP=False, PDL=pdl), ints=_sizes(8), num_warps=2).asm["ptx"]
+json.dump(out, sys.stdout)
+'''
+
+
+def test_pdl_kernels_wait_in_the_ptx_and_only_a_gemv_reads_weights_before():
+    """With PDL, the GEMV's first weight tile is loaded before griddepcontrol.wait (weights are never
+    written), the experts kernel loads nothing before it (its rows depend on routed ids); without
+    PDL neither instruction is emitted."""
+    _require_compiler()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", PDL_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = json.loads(done.stdout)
+
+    def before_wait(text):
+        lines = [line.strip() for line in text.splitlines()]
+        wait = next(i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait"))
+        assert any(line.startswith("griddepcontrol.launch_dependents") for line in lines[:wait])
+        return [line for line in lines[:wait] if line.lstrip("@%!p0123456789 ").startswith("ld.global")]
+
+    for name in ("linear", "experts gate/up"):
+        assert "griddepcontrol" not in ptx[f"{name} pdl=False"], name
+    assert before_wait(ptx["linear pdl=True"]), "the GEMV reads no weights before its wait"
+    assert not before_wait(ptx["experts gate/up pdl=True"]), "experts reads memory before its wait"

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import INTERPRETED, round_to
+from workbench.variants._triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256   # one [rows, head_dim] FP32 accumulator per program must fit in registers
@@ -130,7 +130,7 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
                    stride_on, stride_oh, max_pages, window, qk_scale, n_heads, head_dim,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SINGLE: tl.constexpr, FUSED_MERGE: tl.constexpr,
-                   MERGE_BLOCK_S: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr):
+                   MERGE_BLOCK_S: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """One (sequence, kv head, split): its GQA group's queries against its share of the visible keys.
 
     Keys are walked in BLOCK_N-aligned blocks from the block holding the first visible key (the
@@ -140,6 +140,7 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     n_splits = tl.num_programs(2)
+    pdl_enter(PDL)  # no weights: q, the cache, lengths, pages and counters may all be the last kernel's
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     pos = tl.load(pos_ptr + b).to(tl.int32)
     hi = tl.minimum(pos + 1, seq_len)
@@ -228,10 +229,11 @@ def _merge_head(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok,
 
 @triton.jit
 def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
-                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """One (sequence, query head, BLOCK_D of head_dim): combine the splits' partials, round once.
     BLOCK_S covers every split (up to 256): at batch 1 with one kv head a 32K-token decode has 256
     splits, and a program per head walking them 16 at a time was latency-bound."""
+    pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
@@ -245,13 +247,15 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, qstart_p
                     stride_qn, stride_qh, stride_cp, stride_ckv, stride_ct, stride_ch, stride_tb,
                     stride_on, stride_oh, max_pages, window, qk_scale, head_dim,
                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr):
+                    PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """One (block of a sequence's queries, query head): causal + window flash attention over the
     key blocks at least one of its queries sees. Programs past a sequence's last query do nothing."""
     # Latest query blocks first: they see the most keys, so the long programs start in the first wave.
     mblk = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    pdl_enter(PDL)
     q0 = tl.load(qstart_ptr + b)
     n_q = tl.load(qstart_ptr + b + 1) - q0
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
@@ -329,7 +333,8 @@ def _check(q, cache, window):
 
 
 def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None):
-    """The `attention` contract; `config` is one of the variant's tuning configs (None: DEFAULT)."""
+    """The `attention` contract; `config` is one of the variant's tuning configs (None: DEFAULT), plus
+    an optional "pdl" (every launch with programmatic dependent launch, see `pdl_launch`)."""
     cfg = {**DEFAULT, **(config or {})}
     _check(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -377,12 +382,13 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
         BLOCK_N=cfg["BLOCK_N"], PAGE=page, HAS_WINDOW=window is not None, SINGLE=single, FUSED_MERGE=fused,
         MERGE_BLOCK_S=triton.next_power_of_2(splits) if fused else 1, IEEE=q.dtype == torch.float32,
         INTERP=INTERPRETED,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))
     if not single and not fused:
         block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
         _merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
             m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
-            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4)
+            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
+            **pdl_launch(cfg.get("pdl")))
 
 
 def _prefill(meta, cfg, *, q, cache, table, out, window, qk_scale):
@@ -399,4 +405,4 @@ def _prefill(meta, cfg, *, q, cache, table, out, window, qk_scale):
         GROUP=heads // kv_heads, BLOCK_M=bm, BLOCK_N=cfg["PREFILL_BLOCK_N"],
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(hd)), PAGE=page, HAS_WINDOW=window is not None,
         IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,
-        num_warps=cfg["PREFILL_WARPS"], num_stages=cfg["PREFILL_STAGES"])
+        num_warps=cfg["PREFILL_WARPS"], num_stages=cfg["PREFILL_STAGES"], **pdl_launch(cfg.get("pdl")))

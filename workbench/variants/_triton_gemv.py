@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._triton_common import INTERPRETED, round_to
+from workbench.variants._triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
 
 # The interpreter's tl.dot multiplies 16-bit floats as raw bits, so interpreted dots take exact FP32
 # operands; its truncating FP32 -> BF16 cast is handled by `round_to` (both: see _triton_common).
@@ -38,7 +38,8 @@ def new_locks(device) -> torch.Tensor:
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, b1, b2, b3,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT_K: tl.constexpr, DOT: tl.constexpr, SWIGLU: tl.constexpr, IEEE: tl.constexpr):
+                   SPLIT_K: tl.constexpr, DOT: tl.constexpr, SWIGLU: tl.constexpr, IEEE: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """out = x @ w[:N].T (SWIGLU: silu(x @ w[:N].T) * (x @ w[N:2N].T)), x [M, K], w rows contiguous.
 
     Grid (N tiles, SPLIT_K, M tiles): one program streams BLOCK_N weight rows (2 x BLOCK_N with
@@ -59,12 +60,22 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm
     else:
         acc_g = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), tl.float32)
     acc_u = acc_g  # the up rows' accumulator (dead code without SWIGLU)
+    if PDL:  # weights are never written: the first tile is read while the previous kernel finishes
+        w_first = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        if SWIGLU:
+            wu_first = tl.load(w_ptrs + N * K, mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl_enter(PDL)
     for k0 in range(0, k_span, BLOCK_K):
         k_mask = (offs_k + k0 < K)[None, :]
         x = tl.load(x_ptrs + k0, mask=m_mask[:, None] & k_mask, other=0.0)
-        w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & k_mask, other=0.0)
-        if SWIGLU:
-            wu = tl.load(w_ptrs + N * K + k0, mask=n_mask[:, None] & k_mask, other=0.0)
+        if PDL and k0 == 0:
+            w = w_first
+            if SWIGLU:
+                wu = wu_first
+        else:
+            w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & k_mask, other=0.0)
+            if SWIGLU:
+                wu = tl.load(w_ptrs + N * K + k0, mask=n_mask[:, None] & k_mask, other=0.0)
         if not DOT:
             x = x.to(tl.float32)[:, None, :]
             acc_g += x * w.to(tl.float32)[None, :, :]
@@ -124,7 +135,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm
 def linear(x: torch.Tensor, w: torch.Tensor, cfg: dict, locks: torch.Tensor | None = None, *,
            splits: tuple[int, ...] | None = None, swiglu: bool = False):
     """x [M, K] @ w.T with the tuning config `cfg` (keys: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, DOT,
-    num_warps, num_stages). `swiglu`: w is [gate; up] ([2N, K]) and the result silu(gate) * up
+    num_warps, num_stages; optional pdl, see `pdl_launch`). `swiglu`: w is [gate; up] ([2N, K]) and the result silu(gate) * up
     [M, N]. `splits`: output column widths; returns one contiguous [M, width] tensor per split
     (views of one buffer). No host syncs: capturable in a CUDA graph."""
     if x.stride(-1) != 1:
@@ -150,17 +161,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, cfg: dict, locks: torch.Tensor | No
     _linear_kernel[grid](x, w, out, part, locks if split_k > 1 else out, m, n, k, x.stride(0), *bounds,
                          BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, SPLIT_K=split_k,
                          DOT=cfg["DOT"], SWIGLU=swiglu, IEEE=x.dtype == torch.float32 or INTERPRETED,
-                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))
     if not splits:
         return out.view(m, n)
     return tuple(out[m * b:m * (b + s)].view(m, s) for b, s in zip([0, *bounds], splits))
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, FF, stride_row, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, FF, stride_row, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """SwiGLU activation between GEMMs: gu [N, 2*ff] (gate half, then up half, as one packed GEMM
     makes them) -> silu(g) * u [N, ff] in FP32, rounded once. Replaces silu, mul and their FP32
     temporaries (five kernels' traffic) with one read of gu and one write."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < FF
@@ -170,9 +182,9 @@ def _silu_mul_kernel(gu_ptr, out_ptr, FF, stride_row, BLOCK: tl.constexpr):
 
 
 def silu_mul(gu: torch.Tensor, cfg: dict) -> torch.Tensor:
-    """gu [N, 2*ff] -> silu(gu[:, :ff]) * gu[:, ff:] [N, ff]."""
+    """gu [N, 2*ff] -> silu(gu[:, :ff]) * gu[:, ff:] [N, ff]. `cfg`: BLOCK, num_warps, optional pdl."""
     n, ff = gu.shape[0], gu.shape[1] // 2
     out = torch.empty((n, ff), dtype=gu.dtype, device=gu.device)
     _silu_mul_kernel[(n, triton.cdiv(ff, cfg["BLOCK"]))](gu, out, ff, gu.stride(0), BLOCK=cfg["BLOCK"],
-                                                         num_warps=cfg["num_warps"])
+                                                         num_warps=cfg["num_warps"], **pdl_launch(cfg.get("pdl")))
     return out

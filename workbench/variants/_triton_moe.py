@@ -18,6 +18,9 @@ Two paths compute the same function, each with two kernels:
   reference rounds an expert's output, and the combine applies the weights (half the bytes between
   them: 2.7 GB a layer in FP32 at 8 x 2048 tokens, top-8 of hidden 5120).
 
+A "pdl" config launches every kernel with programmatic dependent launch (`_triton_common.pdl_launch`);
+each waits at its top, since even its weights depend on the routed ids an earlier kernel wrote.
+
 Atomics only count arrivals (the GEMV path's SPLIT_K configs), never sum values: every output element
 is written by one program, in a fixed order, so results are bitwise identical run to run. The
 activation is rounded once to the model dtype (as in the reference); the combine is FP32 and rounded
@@ -31,6 +34,7 @@ import triton
 import triton.language as tl
 
 from workbench.variants._arrivals import arrival_counters
+from workbench.variants._triton_common import pdl_enter, pdl_launch
 
 GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
 GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group
@@ -75,7 +79,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, HIDDEN, FF, K_PER_SPLIT,
                   stride_we, stride_wf, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT: tl.constexpr, INTERP: tl.constexpr):
+                  SPLIT: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """act[pair, n-block] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair].
 
     Fuses both GEMVs and SwiGLU: each gate/up weight element is loaded once (BLOCK_K-wide rows
@@ -85,6 +89,7 @@ def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, 
     stores its FP32 partial (gate, up) and the last of a (pair, n-block) to arrive (an arrival
     counter, `_arrivals.py`) sums them in slice order, applies SwiGLU and resets the counter.
     """
+    pdl_enter(PDL)
     pair = tl.program_id(0)
     token = pair // TOP_K
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -131,7 +136,7 @@ def _swiglu_store(g, u, act_ptrs, mask, INTERP: tl.constexpr):
 @triton.jit
 def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, stride_wh,
                TOP_K: tl.constexpr, K_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               INTERP: tl.constexpr):
+               INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """y[token, n-block] = sum_k rw[token, k] * (act[token, k] @ down[ids[token, k]].T), rounded once.
 
     One program owns its output rows across all top_k experts, so the weighted combine happens in
@@ -139,6 +144,7 @@ def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, s
     one [top_k, BLOCK_N, BLOCK_K] tile (all experts at once: top_k independent wide loads in
     flight, which ff = 320 alone could not give); the routing weight scales the activation.
     """
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_f = tl.arange(0, BLOCK_K)
@@ -163,9 +169,10 @@ def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, s
 # ---- grouped path --------------------------------------------------------------------------------
 
 @triton.jit
-def _count_by_expert(ids_ptr, counts_ptr, N_PAIRS, BLOCK: tl.constexpr):
+def _count_by_expert(ids_ptr, counts_ptr, N_PAIRS, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """counts[e] = how many routed pairs go to expert e. One program per expert scans all ids:
     no atomics (deterministic) and no host-side bincount (which syncs)."""
+    pdl_enter(PDL)
     e = tl.program_id(0)
     n = tl.zeros([BLOCK], tl.int32)
     for p0 in range(0, N_PAIRS, BLOCK):
@@ -176,11 +183,12 @@ def _count_by_expert(ids_ptr, counts_ptr, N_PAIRS, BLOCK: tl.constexpr):
 
 @triton.jit
 def _align_by_expert(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS, MAX_BLOCKS,
-                     E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+                     E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """vLLM's `moe_align_block_size`, one program per expert: writes expert e's pair ids (in token
     order) into its run of pairs[], padded to a multiple of BLOCK_M with the sentinel N_PAIRS, and
     marks its blocks in block_expert[]. Runs are disjoint, so no atomics; the last program marks
     the worst-case grid's surplus blocks with N_EXPERTS (= skip)."""
+    pdl_enter(PDL)
     e = tl.program_id(0)
     experts = tl.arange(0, E_P2)
     counts = tl.load(counts_ptr + experts, mask=experts < N_EXPERTS, other=0)
@@ -206,7 +214,7 @@ def _align_by_expert(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, 
             tl.store(block_expert_ptr + b, tl.full([BLOCK], N_EXPERTS, tl.int32), mask=b < MAX_BLOCKS)
 
 
-def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int):
+def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int, pdl: bool = False):
     """Routed pairs grouped by expert, on the device with no host sync (CUDA-graph capturable):
     sorted_pairs [max_blocks * block_m] int32 (pair = token * top_k + k; padding = n_pairs) and
     block_expert [max_blocks] int32 (n_experts past the end). max_blocks is the worst case for
@@ -217,9 +225,10 @@ def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int):
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
     block = min(4096, triton.next_power_of_2(n_pairs))  # each program scans all pairs: few, wide steps
-    _count_by_expert[(n_experts,)](ids, counts, n_pairs, BLOCK=block)
+    _count_by_expert[(n_experts,)](ids, counts, n_pairs, BLOCK=block, **pdl_launch(pdl))
     _align_by_expert[(n_experts,)](ids, counts, sorted_pairs, block_expert, n_pairs, n_experts, max_blocks,
-                                   E_P2=triton.next_power_of_2(n_experts), BLOCK_M=block_m, BLOCK=block)
+                                   E_P2=triton.next_power_of_2(n_experts), BLOCK_M=block_m, BLOCK=block,
+                                   **pdl_launch(pdl))
     return sorted_pairs, block_expert
 
 
@@ -227,12 +236,14 @@ def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int):
 def _gate_up_grouped(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr,
                      N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
                      TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr):
+                     N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """act[block rows, n-block] = silu(X_e @ gate[e].T) * (X_e @ up[e].T) for one expert's block of
     BLOCK_M routed rows (X_e gathered from x by token). Fuses the two GEMMs (same A tile, two
     tensor-core dots into FP32 accumulators) and SwiGLU in the epilogue, so gate and up never reach
     memory. act rows are written at their sorted position, where kernel 2 reads them contiguously.
     """
+    pdl_enter(PDL)
     # n fastest: the N_BLOCKS_N programs of one row block run together and share its x rows in L2
     pid_m = tl.program_id(0) // N_BLOCKS_N
     pid_n = tl.program_id(0) % N_BLOCKS_N
@@ -265,13 +276,14 @@ def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
                   N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   N_BLOCKS_N: tl.constexpr, ROUNDED: tl.constexpr, PRECISION: tl.constexpr,
-                  INTERP: tl.constexpr):
+                  INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """out[pair, n-block] = act[row] @ down[e].T for one expert's block of rows: times the routing
     weight in FP32, or (ROUNDED) rounded to the model dtype with the weight left to the combine.
 
     Rows of one token land in different programs, so instead of atomics each pair gets its own row
     (scattered back to pair order) and `_combine` sums them: deterministic, rounded once.
     """
+    pdl_enter(PDL)
     pid_m = tl.program_id(0) // N_BLOCKS_N
     pid_n = tl.program_id(0) % N_BLOCKS_N
     e = tl.load(block_expert_ptr + pid_m)
@@ -301,9 +313,10 @@ def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
 
 @triton.jit
 def _combine(out_ptr, rw_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr, WEIGHTED: tl.constexpr,
-             INTERP: tl.constexpr):
+             INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """y[token] = sum_k out[token * TOP_K + k] (times rw[token, k] when WEIGHTED) in FP32, in k order,
     rounded once to the model dtype."""
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < HIDDEN
@@ -320,7 +333,8 @@ def _combine(out_ptr, rw_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.cons
 
 def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bool = False):
     """The `experts` contract. `config` is one of the variant's tuning configs; its "path" forces
-    GEMV or grouped (the harness times both at the target's batch); None picks by size. `rounded`
+    GEMV or grouped (the harness times both at the target's batch); without one, the path and tile
+    are picked by size (a config of only {"pdl": True} keeps that). `rounded`
     (experts:triton_rounded): the grouped path rounds each pair's down projection to the model dtype,
     as the reference rounds each expert's output, and weights the pairs in the combine."""
     wg, wu, wd = w["gate_proj"], w["up_proj"], w["down_proj"]
@@ -333,10 +347,11 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
     n_pairs = n * top_k
     if n_pairs == 0:
         return y
-    cfg = config or default_config(n_pairs, n_experts)
+    cfg = config if config and "path" in config else {**default_config(n_pairs, n_experts), **(config or {})}
     if cfg["path"] == "gemv" and n_pairs > GEMV_HARD_MAX_PAIRS:
-        cfg = default_config(n_pairs, n_experts)
-    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], INTERP=_INTERPRETED)
+        cfg = {**default_config(n_pairs, n_experts), "pdl": cfg.get("pdl", False)}
+    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], INTERP=_INTERPRETED,
+                  **pdl_launch(cfg.get("pdl")))
 
     if cfg["path"] == "gemv":
         act = torch.empty(n_pairs, ff, dtype=x.dtype, device=x.device)
@@ -361,7 +376,7 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     # FP32 weights (CPU tests, FP32 builds) must not silently drop to TF32 on the tensor cores
     launch["PRECISION"] = "ieee" if x.dtype == torch.float32 else None
-    sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm)
+    sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm, cfg.get("pdl", False))
     n_blocks = block_expert.numel()
     act = torch.empty(n_blocks * bm, ff, dtype=x.dtype, device=x.device)
     grid_n = triton.cdiv(ff, bn)
@@ -381,5 +396,5 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
            "num_stages": cfg.get("DOWN_STAGES", cfg["num_stages"])})
     block = min(1024, triton.next_power_of_2(hidden))
     _combine[(n, triton.cdiv(hidden, block))](out, rw, y, hidden, TOP_K=top_k, BLOCK=block, WEIGHTED=rounded,
-                                              INTERP=_INTERPRETED)
+                                              INTERP=_INTERPRETED, **pdl_launch(cfg.get("pdl")))
     return y

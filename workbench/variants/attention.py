@@ -133,7 +133,7 @@ def _triton_at(config=None):
     return attention_triton
 
 
-register("attention", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS,
+register("attention", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS, pdl=True,
          configure=_triton_at)(_triton_at())
 
 

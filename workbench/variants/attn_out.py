@@ -50,12 +50,12 @@ declare(PointSpec(
 # registry reports the backend as unavailable.
 import functools
 
-from workbench.variants._triton_common import INTERPRETED, triton
+from workbench.variants._triton_common import INTERPRETED, pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import round_to
+    from workbench.variants._triton_common import pdl_enter, round_to
 
     @triton.jit
     def _gate(o, g, bias):
@@ -64,9 +64,10 @@ if triton is not None:
 
     @triton.jit
     def _attn_gate_kernel(o_ptr, g_ptr, bias_ptr, out_ptr, o_stride_n, o_stride_h, g_stride, width,
-                          HD: tl.constexpr, BLOCK: tl.constexpr):
+                          HD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """The output gate of BLOCK channels of one token, rounded once to the model dtype: the whole
         elementwise chain (add, sigmoid, mul, round) in one read of o and g and one write."""
+        pdl_enter(PDL)
         n = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = c < width
@@ -76,10 +77,30 @@ if triton is not None:
         tl.store(out_ptr + n * width + c, round_to(_gate(o, g, b), out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _gated_a(o_ptr, g_ptr, bias_ptr, m, k, n_tokens, width, o_stride_n, o_stride_h, g_stride,
+                 HD: tl.constexpr, DTYPE: tl.constexpr):
+        """The gated activations of tokens m, channels k, rounded to DTYPE (a GEMV step's A tile)."""
+        a_mask = (m < n_tokens) & (k[None, :] < width)
+        o = tl.load(o_ptr + m * o_stride_n + (k[None, :] // HD) * o_stride_h + k[None, :] % HD, mask=a_mask)
+        g = tl.load(g_ptr + m * g_stride + k[None, :], mask=a_mask)
+        b = tl.load(bias_ptr + k[None, :] // HD, mask=k[None, :] < width)
+        return round_to(_gate(o, g, b), DTYPE)
+
+    @triton.jit
+    def _gated_dot(a, wt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+        """acc + a @ wt at the model's precision (a GEMV step's dot)."""
+        if UPCAST:  # the interpreter's dot multiplies BF16 operands as raw bits; BF16 products are exact in FP32
+            return tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        elif IEEE:  # FP32 models: no TF32, like F.linear's default
+            return tl.dot(a, wt, acc, input_precision="ieee")
+        else:
+            return tl.dot(a, wt, acc)
+
+    @triton.jit
     def _gated_gemv_kernel(o_ptr, g_ptr, bias_ptr, w_ptr, y_ptr, n_tokens, width, hidden,
                            o_stride_n, o_stride_h, g_stride, w_stride,
                            HD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-                           UPCAST: tl.constexpr):
+                           UPCAST: tl.constexpr, PDL: tl.constexpr = False):
         """y[:, cols] = gate(o, g) @ o_proj[cols]^T for up to 16 tokens: the gate is the GEMV's prologue,
         so the gated activations never go to memory. Each program owns BLOCK_N output features and
         streams their o_proj rows once; the (tiny) gate is recomputed per program, rounded to the model
@@ -87,21 +108,24 @@ if triton is not None:
         m = tl.arange(0, 16)[:, None]
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, width, BLOCK_K):
+        k_start = 0
+        if PDL:  # o_proj is never written: its first tile is read while the previous kernel finishes
+            k = tl.arange(0, BLOCK_K)
+            w_first = tl.load(w_ptr + cols[:, None] * w_stride + k[None, :],
+                              mask=(cols[:, None] < hidden) & (k[None, :] < width), other=0.0)
+        pdl_enter(PDL)
+        if PDL:  # its step is peeled off the loop: a load under an `if` in the loop is not pipelined
+            a = _gated_a(o_ptr, g_ptr, bias_ptr, m, k, n_tokens, width, o_stride_n, o_stride_h, g_stride,
+                         HD, w_ptr.dtype.element_ty)
+            acc = _gated_dot(a, tl.trans(w_first), acc, IEEE, UPCAST)
+            k_start = BLOCK_K
+        for k0 in range(k_start, width, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            a_mask = (m < n_tokens) & (k[None, :] < width)
-            o = tl.load(o_ptr + m * o_stride_n + (k[None, :] // HD) * o_stride_h + k[None, :] % HD, mask=a_mask)
-            g = tl.load(g_ptr + m * g_stride + k[None, :], mask=a_mask)
-            b = tl.load(bias_ptr + k[None, :] // HD, mask=k[None, :] < width)
-            a = round_to(_gate(o, g, b), w_ptr.dtype.element_ty)
+            a = _gated_a(o_ptr, g_ptr, bias_ptr, m, k, n_tokens, width, o_stride_n, o_stride_h, g_stride,
+                         HD, w_ptr.dtype.element_ty)
             wt = tl.trans(tl.load(w_ptr + cols[:, None] * w_stride + k[None, :],
                                   mask=(cols[:, None] < hidden) & (k[None, :] < width), other=0.0))
-            if UPCAST:  # the interpreter's dot multiplies BF16 operands as raw bits; BF16 products are exact in FP32
-                acc = tl.dot(a.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-            elif IEEE:  # FP32 models: no TF32, like F.linear's default
-                acc = tl.dot(a, wt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, wt, acc)
+            acc = _gated_dot(a, wt, acc, IEEE, UPCAST)
         tl.store(y_ptr + m * hidden + cols[None, :], round_to(acc, y_ptr.dtype.element_ty),
                  mask=(m < n_tokens) & (cols[None, :] < hidden))
 
@@ -116,8 +140,8 @@ _GATED_GEMV_CONFIGS = [{"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stag
                        {"BLOCK_N": 16, "BLOCK_K": 128, "num_warps": 2, "num_stages": 4}]
 
 
-def _attn_gate(o, g, bias, *, BLOCK=1024, num_warps=4):
-    """gated [N, heads*hd] in the model dtype (the Triton gate kernel alone)."""
+def _attn_gate(o, g, bias, *, BLOCK=1024, num_warps=4, pdl=False):
+    """gated [N, heads*hd] in the model dtype (the Triton gate kernel alone). `pdl`: see `pdl_launch`."""
     n, heads, hd = o.shape
     width = heads * hd
     o = o if o.stride(-1) == 1 else o.contiguous()
@@ -125,7 +149,8 @@ def _attn_gate(o, g, bias, *, BLOCK=1024, num_warps=4):
     out = torch.empty((n, width), dtype=o.dtype, device=o.device)
     if n:
         _attn_gate_kernel[(n, triton.cdiv(width, BLOCK))](o, g, bias, out, o.stride(0), o.stride(1), g.stride(0),
-                                                           width, HD=hd, BLOCK=BLOCK, num_warps=num_warps)
+                                                           width, HD=hd, BLOCK=BLOCK, num_warps=num_warps,
+                                                           **pdl_launch(pdl))
     return out
 
 
@@ -133,10 +158,10 @@ def _attn_out_triton_at(o, g, w, **cfg):
     return F.linear(_attn_gate(o, g, w["gate_bias"], **cfg), w["o_proj"])
 
 
-def _attn_out_fused_at(o, g, w, *, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3):
+def _attn_out_fused_at(o, g, w, *, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3, pdl=False):
     n, heads, hd = o.shape
     if n > _GATED_GEMV_MAX_TOKENS:  # static shape dispatch (graph-safe): large batches keep cuBLAS
-        return _attn_out_triton_at(o, g, w, **_ATTN_GATE_CONFIGS[0])
+        return _attn_out_triton_at(o, g, w, **_ATTN_GATE_CONFIGS[0], pdl=pdl)
     o_proj = w["o_proj"]
     o_proj = o_proj if o_proj.stride(-1) == 1 else o_proj.contiguous()
     o = o if o.stride(-1) == 1 else o.contiguous()
@@ -148,7 +173,7 @@ def _attn_out_fused_at(o, g, w, *, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_sta
             o, g, w["gate_bias"], o_proj, y, n, heads * hd, hidden, o.stride(0), o.stride(1), g.stride(0),
             o_proj.stride(0), HD=hd, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=o.dtype == torch.float32,
             UPCAST=INTERPRETED and o.dtype == torch.bfloat16,
-            num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages, **pdl_launch(pdl))
     return y
 
 
@@ -159,14 +184,14 @@ def _attn_out_triton_supports(workload):
 
 
 @register("attn_out", "triton", "triton", supports=_attn_out_triton_supports, configs=_ATTN_GATE_CONFIGS,
-          configure=lambda cfg: functools.partial(_attn_out_triton_at, **cfg))
+          pdl=True, configure=lambda cfg: functools.partial(_attn_out_triton_at, **cfg))
 def attn_out_triton(o, g, w):
     """Triton gate kernel (one pass, rounded once), then o_proj with F.linear."""
     return _attn_out_triton_at(o, g, w, **_ATTN_GATE_CONFIGS[0])
 
 
 @register("attn_out", "triton_fused", "triton", supports=_attn_out_triton_supports, configs=_GATED_GEMV_CONFIGS,
-          configure=lambda cfg: functools.partial(_attn_out_fused_at, **cfg))
+          pdl=True, configure=lambda cfg: functools.partial(_attn_out_fused_at, **cfg))
 def attn_out_triton_fused(o, g, w):
     """Up to 16 tokens: one kernel, the gate fused into the o_proj GEMV. More tokens: the `triton`
     variant (gate kernel + cuBLAS), so a lock chosen at decode still serves prefill."""

@@ -67,17 +67,17 @@ declare(PointSpec(
 # reports the backend as unavailable.
 import functools
 
-from workbench.variants._triton_common import triton
+from workbench.variants._triton_common import pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import round_to
+    from workbench.variants._triton_common import pdl_enter, round_to
 
     @triton.jit
     def _boundary_kernel(y_ptr, h_ptr, post_w_ptr, next_w_ptr, res_ptr, h_out_ptr, x_out_ptr,
                          y_stride, h_stride, out_stride, hidden, eps,
-                         BLOCK: tl.constexpr, HAS_NEXT: tl.constexpr):
+                         BLOCK: tl.constexpr, HAS_NEXT: tl.constexpr, PDL: tl.constexpr = False):
         """Post-norm of y, depth-scaled residual add and next pre-norm of one row, in one pass.
 
         The reference reads y, h and h_new back from memory across four kernels; here y and h are read
@@ -86,17 +86,21 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
-        y = tl.load(y_ptr + row * y_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        h = tl.load(h_ptr + row * h_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        # Weights (norms and the site's coefficients) are never written: with PDL they are read while
+        # the previous kernel finishes; y and h only after the wait.
         w = tl.load(post_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         a = tl.load(res_ptr)  # read on the device: no host sync, one specialisation for all 104 sites
         b = tl.load(res_ptr + 1)
+        if HAS_NEXT:
+            wn = tl.load(next_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        pdl_enter(PDL)
+        y = tl.load(y_ptr + row * y_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        h = tl.load(h_ptr + row * h_stride + cols, mask=mask, other=0.0).to(tl.float32)
         r = tl.math.rsqrt(tl.sum(y * y, axis=0) / hidden + eps)
         h_new = round_to(a * h + b * (y * r * w), h_out_ptr.dtype.element_ty)
         tl.store(h_out_ptr + row * out_stride + cols, h_new, mask=mask)
         if HAS_NEXT:
             hn = h_new.to(tl.float32)
-            wn = tl.load(next_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             rn = tl.math.rsqrt(tl.sum(hn * hn, axis=0) / hidden + eps)
             x_next = round_to(hn * rn * wn, x_out_ptr.dtype.element_ty)
             tl.store(x_out_ptr + row * out_stride + cols, x_next, mask=mask)
@@ -106,7 +110,7 @@ _BOUNDARY_MAX_HIDDEN = 8192  # one row must fit one block of registers
 _BOUNDARY_CONFIGS = [{"num_warps": 8}, {"num_warps": 16}, {"num_warps": 4}, {"num_warps": 32}]
 
 
-def _boundary_triton_at(y, h, w, *, eps, group=None, num_warps=8):
+def _boundary_triton_at(y, h, w, *, eps, group=None, num_warps=8, pdl=False):
     y = _reduced(y, group)
     y = y if y.stride(-1) == 1 else y.contiguous()
     h = h if h.stride(-1) == 1 else h.contiguous()
@@ -118,7 +122,8 @@ def _boundary_triton_at(y, h, w, *, eps, group=None, num_warps=8):
         _boundary_kernel[(n,)](
             y, h, w["post_norm"], w["post_norm"] if nxt is None else nxt, w["residual"], h_new,
             h_new if x_next is None else x_next, y.stride(0), h.stride(0), h_new.stride(0), hidden, eps,
-            BLOCK=triton.next_power_of_2(hidden), HAS_NEXT=nxt is not None, num_warps=num_warps)
+            BLOCK=triton.next_power_of_2(hidden), HAS_NEXT=nxt is not None, num_warps=num_warps,
+            **pdl_launch(pdl))
     return h_new, x_next
 
 
@@ -131,7 +136,7 @@ def _boundary_triton_supports(workload):
     return True
 
 
-@register("boundary", "triton", "triton", supports=_boundary_triton_supports, configs=_BOUNDARY_CONFIGS,
+@register("boundary", "triton", "triton", supports=_boundary_triton_supports, configs=_BOUNDARY_CONFIGS, pdl=True,
           configure=lambda cfg: functools.partial(_boundary_triton_at, **cfg))
 def boundary_triton(y, h, w, *, eps, group=None):
     """One Triton kernel per row: RMSNorm(y) -> a*h + b*(.) -> round -> RMSNorm(h_new) -> round."""

@@ -65,7 +65,7 @@ ACT_CONFIGS = [dict(BLOCK=1024, num_warps=4), dict(BLOCK=512, num_warps=4), dict
 
 
 @register("dense_mlp", "triton", "triton", prepare=pack_gate_up, supports=supports_triton, configs=ACT_CONFIGS,
-          configure=lambda cfg: functools.partial(dense_mlp_triton, cfg=cfg))
+          pdl=True, configure=lambda cfg: functools.partial(dense_mlp_triton, cfg=cfg))
 def dense_mlp_triton(x, w, cfg=ACT_CONFIGS[0]):
     """Packed gate/up GEMM (torch; rounds g and u like the reference) -> one Triton silu*mul kernel
     reading [N, 2*ff] once -> down GEMM (torch)."""
@@ -86,7 +86,7 @@ GEMV_CONFIGS = [
 
 
 @register("dense_mlp", "triton_gemv", "triton", prepare=pack_gate_up, supports=supports_triton,
-          configs=GEMV_CONFIGS, configure=lambda cfg: functools.partial(dense_mlp_gemv, cfg=cfg))
+          configs=GEMV_CONFIGS, pdl=True, configure=lambda cfg: functools.partial(dense_mlp_gemv, cfg=cfg))
 def dense_mlp_gemv(x, w, cfg=GEMV_CONFIGS[0]):
     """Two Triton GEMVs: gate/up with SwiGLU in the epilogue (g and u stay FP32, one rounding of
     silu(g)*u, so it is at least as exact as the reference), then down."""

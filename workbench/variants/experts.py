@@ -167,4 +167,4 @@ def _triton_at(config=None):
 
 
 register("experts", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS,
-         configure=_triton_at, config_supports=_triton_config_supports)(_triton_at())
+         configure=_triton_at, config_supports=_triton_config_supports, pdl=True)(_triton_at())

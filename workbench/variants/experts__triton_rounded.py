@@ -24,8 +24,8 @@ def _at(config=None):
     def experts_triton_rounded(x, ids, weights, w):
         from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
 
-        if ids.numel() <= GEMV_MAX_PAIRS:
-            return fused_experts(x, ids, weights, w)  # decode: the GEMV path keeps no per-pair rows
+        if ids.numel() <= GEMV_MAX_PAIRS:  # decode: the GEMV path keeps no per-pair rows
+            return fused_experts(x, ids, weights, w, {"pdl": bool(config and config.get("pdl"))})
         if config is not None and config["path"] != "grouped":
             raise ValueError(f"experts:triton_rounded takes grouped configs, not {config}")
         return fused_experts(x, ids, weights, w, config, rounded=True)
@@ -33,4 +33,4 @@ def _at(config=None):
 
 
 register("experts", "triton_rounded", "triton", supports=_supports, configs=GROUPED_CONFIGS,
-         configure=_at)(_at())
+         configure=_at, pdl=True)(_at())

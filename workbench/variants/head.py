@@ -63,7 +63,10 @@ import os
 
 import torch
 
-from workbench.variants._triton_common import jit as _jit, tl, triton  # noqa: E402
+from workbench.variants._triton_common import jit as _jit, pdl_launch, tl, triton  # noqa: E402
+
+if triton is not None:
+    from workbench.variants._triton_common import pdl_enter
 
 
 @_jit
@@ -90,9 +93,10 @@ def _rounded(x, DTYPE: tl.constexpr):
 
 
 @_jit
-def _head_norm(h_ptr, w_ptr, x_ptr, H, eps, BLOCK_H: tl.constexpr):
+def _head_norm(h_ptr, w_ptr, x_ptr, H, eps, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
     """Final RMSNorm of one row: FP32 as `rms_norm` ((h * rsqrt(mean(h^2) + eps)) * w), rounded to
     the model dtype, which is what the reference feeds its GEMM."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     acc = tl.zeros((BLOCK_H,), tl.float32)
     for k0 in range(0, H, BLOCK_H):
@@ -110,18 +114,26 @@ def _head_norm(h_ptr, w_ptr, x_ptr, H, eps, BLOCK_H: tl.constexpr):
 
 @_jit
 def _head_gemv(x_ptr, w_ptr, out_ptr, N, V, K, cap,
-               BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """logits[n, v] = softcap(round(x[n] . W[v])) for a few tokens: a program owns BLOCK_V vocab rows
     and reads them once for all N tokens. Products accumulate element-wise in a [N, V, K] register
     tile, reduced over K once at the end (the loop is loads + FMAs only)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     acc = tl.zeros((BLOCK_N, BLOCK_V, BLOCK_K), tl.float32)
+    if PDL:  # the LM head is never written: its first tile is read while the norm kernel finishes
+        offs_k = tl.arange(0, BLOCK_K)
+        w_first = tl.load(w_ptr + offs_v[:, None] * K + offs_k[None, :],
+                          mask=(offs_v[:, None] < V) & (offs_k < K)[None, :], other=0.0)
+    pdl_enter(PDL)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         in_k = offs_k < K
-        w = tl.load(w_ptr + offs_v[:, None] * K + offs_k[None, :],
-                    mask=(offs_v[:, None] < V) & in_k[None, :], other=0.0).to(tl.float32)
+        if PDL and k0 == 0:
+            w = w_first.to(tl.float32)
+        else:
+            w = tl.load(w_ptr + offs_v[:, None] * K + offs_k[None, :],
+                        mask=(offs_v[:, None] < V) & in_k[None, :], other=0.0).to(tl.float32)
         x = tl.load(x_ptr + offs_n[:, None] * K + offs_k[None, :],
                     mask=(offs_n[:, None] < N) & in_k[None, :], other=0.0).to(tl.float32)
         acc += x[:, None, :] * w[None, :, :]
@@ -133,11 +145,12 @@ def _head_gemv(x_ptr, w_ptr, out_ptr, N, V, K, cap,
 @_jit
 def _head_mm(x_ptr, w_ptr, out_ptr, N, V, K, cap,
              BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-             DOT: tl.constexpr, IEEE: tl.constexpr):
+             DOT: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False):
     """logits tile = softcap(round(x @ W^T)), soft-cap on the FP32 accumulator in the epilogue.
     IEEE: FP32 model, tl.dot in IEEE FP32 (as torch without TF32). Otherwise tensor cores in DOT,
     the model dtype (tl.float32 under the interpreter, whose BF16 tl.dot multiplies raw bits; BF16
     products are exact in FP32 either way)."""
+    pdl_enter(PDL)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     acc = tl.zeros((BLOCK_M, BLOCK_V), tl.float32)
@@ -158,8 +171,9 @@ def _head_mm(x_ptr, w_ptr, out_ptr, N, V, K, cap,
 
 
 @_jit
-def _softcap_kernel(z_ptr, out_ptr, numel, cap, BLOCK: tl.constexpr):
+def _softcap_kernel(z_ptr, out_ptr, numel, cap, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Soft-cap over the logits in one pass: reads the GEMM output once, writes FP32 once."""
+    pdl_enter(PDL)
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     z = tl.load(z_ptr + o, mask=o < numel, other=0.0).to(tl.float32)
     tl.store(out_ptr + o, _softcap(z, cap), mask=o < numel)
@@ -197,19 +211,20 @@ def _head_triton_at(cfg):
         if n == 0:
             return out
         x = torch.empty_like(h)
-        _head_norm[(n,)](h, w["norm"], x, k, float(eps), BLOCK_H=min(_pow2(k), 8192), num_warps=8)
+        pdl = pdl_launch(cfg.get("pdl"))
+        _head_norm[(n,)](h, w["norm"], x, k, float(eps), BLOCK_H=min(_pow2(k), 8192), num_warps=8, **pdl)
         if n <= cfg["gemv_max_tokens"]:
             bn = _pow2(n)
             bk = max(16, cfg["gemv_block_k"] // bn)  # the register tile stays BLOCK_V x gemv_block_k
             _head_gemv[(triton.cdiv(v, cfg["gemv_block_v"]),)](
                 x, weight, out, n, v, k, float(softcap), BLOCK_N=bn, BLOCK_V=cfg["gemv_block_v"], BLOCK_K=bk,
-                num_warps=cfg["gemv_warps"])
+                num_warps=cfg["gemv_warps"], **pdl)
         else:
             bm = min(cfg["mm_block_m"], max(16, _pow2(n)))
             _head_mm[(triton.cdiv(n, bm), triton.cdiv(v, cfg["mm_block_v"]))](
                 x, weight, out, n, v, k, float(softcap), BLOCK_M=bm, BLOCK_V=cfg["mm_block_v"],
                 BLOCK_K=cfg["mm_block_k"], DOT=_dot_dtype(weight.dtype), IEEE=weight.dtype == torch.float32,
-                num_warps=cfg["mm_warps"], num_stages=cfg["mm_stages"])
+                num_warps=cfg["mm_warps"], num_stages=cfg["mm_stages"], **pdl)
         return out
 
     return head_triton
@@ -224,7 +239,7 @@ def _head_triton_supports(wl):
     return True
 
 
-register("head", "triton", "triton", supports=_head_triton_supports, configs=HEAD_CONFIGS,
+register("head", "triton", "triton", supports=_head_triton_supports, configs=HEAD_CONFIGS, pdl=True,
          configure=_head_triton_at)(_head_triton_at(HEAD_CONFIGS[0]))
 
 SOFTCAP_CONFIGS = [dict(block=2048, num_warps=4), dict(block=4096, num_warps=8), dict(block=1024, num_warps=4)]
@@ -236,7 +251,8 @@ def _head_softcap_at(cfg):
         out = z if z.dtype == torch.float32 else torch.empty(z.shape, dtype=torch.float32, device=z.device)
         if z.numel():
             _softcap_kernel[(triton.cdiv(z.numel(), cfg["block"]),)](
-                z, out, z.numel(), float(softcap), BLOCK=cfg["block"], num_warps=cfg["num_warps"])
+                z, out, z.numel(), float(softcap), BLOCK=cfg["block"], num_warps=cfg["num_warps"],
+                **pdl_launch(cfg.get("pdl")))
         return out
 
     return head_triton_softcap
@@ -251,4 +267,4 @@ def _head_softcap_supports(wl):
 
 
 register("head", "triton_softcap", "triton", supports=_head_softcap_supports, configs=SOFTCAP_CONFIGS,
-         configure=_head_softcap_at)(_head_softcap_at(SOFTCAP_CONFIGS[0]))
+         pdl=True, configure=_head_softcap_at)(_head_softcap_at(SOFTCAP_CONFIGS[0]))

@@ -70,17 +70,27 @@ import functools
 import numpy as np
 import torch
 
-from workbench.variants._triton_common import triton
+from workbench.variants._triton_common import pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import round_to
+    from workbench.variants._triton_common import pdl_enter, round_to
 
     @triton.jit
-    def _head_rms_norm(x_ptr, row_stride, w_ptr, row, n_heads, eps,
+    def _norm_weight(w_ptr, HD: tl.constexpr, HALF: tl.constexpr):
+        """A head norm's weight as its rotate-half halves [1, HALF] in FP32 (masked lanes hold 0)."""
+        half = HD // 2
+        d = tl.arange(0, HALF)[None, :]
+        w1 = tl.load(w_ptr + d, mask=d < half, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + half + d, mask=d < half, other=0.0).to(tl.float32)
+        return w1, w2
+
+    @triton.jit
+    def _head_rms_norm(x_ptr, row_stride, w1, w2, row, n_heads, eps,
                        HD: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr):
-        """RMSNorm over each head of one token, rounded to the model dtype like the reference.
+        """RMSNorm over each head of one token (weight halves from `_norm_weight`), rounded to the
+        model dtype like the reference.
 
         Returns the rotate-half halves [HEADS, HALF] in FP32 (masked lanes hold 0), so RoPE can pair
         element d with d + hd/2 without a shuffle."""
@@ -92,8 +102,6 @@ if triton is not None:
         x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(ptr + half, mask=mask, other=0.0).to(tl.float32)
         r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
-        w1 = tl.load(w_ptr + d, mask=d < half, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + half + d, mask=d < half, other=0.0).to(tl.float32)
         dt = x_ptr.dtype.element_ty
         return round_to(x1 * r * w1, dt).to(tl.float32), round_to(x2 * r * w2, dt).to(tl.float32)
 
@@ -102,7 +110,7 @@ if triton is not None:
                         q_stride, k_stride, v_stride, n_heads, n_kv_heads, page_size,
                         c_page, c_kv, c_slot, c_head, eps, theta, ssmax_base, ssmax_exponent,
                         HD: tl.constexpr, HALF: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                        ROPE: tl.constexpr, SSMAX: tl.constexpr):
+                        ROPE: tl.constexpr, SSMAX: tl.constexpr, PDL: tl.constexpr = False):
         """Q/K head norms -> round -> RoPE or SSMax -> round, K and V into the paged cache: one token
         per program, all its heads at once so the token's cos/sin (or SSMax factor) is computed once.
 
@@ -111,8 +119,12 @@ if triton is not None:
         theta^(-2i/hd) = exp(-(2i/hd) ln theta) in FP64 (within ~1e-15 of the reference's pow)."""
         t = tl.program_id(0).to(tl.int64)
         half = HD // 2
-        q1, q2 = _head_rms_norm(q_ptr, q_stride, q_w_ptr, t, n_heads, eps, HD, HEADS, HALF)
-        k1, k2 = _head_rms_norm(k_ptr, k_stride, k_w_ptr, t, n_kv_heads, eps, HD, KV_HEADS, HALF)
+        # The norm weights are never written: with PDL they are read while the previous kernel finishes.
+        qw1, qw2 = _norm_weight(q_w_ptr, HD, HALF)
+        kw1, kw2 = _norm_weight(k_w_ptr, HD, HALF)
+        pdl_enter(PDL)
+        q1, q2 = _head_rms_norm(q_ptr, q_stride, qw1, qw2, t, n_heads, eps, HD, HEADS, HALF)
+        k1, k2 = _head_rms_norm(k_ptr, k_stride, kw1, kw2, t, n_kv_heads, eps, HD, KV_HEADS, HALF)
         pos = tl.load(pos_ptr + t)
         if ROPE:
             i = tl.arange(0, HALF).to(tl.float64)
@@ -160,7 +172,7 @@ def _pow2(x: int) -> int:
 
 
 def _qk_prep_triton_at(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_theta=None, ssmax=None,
-                       num_warps=4):
+                       num_warps=4, pdl=False):
     n, hd = q.shape[0], cache.shape[-1]
     heads, kv_heads = q.shape[1] // hd, cache.shape[3]
     if rope_theta is not None and not _fp32_exact(rope_theta):
@@ -176,7 +188,7 @@ def _qk_prep_triton_at(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_
             q.stride(0), k.stride(0), v.stride(0), heads, kv_heads, cache.shape[2],
             c[0], c[1], c[2], c[3], eps, float(rope_theta or 1.0), float(base), float(exponent),
             HD=hd, HALF=_pow2(hd // 2), HEADS=_pow2(heads), KV_HEADS=_pow2(kv_heads),
-            ROPE=rope_theta is not None, SSMAX=ssmax is not None, num_warps=num_warps)
+            ROPE=rope_theta is not None, SSMAX=ssmax is not None, num_warps=num_warps, **pdl_launch(pdl))
     return q_out
 
 
@@ -192,7 +204,7 @@ def _qk_prep_triton_supports(workload):
     return True
 
 
-@register("qk_prep", "triton", "triton", supports=_qk_prep_triton_supports, configs=_QK_PREP_CONFIGS,
+@register("qk_prep", "triton", "triton", supports=_qk_prep_triton_supports, configs=_QK_PREP_CONFIGS, pdl=True,
           configure=lambda cfg: functools.partial(_qk_prep_triton_at, **cfg))
 def qk_prep_triton(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_theta=None, ssmax=None):
     """One Triton kernel per call: norms, RoPE / SSMax, q_out and the K/V cache write."""

@@ -99,7 +99,7 @@ def _prepare_triton(w):
 
 
 @register("qkvg_proj", "triton", "triton", prepare=_prepare_triton, supports=supports_triton,
-          configs=GEMV_CONFIGS, configure=lambda cfg: functools.partial(qkvg_triton, cfg=cfg))
+          configs=GEMV_CONFIGS, pdl=True, configure=lambda cfg: functools.partial(qkvg_triton, cfg=cfg))
 def qkvg_triton(x, w, cfg=GEMV_CONFIGS[0]):
     """The packed weight through the Triton GEMV; the kernel writes q, k, v, g segment-major into one
     buffer, so all four outputs are contiguous without a copy."""

@@ -134,7 +134,10 @@ declare(PointSpec(
 import os
 
 from workbench.variants._arrivals import arrival_counters  # noqa: E402
-from workbench.variants._triton_common import jit as _jit, tl, triton  # noqa: E402
+from workbench.variants._triton_common import jit as _jit, pdl_launch, tl, triton  # noqa: E402
+
+if triton is not None:
+    from workbench.variants._triton_common import pdl_enter
 
 ROUTE_GEMV_MAX = 16   # tokens: up to here the FP32 GEMV
 ROUTE_FP32_MAX = 96   # tokens: up to here FP32 tiles; above, tensor cores on the BF16x3 split
@@ -146,7 +149,7 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
                 bias_ptr, ids_ptr, wts_ptr, count_ptr, EPG, scale,
                 BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
                 SPLIT: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
+                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False):
     """Router logits for N <= 16 tokens on FP32 CUDA cores: part[s, n, e] = x[n, Ks] . W[e, Ks].
 
     Products accumulate element-wise in a [BLOCK_N, BLOCK_E, BLOCK_K] register tile and are reduced
@@ -159,11 +162,19 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
     k_lo = pid_s * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     acc = tl.zeros((BLOCK_N, BLOCK_E, BLOCK_K), tl.float32)
+    if PDL:  # the weight is never written: its first tile is read while the previous kernel finishes
+        offs_k = k_lo + tl.arange(0, BLOCK_K)
+        w_first = tl.load(w_ptr + offs_e[:, None] * K + offs_k[None, :],
+                          mask=(offs_e[:, None] < E) & (offs_k < k_hi)[None, :], other=0.0)
+    pdl_enter(PDL)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         in_k = offs_k < k_hi
-        w = tl.load(w_ptr + offs_e[:, None] * K + offs_k[None, :],
-                    mask=(offs_e[:, None] < E) & in_k[None, :], other=0.0)
+        if PDL and k0 == k_lo:
+            w = w_first
+        else:
+            w = tl.load(w_ptr + offs_e[:, None] * K + offs_k[None, :],
+                        mask=(offs_e[:, None] < E) & in_k[None, :], other=0.0)
         x = tl.load(x_ptr + offs_n[:, None] * K + offs_k[None, :],
                     mask=(offs_n[:, None] < N) & in_k[None, :], other=0.0).to(tl.float32)
         acc += x[:, None, :] * w[None, :, :]
@@ -183,7 +194,7 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
 @_jit
 def _route_mm(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
               BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-              BF16X3: tl.constexpr, X_PIECES: tl.constexpr, DOT: tl.constexpr):
+              BF16X3: tl.constexpr, X_PIECES: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr = False):
     """Router logits as tiles: part[s, tile] = x[tile, Ks] @ W[tile, Ks]^T, accumulated in FP32.
 
     BF16X3=False: W FP32 [E, K], tl.dot in IEEE FP32 (CUDA cores; TF32 would lose 13 bits).
@@ -191,7 +202,11 @@ def _route_mm(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
     the pieces' products are summed on tensor cores. With BF16 x every product is exact; with FP16 /
     FP32 x the pairs (x_i, w_j) with i + j > 2 are dropped: each is < 2^-24 |x||w|, below FP32 rounding.
     DOT is tl.bfloat16 on the GPU, tl.float32 under the interpreter (whose BF16 tl.dot multiplies the
-    raw bits); a product of two BF16 values is exact in FP32, so both compute the same sums."""
+    raw bits); a product of two BF16 values is exact in FP32, so both compute the same sums.
+
+    PDL waits at the top: reading a weight tile before the wait would put the loop's weight load under
+    an `if`, which the pipeliner skips, and at N > 16 there is little launch gap to hide."""
+    pdl_enter(PDL)
     pid_m, pid_e, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -231,8 +246,9 @@ def _route_mm(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
 @_jit
 def _route_select(part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: tl.constexpr,
                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
+                  BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False):
     """The selection of BLOCK_T tokens per program (`_select`), after any router GEMM."""
+    pdl_enter(PDL)
     _select(tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG,
             scale, SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, "")
 
@@ -386,7 +402,7 @@ def _route_gemv_launch(x, w, cfg, select):
         count = arrival_counters(1, x.device, "route")
     _route_gemv[(triton.cdiv(e, cfg["gemv_block_e"]), split)](
         x, w["weight"], part, n, e, k, per, *outs, count, *sizes[1:], BLOCK_N=block_n, BLOCK_E=cfg["gemv_block_e"],
-        BLOCK_K=block_k, FUSED=select is not None, **consts, num_warps=cfg["gemv_warps"])
+        BLOCK_K=block_k, FUSED=select is not None, **consts, num_warps=cfg["gemv_warps"], **pdl_launch(cfg.get("pdl")))
     return part
 
 
@@ -406,7 +422,7 @@ def _route_logits(x, w, cfg):
     _route_mm[(triton.cdiv(n, bm), triton.cdiv(e, be), split)](
         x, w["bf16x3"] if tc else w["weight"], part, n, e, k, per, BLOCK_M=bm, BLOCK_E=be, BLOCK_K=bk,
         BF16X3=tc, X_PIECES=pieces, DOT=tl.float32 if _interpreting() else tl.bfloat16,
-        num_warps=cfg[p + "warps"], num_stages=cfg.get(p + "stages", 2))
+        num_warps=cfg[p + "warps"], num_stages=cfg.get(p + "stages", 2), **pdl_launch(cfg.get("pdl")))
     return part
 
 
@@ -428,7 +444,8 @@ def _route_triton_at(cfg):
         block_t = 1 if n == 1 else max(min(4, cfg["select_tokens"]), min(cfg["select_tokens"], _pow2(n)))
         outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
         _route_select[(triton.cdiv(n, block_t),)](
-            part, *outs, n, *sizes, **consts, num_warps=max(1, cfg["select_warps"] * block_t // cfg["select_tokens"]))
+            part, *outs, n, *sizes, **consts, num_warps=max(1, cfg["select_warps"] * block_t // cfg["select_tokens"]),
+            **pdl_launch(cfg.get("pdl")))
         return ids, weights
 
     return route_triton
@@ -447,7 +464,7 @@ def _route_triton_supports(wl):
 
 
 register("route", "triton", "triton", prepare=_route_prepare, supports=_route_triton_supports,
-         configs=ROUTE_CONFIGS, configure=_route_triton_at)(_route_triton_at(ROUTE_CONFIGS[0]))
+         configs=ROUTE_CONFIGS, pdl=True, configure=_route_triton_at)(_route_triton_at(ROUTE_CONFIGS[0]))
 
 
 # ---- flashinfer: FP32 router GEMM (cuBLAS, no TF32) + FlashInfer's fused noaux_tc selection --------

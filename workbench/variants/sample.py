@@ -140,11 +140,15 @@ declare(PointSpec(
 #    reference pairs noise with sorted positions and this kernel with vocab positions: the same
 #    distribution, not the same ids.
 
-from workbench.variants._triton_common import jit as _jit, tl  # noqa: E402
+from workbench.variants._triton_common import jit as _jit, pdl_launch, tl, triton  # noqa: E402
+
+if triton is not None:
+    from workbench.variants._triton_common import pdl_enter
 
 
 @_jit
-def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_ptr, V, BLOCK: tl.constexpr):
+def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_ptr, V, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """Greedy argmax, or temperature + top-k + top-p + one draw, for one row; every step a pass.
 
     1. max and first argmax of the raw logits: the greedy answer, and m = max / T for the softmax.
@@ -155,6 +159,7 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
        else the race is rerun with the same noise over the kept tokens above s_j. The race's
        memorylessness makes the accepted token exactly proportional to exp(s) over the nucleus. A
        round is one pass and accepts with probability >= p, so rows average about 1 / p rounds."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * V
     noise = noise_ptr + row.to(tl.int64) * V
@@ -248,7 +253,7 @@ def _sample_triton_at(cfg):
         race = torch.empty((n, v), dtype=torch.float32, device=logits.device).exponential_(generator=generator)
         _sample_kernel[(n,)](logits.float().contiguous(), temperature.float().contiguous(), top_k.contiguous(),
                              top_p.float().contiguous(), race, out, v, BLOCK=min(cfg["block"], _pow2(v)),
-                             num_warps=cfg["num_warps"])
+                             num_warps=cfg["num_warps"], **pdl_launch(cfg.get("pdl")))
         return out
 
     return sample_triton
@@ -260,5 +265,5 @@ def _sample_triton_supports(wl):
     return True
 
 
-register("sample", "triton", "triton", supports=_sample_triton_supports, configs=SAMPLE_CONFIGS,
+register("sample", "triton", "triton", supports=_sample_triton_supports, configs=SAMPLE_CONFIGS, pdl=True,
          configure=_sample_triton_at)(_sample_triton_at(SAMPLE_CONFIGS[0]))

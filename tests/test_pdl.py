@@ -1,0 +1,118 @@
+"""Programmatic dependent launch (PDL): a variant registered with `pdl=True` launches every kernel of a
+"pdl" config early, and each of those kernels' programs waits for its predecessor in-kernel.
+
+A kernel launched early that does not wait races the kernel before it, which the interpreter cannot
+show (it runs kernels one after another). So these tests run the interpreter with PDL switched on
+and stand-in grid dependency calls that count: every launch of a "pdl" config must carry PDL and
+launch_pdl together, every program must wait exactly once and release its successor, and the
+results must be the base config's, bit for bit. The real instructions are checked in the PTX of
+kernels compiled for sm_90 (test_triton_sm90_compile.py), and on the H200 by the GPU tests.
+"""
+
+import math
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from triton.runtime import interpreter  # noqa: E402
+
+from workbench import gates, registry  # noqa: E402
+from workbench.points import Workload, spec  # noqa: E402
+from workbench.variants import _triton_common  # noqa: E402
+
+WORKLOADS = {
+    "decode": Workload("beam-tiny", batch=2, tokens_per_seq=1, context=40),
+    "prefill": Workload("beam-tiny", batch=2, tokens_per_seq=5, context=5),
+}
+
+
+def pdl_variants():
+    return [v for p in registry.POINTS for v in registry.variants(p).values() if v.pdl]
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Records each kernel launch (its PDL flags and program count) and each program's grid
+    dependency calls, with PDL switched on in the interpreter through stand-in calls."""
+    log = {"launches": [], "wait": 0, "release": 0}
+    monkeypatch.setattr(_triton_common, "INTERPRETED", False)  # pdl_launch: PDL on
+    monkeypatch.setattr(_triton_common, "gdc_wait", lambda: log.__setitem__("wait", log["wait"] + 1))
+    monkeypatch.setattr(_triton_common, "gdc_launch_dependents",
+                        lambda: log.__setitem__("release", log["release"] + 1))
+    run = interpreter.GridExecutor.__call__
+
+    def recording(self, *args, **kwargs):
+        grid = self.grid if isinstance(self.grid, tuple) else None
+        log["launches"].append({"kernel": self.fn.__name__, "PDL": kwargs.get("PDL"),
+                                "launch_pdl": kwargs.get("launch_pdl"),
+                                "programs": math.prod(grid) if grid else None})
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", recording)
+    return log
+
+
+def _run(v, config, call):
+    c = gates._copy(call)  # fresh inputs and generators: both runs start from the same state
+    weights = v.prepare_weights(c.args[c.weights_arg]) if c.weights_arg is not None else None
+    with torch.no_grad():
+        return gates._outputs(v.at(config)(*c.with_weights(weights).args, **c.kwargs))
+
+
+def test_every_triton_decode_point_has_a_pdl_variant():
+    """The points a decode step launches Triton kernels for can all be searched with PDL."""
+    points = {v.point for v in pdl_variants()}
+    assert {"boundary", "qkvg_proj", "qk_prep", "attention", "attn_out", "route", "experts", "dense_mlp",
+            "head", "sample"} <= points, points
+
+
+def test_pdl_configs_come_only_where_a_gpu_can_launch_them():
+    v = next(v for v in pdl_variants() if v.configs)
+    assert not registry.pdl_available()  # the CPU suite (interpreted)
+    assert v.tuning_configs() == list(v.configs)
+
+
+@pytest.mark.parametrize("v", pdl_variants(), ids=lambda v: v.qualname)
+@pytest.mark.parametrize("kind", WORKLOADS)
+def test_pdl_config_waits_in_every_program_and_changes_no_bit(v, kind, launches):
+    if v.backend != "triton":
+        pytest.skip(f"{v.qualname}: PDL of a {v.backend} kernel is the library's own")
+    wl = WORKLOADS[kind]
+    why = v.unsupported(wl, "cpu")
+    if why:
+        pytest.skip(why)
+    call = spec(v.point).make_inputs(wl, "cpu", 0)
+    base = (v.configs or [None])[0]
+    expected = _run(v, base, call)
+    assert launches["wait"] == 0 and all(not e["PDL"] for e in launches["launches"])
+    launches["launches"].clear()
+    got = _run(v, {**(base or {}), "pdl": True}, call)
+    kernels = launches["launches"]
+    assert kernels, f"{v.qualname} launched no Triton kernel at {wl.label()}"
+    assert all(e["PDL"] is True and e["launch_pdl"] is True for e in kernels), kernels
+    programs = sum(e["programs"] for e in kernels)
+    assert launches["wait"] == programs and launches["release"] == programs, (launches, programs)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert gates._same(a, b), v.qualname
+
+
+@pytest.mark.parametrize("name", ["triton", "triton_rounded"])
+def test_experts_grouped_path_waits_in_every_program(name, launches):
+    """The grouped (prefill) path's five kernels, forced at a size the first config runs as a GEMV."""
+    v = registry.get("experts", name)
+    config = next(c for c in v.configs if c["path"] == "grouped")
+    call = spec("experts").make_inputs(WORKLOADS["prefill"].with_(batch=8), "cpu", 0)
+    if name == "triton_rounded" and v.unsupported(WORKLOADS["prefill"].with_(batch=8), "cpu"):
+        pytest.skip("beam-tiny's prefill routes too few pairs for the rounded variant")
+    expected = _run(v, config, call)
+    launches["launches"].clear()
+    got = _run(v, {**config, "pdl": True}, call)
+    kernels = launches["launches"]
+    assert {e["kernel"] for e in kernels} >= {"_count_by_expert", "_align_by_expert", "_gate_up_grouped",
+                                              "_down_grouped", "_combine"}
+    assert all(e["PDL"] is True and e["launch_pdl"] is True for e in kernels), kernels
+    assert launches["wait"] == launches["release"] == sum(e["programs"] for e in kernels)
+    assert all(gates._same(a, b) for a, b in zip(got, expected))

@@ -801,3 +801,18 @@ def test_a_result_cached_under_older_gates_has_its_choice_gated_again(tmp_path, 
     verdict["passed"] = False
     result = search.search_point("boundary")  # searched again: the stubbed timings pick triton at 100 us
     assert len(gated) == 2 and result.reference_us == 1000.0
+
+
+def test_report_counts_pdl_candidates_apart_from_their_backend():
+    """The per-backend column shows what launching with PDL gained: triton and triton+pdl apart."""
+    from workbench.optimize import backend_bests
+    from workbench.search import CandidateResult, PointResult
+
+    def cand(variant, backend, config, us, passed=True):
+        return CandidateResult("boundary", variant, backend, config, passed, step_us=us)
+
+    result = PointResult("boundary", "triton", {"num_warps": 8, "pdl": True}, 4000.0, 240.0, 0.02, [
+        cand("torch", "torch", None, 4000.0), cand("triton", "triton", {"num_warps": 8}, 330.0),
+        cand("triton", "triton", {"num_warps": 8, "pdl": True}, 240.0),
+        cand("triton", "triton", {"num_warps": 4, "pdl": True}, 100.0, passed=False)])
+    assert backend_bests(result) == {"triton+pdl": 0.24, "triton": 0.33, "torch": 4.0}

@@ -282,11 +282,13 @@ def uncompilable(results: dict) -> dict[str, str]:
 
 def backend_bests(result) -> dict[str, float]:
     """Each backend's fastest candidate that passed its gate at this point, in ms per step (the
-    reference counts as torch): which backend won, and by how much over the others."""
+    reference counts as torch): which backend won, and by how much over the others. Candidates
+    launched with PDL count as "<backend>+pdl", so the report shows what PDL itself gained."""
     best: dict[str, float] = {}
     for c in result.candidates:
         if c.step_us is not None and c.gate_passed:
-            best[c.backend] = min(best.get(c.backend, math.inf), c.step_us / 1e3)
+            key = c.backend + ("+pdl" if (c.config or {}).get("pdl") else "")
+            best[key] = min(best.get(key, math.inf), c.step_us / 1e3)
     return dict(sorted(best.items(), key=lambda kv: kv[1]))
 
 

@@ -58,10 +58,32 @@ def test_pools_sized_from_free_memory(model):
     assert all(1 <= len(o) <= 8 for o in out)
 
 
+class _Logits:
+    """A logits hook recording each sequence's logits for each output token; given `forced` (another
+    run's tokens per prompt), it then makes that token win, so both runs feed the same tokens."""
+
+    def __init__(self, forced=None):
+        self.rows, self.forced = {}, forced
+
+    def __call__(self, seqs, logits):
+        for s, row in zip(seqs, logits):
+            key = tuple(s.token_ids[:s.num_prompt_tokens])
+            self.rows.setdefault(key, []).append(row.clone())
+            if self.forced is not None:
+                token = self.forced[key][s.num_tokens - s.num_prompt_tokens]
+                row.fill_(float("-inf"))
+                row[token] = 0.0
+
+
 @pytest.mark.parametrize("attention", ["triton", "flashinfer"])
-def test_graph_decode_equals_eager_with_attention_kernels(attention):
+def test_graph_decode_matches_eager_with_attention_kernels(attention):
     """The attention kernels in served graphs: Triton reads lengths on the device; FlashInfer's host
-    plan is redone before every replay (`model.replan`). Greedy tokens equal the eager engine's."""
+    plan is redone before every replay (`model.replan`). A graph's page table is as wide as its
+    longest sequence can be, so the kernels split the keys differently than an eager step does and
+    BF16 results differ in the last bits: on random weights a near-tie then flips a greedy token and
+    the sequences part. So the graphed run is fed the eager run's tokens, and each step's logits must
+    match the eager step's within BF16 noise (a stale length or page table is off by O(1)), with the
+    same top token wherever the eager top two are further apart than that step's difference."""
     from workbench import registry
 
     ok, why = registry.backend_available(attention)
@@ -71,10 +93,21 @@ def test_graph_decode_equals_eager_with_attention_kernels(attention):
                                         variants={"attention": attention})
     tok = ByteTokenizer()
     ps = prompts([3, 70, 130, 17, 64, 700, 33])  # lengths across pages and past the window
-    eager = Engine(model, tok, num_pages=256, cuda_graphs=False).generate(ps, GREEDY)
-    graphed_engine = Engine(model, tok, num_pages=256, cuda_graphs=True, max_num_seqs=8)
+    eager_logits = _Logits()
+    eager = Engine(model, tok, num_pages=256, cuda_graphs=False, logits_hook=eager_logits).generate(ps, GREEDY)
+    graphed_logits = _Logits(forced={tuple(p): out for p, out in zip(ps, eager)})
+    graphed_engine = Engine(model, tok, num_pages=256, cuda_graphs=True, max_num_seqs=8, logits_hook=graphed_logits)
     calls = []
     replay = graphed_engine.runner._replay
     graphed_engine.runner._replay = lambda *a: calls.append(a[0]) or replay(*a)
-    graphed = graphed_engine.generate(ps, GREEDY)
-    assert calls and graphed == eager
+    assert graphed_engine.generate(ps, GREEDY) == eager and calls
+    for key, rows in eager_logits.rows.items():
+        assert len(graphed_logits.rows[key]) == len(rows)
+        for step, (a, b) in enumerate(zip(rows, graphed_logits.rows[key])):
+            live = torch.isfinite(a)  # ids past the tokenizer's vocabulary are masked in both
+            a, b = a[live], b[live]
+            diff = (a - b).abs().max().item()
+            assert diff <= 5e-2 * a.abs().max().item(), (attention, len(key), step, diff)
+            top = a.topk(2).values
+            if (top[0] - top[1]).item() > 2 * diff:
+                assert a.argmax() == b.argmax(), (attention, len(key), step)

@@ -61,11 +61,12 @@ def _require_compiler() -> None:
         pytest.skip(f"triton {triton.__version__}: constexpr signatures need 3.3 or later")
 
 
-def _compiled() -> dict[str, str]:
+def _compiled(script: str = SCRIPT) -> dict[str, str]:
+    """What `script` prints (JSON), run in a subprocess without TRITON_INTERPRET."""
     _require_compiler()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
@@ -122,13 +123,7 @@ def test_pdl_kernels_wait_in_the_ptx_and_only_a_gemv_reads_weights_before():
     """With PDL, the GEMV's first weight tile is loaded before griddepcontrol.wait (weights are never
     written), the experts kernel loads nothing before it (its rows depend on routed ids); without
     PDL neither instruction is emitted."""
-    _require_compiler()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", PDL_SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ptx = json.loads(done.stdout)
+    ptx = _compiled(PDL_SCRIPT)
 
     def before_wait(text):
         lines = [line.strip() for line in text.splitlines()]

@@ -37,7 +37,9 @@ def launches(monkeypatch):
     """Records each kernel launch (its PDL flags and program count) and each program's grid
     dependency calls, with PDL switched on in the interpreter through stand-in calls."""
     log = {"launches": [], "wait": 0, "release": 0}
-    monkeypatch.setattr(_triton_common, "INTERPRETED", False)  # pdl_launch: PDL on
+    # PDL on for pdl_launch only: INTERPRETED stays, since kernel modules imported during this test
+    # copy it at import and must keep their interpreter workarounds
+    monkeypatch.setattr(_triton_common, "PDL_SUPPORTED", True)
     monkeypatch.setattr(_triton_common, "gdc_wait", lambda: log.__setitem__("wait", log["wait"] + 1))
     monkeypatch.setattr(_triton_common, "gdc_launch_dependents",
                         lambda: log.__setitem__("release", log["release"] + 1))

@@ -9,7 +9,9 @@ results must be the base config's, bit for bit. The real instructions are checke
 kernels compiled for sm_90 (test_triton_sm90_compile.py), and on the H200 by the GPU tests.
 """
 
+import importlib
 import math
+import pkgutil
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from triton.runtime import interpreter  # noqa: E402
 
 from workbench import gates, registry  # noqa: E402
 from workbench.points import Workload, spec  # noqa: E402
+import workbench.variants as variants_package  # noqa: E402
 from workbench.variants import _triton_common  # noqa: E402
 
 WORKLOADS = {
@@ -37,9 +40,12 @@ def launches(monkeypatch):
     """Records each kernel launch (its PDL flags and program count) and each program's grid
     dependency calls, with PDL switched on in the interpreter through stand-in calls."""
     log = {"launches": [], "wait": 0, "release": 0}
-    # PDL on for pdl_launch only: INTERPRETED stays, since kernel modules imported during this test
-    # copy it at import and must keep their interpreter workarounds
-    monkeypatch.setattr(_triton_common, "PDL_SUPPORTED", True)
+    # Kernel modules copy INTERPRETED when imported (some lazily, on a variant's first call): import
+    # them all first, so only pdl_launch sees it switched off and they keep the interpreter's workarounds
+    for m in pkgutil.iter_modules(variants_package.__path__):
+        if m.name.startswith("_triton"):
+            importlib.import_module(f"{variants_package.__name__}.{m.name}")
+    monkeypatch.setattr(_triton_common, "INTERPRETED", False)  # pdl_launch: PDL on
     monkeypatch.setattr(_triton_common, "gdc_wait", lambda: log.__setitem__("wait", log["wait"] + 1))
     monkeypatch.setattr(_triton_common, "gdc_launch_dependents",
                         lambda: log.__setitem__("release", log["release"] + 1))

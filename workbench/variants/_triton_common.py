@@ -46,9 +46,6 @@ if triton is not None:
             return x.to(dtype)
 
 
-PDL_SUPPORTED = not INTERPRETED  # read at each launch (tests switch it; never import it by value)
-
-
 def pdl_launch(pdl: bool) -> dict:
     """Launch arguments for a kernel that takes the `PDL` constexpr: with programmatic dependent
     launch the kernel may start while its predecessor runs, so the kernel must call `pdl_wait` (or
@@ -56,9 +53,8 @@ def pdl_launch(pdl: bool) -> dict:
     only weights (never written) may be read before. Both come from this one flag, so no kernel is
     launched early without waiting. Off under the interpreter, which has no grid dependency control
     (a "pdl" config then runs as its base config)."""
-    on = bool(pdl) and PDL_SUPPORTED
+    on = bool(pdl) and not INTERPRETED
     return {"PDL": on, "launch_pdl": on}
-
 
 
 if triton is not None:

@@ -69,6 +69,24 @@ def _run(v, config, call):
         return gates._outputs(v.at(config)(*c.with_weights(weights).args, **c.kwargs))
 
 
+def _pdl_launches(v, config, call, launches) -> list[dict]:
+    """Runs `v` at `config`, then at it plus "pdl": True; the second must launch every kernel early,
+    wait and release once in every program, and give the first's bits. Returns its launches."""
+    expected = _run(v, config, call)
+    assert launches["wait"] == 0 and all(not e["PDL"] for e in launches["launches"])
+    launches["launches"].clear()
+    got = _run(v, {**(config or {}), "pdl": True}, call)
+    kernels = launches["launches"]
+    assert kernels, f"{v.qualname} launched no Triton kernel"
+    assert all(e["PDL"] is True and e["launch_pdl"] is True for e in kernels), kernels
+    programs = sum(e["programs"] for e in kernels)
+    assert launches["wait"] == programs and launches["release"] == programs, (launches, programs)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert gates._same(a, b), v.qualname
+    return kernels
+
+
 def test_every_triton_decode_point_has_a_pdl_variant():
     """The points a decode step launches Triton kernels for can all be searched with PDL."""
     points = {v.point for v in pdl_variants()}
@@ -85,42 +103,21 @@ def test_pdl_configs_come_only_where_a_gpu_can_launch_them():
 @pytest.mark.parametrize("v", pdl_variants(), ids=lambda v: v.qualname)
 @pytest.mark.parametrize("kind", WORKLOADS)
 def test_pdl_config_waits_in_every_program_and_changes_no_bit(v, kind, launches):
-    if v.backend != "triton":
-        pytest.skip(f"{v.qualname}: PDL of a {v.backend} kernel is the library's own")
     wl = WORKLOADS[kind]
-    why = v.unsupported(wl, "cpu")
+    why = v.unsupported(wl, "cpu")  # a library's kernels (FlashInfer, CuTe) need a GPU
     if why:
         pytest.skip(why)
-    call = spec(v.point).make_inputs(wl, "cpu", 0)
-    base = (v.configs or [None])[0]
-    expected = _run(v, base, call)
-    assert launches["wait"] == 0 and all(not e["PDL"] for e in launches["launches"])
-    launches["launches"].clear()
-    got = _run(v, {**(base or {}), "pdl": True}, call)
-    kernels = launches["launches"]
-    assert kernels, f"{v.qualname} launched no Triton kernel at {wl.label()}"
-    assert all(e["PDL"] is True and e["launch_pdl"] is True for e in kernels), kernels
-    programs = sum(e["programs"] for e in kernels)
-    assert launches["wait"] == programs and launches["release"] == programs, (launches, programs)
-    assert len(got) == len(expected)
-    for a, b in zip(got, expected):
-        assert gates._same(a, b), v.qualname
+    _pdl_launches(v, (v.configs or [None])[0], spec(v.point).make_inputs(wl, "cpu", 0), launches)
 
 
 @pytest.mark.parametrize("name", ["triton", "triton_rounded"])
 def test_experts_grouped_path_waits_in_every_program(name, launches):
     """The grouped (prefill) path's five kernels, forced at a size the first config runs as a GEMV."""
     v = registry.get("experts", name)
-    config = next(c for c in v.configs if c["path"] == "grouped")
-    call = spec("experts").make_inputs(WORKLOADS["prefill"].with_(batch=8), "cpu", 0)
-    if name == "triton_rounded" and v.unsupported(WORKLOADS["prefill"].with_(batch=8), "cpu"):
+    wl = WORKLOADS["prefill"].with_(batch=8)
+    if name == "triton_rounded" and v.unsupported(wl, "cpu"):
         pytest.skip("beam-tiny's prefill routes too few pairs for the rounded variant")
-    expected = _run(v, config, call)
-    launches["launches"].clear()
-    got = _run(v, {**config, "pdl": True}, call)
-    kernels = launches["launches"]
+    config = next(c for c in v.configs if c["path"] == "grouped")
+    kernels = _pdl_launches(v, config, spec("experts").make_inputs(wl, "cpu", 0), launches)
     assert {e["kernel"] for e in kernels} >= {"_count_by_expert", "_align_by_expert", "_gate_up_grouped",
                                               "_down_grouped", "_combine"}
-    assert all(e["PDL"] is True and e["launch_pdl"] is True for e in kernels), kernels
-    assert launches["wait"] == launches["release"] == sum(e["programs"] for e in kernels)
-    assert all(gates._same(a, b) for a, b in zip(got, expected))

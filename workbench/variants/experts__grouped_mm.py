@@ -4,7 +4,7 @@ with the SwiGLU and the weighted FP32 combine as two small Triton kernels (`_tri
 
 The rounding is the reference's: gate, up and each pair's down projection in the model dtype, the
 activation FP32 rounded once, the combine FP32 rounded once. Grouping is on the device (argsort,
-bincount, cumsum: no host sync). It gathers each pair's input row once ([pairs, hidden]), which the
+searchsorted: no host sync). It gathers each pair's input row once ([pairs, hidden]), which the
 fused experts:triton does not, so it is only timed where pairs are grouped (prefill): at decode the
 GEMV path reads only the selected experts and wins by far.
 """
@@ -35,7 +35,9 @@ def experts_grouped_mm(x, ids, weights, w):
         return torch.empty_like(x)
     flat = ids.flatten()
     order = flat.argsort(stable=True)  # pair indices sorted by expert
-    offs = torch.bincount(flat, minlength=w["gate_proj"].shape[0]).cumsum(0).to(torch.int32)
+    # each expert's end row among the sorted pairs (bincount would sync on the host for its length)
+    experts = torch.arange(1, w["gate_proj"].shape[0] + 1, device=ids.device, dtype=flat.dtype)
+    offs = torch.searchsorted(flat[order], experts, out_int32=True)
     rows = x.index_select(0, order // top_k)
     # weights are [E, out, in]: their transpose is the column-major [E, in, out] operand grouped_mm takes
     g = torch._grouped_mm(rows, w["gate_proj"].transpose(1, 2), offs=offs)

@@ -1,5 +1,6 @@
 """The serving engine on CUDA (run with `-m gpu`): decode steps replayed from CUDA graphs give the
-same greedy tokens as eager steps, padded graph rows never touch live pages, and the KV pools are
+same greedy tokens as eager steps (FP32), each replay equals an eager step on its inputs bit for bit
+with every attention backend (BF16), padded graph rows never touch live pages, and the KV pools are
 sized from free device memory.
 """
 
@@ -58,56 +59,37 @@ def test_pools_sized_from_free_memory(model):
     assert all(1 <= len(o) <= 8 for o in out)
 
 
-class _Logits:
-    """A logits hook recording each sequence's logits for each output token; given `forced` (another
-    run's tokens per prompt), it then makes that token win, so both runs feed the same tokens."""
+@pytest.mark.parametrize("attention", ["torch", "triton", "flashinfer"])
+def test_graph_replay_equals_an_eager_step_on_its_inputs(attention):
+    """Every served graph replay gives the same logits, bit for bit, as an eager step on the inputs
+    the replay was given (the graph's buffers and metadata): nothing the graph captured goes stale
+    (lengths, page tables, FlashInfer's host plan, redone by `model.replan` before each replay).
 
-    def __init__(self, forced=None):
-        self.rows, self.forced = {}, forced
-
-    def __call__(self, seqs, logits):
-        for s, row in zip(seqs, logits):
-            key = tuple(s.token_ids[:s.num_prompt_tokens])
-            self.rows.setdefault(key, []).append(row.clone())
-            if self.forced is not None:
-                token = self.forced[key][s.num_tokens - s.num_prompt_tokens]
-                row.fill_(float("-inf"))
-                row[token] = 0.0
-
-
-@pytest.mark.parametrize("attention", ["triton", "flashinfer"])
-def test_graph_decode_matches_eager_with_attention_kernels(attention):
-    """The attention kernels in served graphs: Triton reads lengths on the device; FlashInfer's host
-    plan is redone before every replay (`model.replan`). A graph's page table is as wide as its
-    longest sequence can be, so the kernels split the keys differently than an eager step does and
-    BF16 results differ in the last bits: on random weights a near-tie then flips a greedy token and
-    the sequences part. So the graphed run is fed the eager run's tokens, and each step's logits must
-    match the eager step's within BF16 noise (a stale length or page table is off by O(1)), with the
-    same top token wherever the eager top two are further apart than that step's difference."""
+    Not compared with an eager *engine*: its steps have narrower page tables and no padded rows, so
+    the kernels split keys differently and BF16 results differ in the last bits; on random weights
+    that flips near-tied expert choices, and the logits then part by O(1) (seen on the H200, and on
+    the CPU with the reference attention: `runs/check-tp8-backends/README.md`). The op-level tests
+    check each kernel's graph replays with new lengths (`check_graph_replay`)."""
     from workbench import registry
 
-    ok, why = registry.backend_available(attention)
+    ok, why = registry.backend_available(registry.get("attention", attention).backend)
     if not ok:
         pytest.skip(why)
     model = BeamForCausalLM.from_preset("beam-small", dtype=torch.bfloat16, device="cuda", seed=0,
                                         variants={"attention": attention})
-    tok = ByteTokenizer()
-    ps = prompts([3, 70, 130, 17, 64, 700, 33])  # lengths across pages and past the window
-    eager_logits = _Logits()
-    eager = Engine(model, tok, num_pages=256, cuda_graphs=False, logits_hook=eager_logits).generate(ps, GREEDY)
-    graphed_logits = _Logits(forced={tuple(p): out for p, out in zip(ps, eager)})
-    graphed_engine = Engine(model, tok, num_pages=256, cuda_graphs=True, max_num_seqs=8, logits_hook=graphed_logits)
-    calls = []
-    replay = graphed_engine.runner._replay
-    graphed_engine.runner._replay = lambda *a: calls.append(a[0]) or replay(*a)
-    assert graphed_engine.generate(ps, GREEDY) == eager and calls
-    for key, rows in eager_logits.rows.items():
-        assert len(graphed_logits.rows[key]) == len(rows)
-        for step, (a, b) in enumerate(zip(rows, graphed_logits.rows[key])):
-            live = torch.isfinite(a)  # ids past the tokenizer's vocabulary are masked in both
-            a, b = a[live], b[live]
-            diff = (a - b).abs().max().item()
-            assert diff <= 5e-2 * a.abs().max().item(), (attention, len(key), step, diff)
-            top = a.topk(2).values
-            if (top[0] - top[1]).item() > 2 * diff:
-                assert a.argmax() == b.argmax(), (attention, len(key), step)
+    engine = Engine(model, ByteTokenizer(), num_pages=256, cuda_graphs=True, max_num_seqs=8)
+    runner, checked = engine.runner, []
+    replay = runner._replay
+
+    def replay_then_step(size, *args):
+        logits = replay(size, *args).clone()
+        _, _, meta = runner.graphs[size]
+        with torch.inference_mode():  # writes the same K/V to the same slots again
+            eager = runner.model.step(runner._ids[:size], runner.cache, meta)[:logits.shape[0]]
+        checked.append(size)
+        assert torch.equal(logits, eager), (attention, size, (logits.float() - eager.float()).abs().max().item())
+        return logits
+
+    runner._replay = replay_then_step
+    out = engine.generate(prompts([3, 70, 130, 17, 64, 700, 33]), GREEDY)  # across pages, past the window
+    assert checked and all(len(o) == GREEDY.max_tokens for o in out)

@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("triton")
 
 from tests.test_triton_moe import TOL, _problem, _rel_err, _truth  # noqa: E402
-from tests.test_triton_moe_rounded import GROUPED_PAIRS, TP8  # noqa: E402
+from tests.test_triton_moe_rounded import (  # noqa: E402
+    GROUPED_PAIRS, TP8, _contract, assert_deterministic_and_reads_only_selected_experts)
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
 
@@ -25,38 +26,17 @@ def test_matches_reference(n, dtype):
     assert _rel_err(y, _truth(x, ids, weights, w)) < TOL[dtype]
 
 
-def _contract(x, ids, weights, w, *, round_pairs):
-    """The reference's roundings in FP64: gate and up (BF16 GEMMs), the activation, optionally each
-    pair's down projection; the combine rounded once."""
-    d = {k: v.double() for k, v in w.items()}
-    g = torch.einsum("nh,nkfh->nkf", x.double(), d["gate_proj"][ids]).bfloat16().double()
-    u = torch.einsum("nh,nkfh->nkf", x.double(), d["up_proj"][ids]).bfloat16().double()
-    act = (torch.nn.functional.silu(g) * u).bfloat16().double()
-    pairs = torch.einsum("nkf,nkhf->nkh", act, d["down_proj"][ids])
-    if round_pairs:
-        pairs = pairs.bfloat16().double()
-    return (pairs * weights.double()[..., None]).sum(1).bfloat16()
-
-
 def test_rounds_like_the_reference():
     """Gate, up and each pair's output are rounded to BF16 as the reference's BF16 GEMMs round them:
     the result sits far nearer that emulation than one keeping the pairs' rows exact."""
     x, ids, weights, w = _problem(GROUPED_PAIRS, torch.bfloat16, seed=4)
-    rounded, exact_rows = _contract(x, ids, weights, w, round_pairs=True), _contract(x, ids, weights, w, round_pairs=False)
+    rounded, exact_rows = (_contract(x, ids, weights, w, round_pairs=r, round_gate_up=True) for r in (True, False))
     y = GROUPED_MM.fn(x, ids, weights, w)
     assert _rel_err(y, rounded) < 0.2 * _rel_err(y, exact_rows)
 
 
 def test_deterministic_and_never_reads_unselected_experts():
-    x, _, weights, w = _problem(GROUPED_PAIRS, torch.bfloat16, seed=9)
-    ids = torch.stack([torch.tensor([5, i % 4, (i + 1) % 4, (i + 2) % 4]) for i in range(GROUPED_PAIRS)])
-    poisoned = {k: v.clone() for k, v in w.items()}
-    for v in poisoned.values():
-        v[6:] = float("nan")
-        v[4] = float("nan")  # an empty expert between used ones
-    first = GROUPED_MM.fn(x, ids, weights, poisoned)
-    assert torch.isfinite(first).all()
-    assert torch.equal(first.view(torch.int16), GROUPED_MM.fn(x, ids, weights, poisoned).view(torch.int16))
+    assert_deterministic_and_reads_only_selected_experts(GROUPED_MM.fn)
 
 
 def test_the_search_times_it_only_where_pairs_are_grouped():

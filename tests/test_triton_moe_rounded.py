@@ -31,12 +31,15 @@ def test_matches_reference(config, dtype):
     assert _rel_err(y, _truth(x, ids, weights, w)) < TOL[dtype]
 
 
-def _contract(x, ids, weights, w, *, round_pairs):
+def _contract(x, ids, weights, w, *, round_pairs, round_gate_up=False):
     """The experts math in FP64 with the activation rounded to BF16 and, optionally, each pair's down
-    projection too (the contract's 'each expert's GEMMs in the model dtype'), the combine rounded once."""
+    projection too (the contract's 'each expert's GEMMs in the model dtype') and gate and up (as
+    BF16 GEMMs round them), the combine rounded once."""
     d = {k: v.double() for k, v in w.items()}
     g = torch.einsum("nh,nkfh->nkf", x.double(), d["gate_proj"][ids])
     u = torch.einsum("nh,nkfh->nkf", x.double(), d["up_proj"][ids])
+    if round_gate_up:
+        g, u = g.bfloat16().double(), u.bfloat16().double()
     act = (torch.nn.functional.silu(g) * u).bfloat16().double()
     pairs = torch.einsum("nkf,nkhf->nkh", act, d["down_proj"][ids])
     if round_pairs:
@@ -55,15 +58,20 @@ def test_rounds_each_pair_to_the_model_dtype():
     assert _rel_err(y_triton, fp32_rows) < 0.1 * _rel_err(y_triton, rounded)
 
 
-def test_deterministic_and_never_reads_unselected_experts():
+def assert_deterministic_and_reads_only_selected_experts(fn):
+    """Experts 0-3 and 5 are selected; 4 (empty between used ones) and 6+ hold NaN: never read."""
     x, _, weights, w = _problem(GROUPED_PAIRS, torch.bfloat16, seed=9)
     ids = torch.stack([torch.tensor([5, i % 4, (i + 1) % 4, (i + 2) % 4]) for i in range(GROUPED_PAIRS)])
     poisoned = {k: v.clone() for k, v in w.items()}
     for v in poisoned.values():
-        v[6:] = float("nan")
-    first = ROUNDED.fn(x, ids, weights, poisoned)
+        v[4] = v[6:] = float("nan")
+    first = fn(x, ids, weights, poisoned)
     assert torch.isfinite(first).all()
-    assert torch.equal(first.view(torch.int16), ROUNDED.fn(x, ids, weights, poisoned).view(torch.int16))
+    assert torch.equal(first.view(torch.int16), fn(x, ids, weights, poisoned).view(torch.int16))
+
+
+def test_deterministic_and_never_reads_unselected_experts():
+    assert_deterministic_and_reads_only_selected_experts(ROUNDED.fn)
 
 
 def test_decode_takes_the_gemv_path_and_the_search_skips_it():

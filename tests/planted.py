@@ -77,9 +77,12 @@ def wrong_dtype():
 
 
 def nondeterministic():
-    def experts(x, ids, weights, w):  # atomics-style: the last bits depend on the run
-        y = _ref("experts")(x, ids, weights, w).float()
-        return (y * (1 + 2e-3 * torch.rand_like(y))).to(x.dtype)
+    def experts(x, ids, weights, w):  # atomics-style: the last bit of each element depends on the run
+        y = _ref("experts")(x, ids, weights, w)
+        bits = y.view({2: torch.int16, 4: torch.int32}[y.element_size()])
+        # each element's lowest bit flipped or not at random: always within tolerance, never twice alike
+        # (a relative jitter below the BF16 ulp rounded to the same bits in ~5% of gate runs)
+        return (bits ^ (torch.rand(y.shape, device=y.device) < 0.5).to(bits.dtype)).view(y.dtype)
     return experts
 
 

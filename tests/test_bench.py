@@ -259,6 +259,34 @@ def test_bench_point_times_each_config_and_gates_it(boundary_spec, monkeypatch):
     assert "`{\"block\":8}`" in bench.report_table(rows)
 
 
+def test_bench_point_lists_each_variants_kernels_per_call(boundary_spec, monkeypatch, tmp_path):
+    """`--kernels`: what one call launches (ATen ops on the CPU), per call: a variant that runs the
+    reference twice lists each of its ops twice as often; a profiler failure is noted, the timing kept."""
+    ref = registry.reference("boundary").fn
+
+    def twice(y, h, w, **kw):
+        ref(y, h, w, **kw)
+        return ref(y, h, w, **kw)
+
+    _add_variant(monkeypatch, "boundary", "twice", "torch", twice)
+    workload = Workload(preset="beam-tiny", batch=2, dtype="fp32")
+    rows = bench.bench_point("boundary", ["twice"], workload, device="cpu", ceilings=CEILINGS, kernels=True, **FAST)
+    once, twice = ({k["kernel"]: k for k in r["kernels"]} for r in rows)
+    assert once and set(once) == set(twice)
+    assert all(k["launches"] > 0 and k["us"] > 0 for k in once.values())
+    assert all(twice[name]["launches"] == 2 * k["launches"] for name, k in once.items())
+    assert [k["us"] for k in rows[0]["kernels"]] == sorted((k["us"] for k in rows[0]["kernels"]), reverse=True)
+    md = bench.write_results(rows, tmp_path, "workbench bench boundary --kernels")["report.md"].read_text()
+    assert "## Kernels per call" in md and "### twice" in md and f"`{rows[0]['kernels'][0]['kernel']}`" in md
+
+    def broken(fn, device, calls=5):
+        raise RuntimeError("planted profiler failure")
+
+    monkeypatch.setattr("workbench.profiler.kernels_per_call", broken)
+    row = bench.bench_point("boundary", ["torch"], workload, device="cpu", ceilings=CEILINGS, kernels=True, **FAST)[0]
+    assert row["median_us"] > 0 and "planted profiler failure" in row["kernels_error"] and "kernels" not in row
+
+
 def test_bench_cli_config_errors(capsys):
     argv = ["bench", "boundary", "--preset", "beam-tiny", "--device", "cpu"]
     for extra, message in [(["--config", '{"BLOCK": 64}'], "--config applies to the variants named with --variants"),
@@ -328,7 +356,10 @@ def test_bench_cli_shape_preset_alias_and_table(boundary_spec, cache_dir, capsys
             "--dtype", "fp32", "--max-seconds", "0.1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "boundary" in out and "torch" in out and "1.00x" in out
+    assert "boundary" in out and "torch" in out and "1.00x" in out and "kernels per call" not in out
+    assert main(argv + ["--kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "torch: kernels per call" in out and "aten::" in out
 
 
 def test_slow_make_call_is_completed_with_clones():

@@ -492,13 +492,15 @@ def _row(point, variant, backend, workload, device) -> dict:
 
 def bench_point(point: str, variant_names: list[str] | None = None, workload: Workload | None = None, *,
                 device="cpu", seed: int = 0, ceilings: dict | None = None, configs: str | list[dict] | None = None,
-                gate: bool = False, on_progress: Callable[[str, int, int], None] | None = None,
-                **timing_kw) -> list[dict]:
+                gate: bool = False, kernels: bool = False,
+                on_progress: Callable[[str, int, int], None] | None = None, **timing_kw) -> list[dict]:
     """Time `variant_names` (default: all registered) of `point` at `workload`; the reference is always
     timed, first, in the same run. Returns one bench.json row per variant and config; a variant that
     is unavailable, raises or (with `gate`) fails the op gate gets a row with `error` and no timings.
     `configs`: None times each variant at its default; "all" at every registered tuning config; a
-    list of config dicts at those (a tuner's own, no source edit). `timing_kw` go to `time_call`."""
+    list of config dicts at those (a tuner's own, no source edit). `kernels`: each timed row also lists
+    the kernels one call launches, by device time (`row["kernels"]`, or `row["kernels_error"]`).
+    `timing_kw` go to `time_call`."""
     device = _device(device)
     workload = workload or Workload()
     point_spec = spec(point)
@@ -552,6 +554,8 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         row.update(median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, spread=t.spread, reps=t.reps,
                    copies=t.copies, graph=t.graph, graph_error=t.graph_error, l2_flush=t.l2_flush,
                    first_call_ms=t.first_call_ms)
+        if kernels:
+            _list_kernels(row, v, config, base_call(0), device)
     ref_us = rows[0]["median_us"]
     for row in rows:
         row["floor_us"] = floor
@@ -560,6 +564,40 @@ def bench_point(point: str, variant_names: list[str] | None = None, workload: Wo
         if ref_us and row["median_us"]:
             row["speedup_vs_reference"] = ref_us / row["median_us"]
     return rows
+
+
+def _list_kernels(row: dict, v: registry.Variant, config, call: Call, device) -> None:
+    """row["kernels"]: what one eager call of the variant launches (a profiler failure is noted, the
+    timing stands)."""
+    from workbench.profiler import kernels_per_call
+
+    if call.weights_arg is not None:
+        call = call.with_weights(v.prepare_weights(call.args[call.weights_arg]))
+    fn = v.at(config)
+    try:
+        row["kernels"] = kernels_per_call(lambda: invoke(fn, call), device)
+    except Exception as e:
+        row["kernels_error"] = _describe(e)
+
+
+def kernels_table(rows: list[dict], top: int = 10) -> str:
+    """Markdown: each row's `top` kernels per call (from `bench --kernels`)."""
+    lines = []
+    for r in rows:
+        if r.get("kernels") is None and not r.get("kernels_error"):
+            continue
+        label = r["variant"] + (f" `{config_text(r['config'])}`" if r.get("config") else "")
+        lines += ["", f"### {label}", ""]
+        if r.get("kernels_error"):
+            lines.append(f"kernels not listed: {r['kernels_error']}")
+            continue
+        lines += ["| kernel | launches per call | us per call |", "|---|---:|---:|"]
+        lines += [f"| `{k['kernel'][:120]}` | {k['launches']:g} | {k['us']:.2f} |" for k in r["kernels"][:top]]
+        if len(r["kernels"]) > top:
+            rest = r["kernels"][top:]
+            lines.append(f"| {len(rest)} more | {sum(k['launches'] for k in rest):g} | "
+                         f"{sum(k['us'] for k in rest):.2f} |")
+    return "\n".join(lines)
 
 
 def config_text(config: dict) -> str:
@@ -659,5 +697,9 @@ def write_results(rows: list[dict], out_dir, command: str, env: dict | None = No
     md += ["", "## Results", "", "Times in microseconds (median of reps; spread = (p90 - p10) / median); "
            "floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate); speed-ups are ratios "
            "within this run.", "", report_table(rows), ""]
+    kernels = kernels_table(rows)
+    if kernels:
+        md += ["## Kernels per call", "", "One eager call of each variant under torch.profiler (device time; "
+               "ATen ops on a CPU), after its timing.", kernels, ""]
     (out / "report.md").write_text("\n".join(md))
     return {"bench.json": out / "bench.json", "report.md": out / "report.md"}

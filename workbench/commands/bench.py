@@ -45,6 +45,8 @@ def add_arguments(p) -> None:
                            "'{\"path\": \"gemv\", \"BLOCK_N\": 4, ...}': a tuner's own, no source edit")
     p.add_argument("--gate", action="store_true",
                    help="op-gate each variant and config at this shape first; one that fails is not timed")
+    p.add_argument("--kernels", action="store_true",
+                   help="also list the kernels one call of each variant launches, by device time (torch.profiler)")
     p.add_argument("--out", metavar="DIR", help="write bench.json and report.md to DIR (e.g. runs/NAME)")
     p.add_argument("--dir", action="append", metavar="DIR",
                    help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
@@ -72,6 +74,8 @@ def command_line(args, device, graph: bool) -> str:
         parts += ["--config", c]
     if args.gate:
         parts.append("--gate")
+    if args.kernels:
+        parts.append("--kernels")
     if args.out:
         parts += ["--out", args.out]
     return shlex.join(parts + (["--json"] if args.json else []))
@@ -122,6 +126,28 @@ def _print_table(rows, title) -> None:
     console.print(table)
 
 
+def _print_kernels(rows, top: int = 10) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for r in rows:
+        if r.get("kernels_error"):
+            console.print(f"{_label(r)}: kernels not listed: {r['kernels_error']}")
+        if not r.get("kernels"):
+            continue
+        table = Table(title=f"{_label(r)}: kernels per call")
+        for col in ("kernel", "launches", "us"):
+            table.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
+        for k in r["kernels"][:top]:
+            table.add_row(k["kernel"], f"{k['launches']:g}", f"{k['us']:.2f}")
+        if len(r["kernels"]) > top:
+            rest = r["kernels"][top:]
+            table.add_row(f"{len(rest)} more", f"{sum(k['launches'] for k in rest):g}",
+                          f"{sum(k['us'] for k in rest):.2f}")
+        console.print(table)
+
+
 def run(args) -> int:
     from workbench import bench
     from workbench.agent import plugins, worker
@@ -146,7 +172,7 @@ def run(args) -> int:
     configs = args.configs or _parse_configs(args.config_json)
     if args.config_json and not args.variants:
         raise ValueError("--config applies to the variants named with --variants")
-    timing.update(configs=configs, gate=args.gate)
+    timing.update(configs=configs, gate=args.gate, kernels=args.kernels)
 
     if args.json:
         rows = bench.bench_point(args.point, args.variants, workload, device=device, seed=args.seed, **timing)
@@ -170,6 +196,8 @@ def run(args) -> int:
         floor = rows[0]["floor_us"]
         _print_table(rows, f"{args.point}  {workload.label()}  on {env['gpu'] or device}"
                            + (f"  (floor {floor:.2f} us)" if floor else ""))
+        if args.kernels:
+            _print_kernels(rows)
         if args.out:
             print(f"wrote {args.out}/bench.json and {args.out}/report.md")
     return 0 if rows[0]["error"] is None else 1

@@ -5,9 +5,10 @@ NVTX range (visible in Nsight Systems); `profile_step(runner, ...)` runs a targe
 torch.profiler and attributes device time (CPU time on a CPU-only machine) and kernel launches to
 points and layer kinds. The profiler never changes which variants run and never times the
 graph-replayed step itself (that is `workbench.bench`); it explains a step, it does not score it.
+`kernels_per_call(fn, device)` lists the kernels of one call of a single variant (`bench --kernels`).
 """
 
-from workbench.profiler.attribution import PointProfile, Profile, profile_step
+from workbench.profiler.attribution import PointProfile, Profile, kernels_per_call, profile_step
 from workbench.profiler.ranges import instrument
 
-__all__ = ["instrument", "profile_step", "Profile", "PointProfile"]
+__all__ = ["instrument", "profile_step", "kernels_per_call", "Profile", "PointProfile"]

@@ -164,3 +164,28 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
         kernels_per_step=len(all_work),
         kernels_per_layer={k: statistics.median(v) for k, v in sorted(per_layer.items())},
         points=points, trace=trace_path)
+
+
+def kernels_per_call(fn, device, calls: int = 5) -> list[dict]:
+    """The kernels one call of `fn()` launches (ATen ops standing in on a CPU), by device time:
+    [{"kernel", "launches", "us"}] per call, averaged over `calls` profiled calls after one warm-up
+    (compilation and autotuning stay out). What `workbench bench --kernels` lists for each variant."""
+    on_device = torch.device(device).type == "cuda"
+    fn()
+    if on_device:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])) as prof:
+        for _ in range(calls):
+            fn()
+        if on_device:
+            torch.cuda.synchronize()
+    if on_device:  # from the trace: Triton's driver-API launches are missing from the op tree
+        work = device_work(_trace_events(prof, None))[1]
+    else:
+        work = [w for e in prof.events() if e.cpu_parent is None for w in _cpu_work(e)]
+    launches, times = Counter(), Counter()
+    for name, us in work:
+        launches[name] += 1
+        times[name] += us
+    return [{"kernel": name, "launches": launches[name] / calls, "us": times[name] / calls}
+            for name in sorted(times, key=lambda n: -times[n])]

@@ -287,6 +287,12 @@ def test_bench_point_lists_each_variants_kernels_per_call(boundary_spec, monkeyp
     assert row["median_us"] > 0 and "planted profiler failure" in row["kernels_error"] and "kernels" not in row
 
 
+def test_top_kernels_sums_the_rest():
+    kernels = [{"kernel": f"k{i}", "launches": 1.0, "us": 10.0 - i} for i in range(5)]
+    assert bench.top_kernels(kernels, top=2) == [("k0", "1", "10.00"), ("k1", "1", "9.00"), ("3 more", "3", "21.00")]
+    assert bench.top_kernels(kernels[:2], top=2) == [("k0", "1", "10.00"), ("k1", "1", "9.00")]
+
+
 def test_bench_cli_config_errors(capsys):
     argv = ["bench", "boundary", "--preset", "beam-tiny", "--device", "cpu"]
     for extra, message in [(["--config", '{"BLOCK": 64}'], "--config applies to the variants named with --variants"),

@@ -580,8 +580,17 @@ def _list_kernels(row: dict, v: registry.Variant, config, call: Call, device) ->
         row["kernels_error"] = _describe(e)
 
 
-def kernels_table(rows: list[dict], top: int = 10) -> str:
-    """Markdown: each row's `top` kernels per call (from `bench --kernels`)."""
+def top_kernels(kernels: list[dict], top: int = 10) -> list[tuple[str, str, str]]:
+    """(kernel, launches, us) cells of the `top` kernels by time, then one row summing the rest."""
+    rest = kernels[top:]
+    rows = [(k["kernel"], k["launches"], k["us"]) for k in kernels[:top]]
+    if rest:
+        rows.append((f"{len(rest)} more", sum(k["launches"] for k in rest), sum(k["us"] for k in rest)))
+    return [(name, f"{launches:g}", f"{us:.2f}") for name, launches, us in rows]
+
+
+def kernels_table(rows: list[dict]) -> str:
+    """Markdown: each row's kernels per call (from `bench --kernels`)."""
     lines = []
     for r in rows:
         if r.get("kernels") is None and not r.get("kernels_error"):
@@ -592,11 +601,7 @@ def kernels_table(rows: list[dict], top: int = 10) -> str:
             lines.append(f"kernels not listed: {r['kernels_error']}")
             continue
         lines += ["| kernel | launches per call | us per call |", "|---|---:|---:|"]
-        lines += [f"| `{k['kernel'][:120]}` | {k['launches']:g} | {k['us']:.2f} |" for k in r["kernels"][:top]]
-        if len(r["kernels"]) > top:
-            rest = r["kernels"][top:]
-            lines.append(f"| {len(rest)} more | {sum(k['launches'] for k in rest):g} | "
-                         f"{sum(k['us'] for k in rest):.2f} |")
+        lines += [f"| `{name[:120]}` | {launches} | {us} |" for name, launches, us in top_kernels(r["kernels"])]
     return "\n".join(lines)
 
 

@@ -126,9 +126,11 @@ def _print_table(rows, title) -> None:
     console.print(table)
 
 
-def _print_kernels(rows, top: int = 10) -> None:
+def _print_kernels(rows) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from workbench.bench import top_kernels
 
     console = Console()
     for r in rows:
@@ -139,12 +141,8 @@ def _print_kernels(rows, top: int = 10) -> None:
         table = Table(title=f"{_label(r)}: kernels per call")
         for col in ("kernel", "launches", "us"):
             table.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
-        for k in r["kernels"][:top]:
-            table.add_row(k["kernel"], f"{k['launches']:g}", f"{k['us']:.2f}")
-        if len(r["kernels"]) > top:
-            rest = r["kernels"][top:]
-            table.add_row(f"{len(rest)} more", f"{sum(k['launches'] for k in rest):g}",
-                          f"{sum(k['us'] for k in rest):.2f}")
+        for cells in top_kernels(r["kernels"]):
+            table.add_row(*cells)
         console.print(table)
 
 

@@ -380,6 +380,28 @@ class _ProcessDied(BaseException):
     """Stands in for the end of a process: escapes the gates' `except Exception`, as os._exit would."""
 
 
+def test_code_key_leaves_out_config_lists_but_not_code_or_the_variants_own_configs(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from workbench import lock
+
+    module = tmp_path / "point.py"
+    own = SimpleNamespace(configs=[{"BLOCK": 64}])
+    monkeypatch.setattr(lock, "_source_paths", lambda point, variant: [str(module)])
+    monkeypatch.setattr(lock, "get", lambda point, variant: own)
+
+    def key(source):
+        module.write_text(source)
+        return lock.code_key("p", "v")
+
+    base = key("TRITON_CONFIGS = [dict(BLOCK=64)]\n\ndef f(x):\n    return x + 1\n")
+    assert key("TRITON_CONFIGS = [dict(BLOCK=64), dict(BLOCK=128)]  # more\n\ndef f(x):\n    return x + 1\n") == base
+    assert key("TRITON_CONFIGS = [dict(BLOCK=64)]\n\ndef f(x):\n    return x + 2\n") != base
+    assert key("LIMIT = 3\nTRITON_CONFIGS = [dict(BLOCK=64)]\n\ndef f(x):\n    return x + 1\n") != base
+    own.configs = [{"BLOCK": 128}]
+    assert key("TRITON_CONFIGS = [dict(BLOCK=64)]\n\ndef f(x):\n    return x + 1\n") != base
+
+
 def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
     """The watchdog fires on a candidate that never returns; the candidate stays recorded as in flight,
     so the resumed search skips it with the reason, searches the rest and clears the record."""
@@ -442,8 +464,15 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
         cache = tmp_path / "search" / "boundary.json"
         saved = json.loads(cache.read_text())
         assert set(fresh._stalled_before("boundary", fingerprint)) == {"planted_hang"}
-        cache.write_text(json.dumps({**saved, "fingerprint": {**saved["fingerprint"], "sources": {
-            **saved["fingerprint"]["sources"], "planted_hang": "other code"}}}))
+        other_source = {**saved["fingerprint"], "sources": {**saved["fingerprint"]["sources"], "planted_hang": "x"}}
+        # its module changed outside its code and configs (another variant's config list): still skipped
+        cache.write_text(json.dumps({**saved, "fingerprint": other_source}))
+        assert set(fresh._stalled_before("boundary", fingerprint)) == {"planted_hang"}
+        cache.write_text(json.dumps({**saved, "fingerprint": other_source,
+                                     "code_keys": {**saved["code_keys"], "planted_hang": "other code"}}))
+        assert fresh._stalled_before("boundary", fingerprint) == {}
+        cache.write_text(json.dumps({**{k: v for k, v in saved.items() if k != "code_keys"},
+                                     "fingerprint": other_source}))  # saved before code keys existed
         assert fresh._stalled_before("boundary", fingerprint) == {}
         cache.write_text(json.dumps({**saved, "fingerprint": {**saved["fingerprint"], "calls": {"sliding": 9}}}))
         assert fresh._stalled_before("boundary", fingerprint) == {}  # other shapes: nothing carried over

@@ -70,6 +70,28 @@ def source_hash(point: str, variant: str) -> str:
     return h.hexdigest()[:16]
 
 
+def code_key(point: str, variant: str) -> str:
+    """`source_hash` with the tuning-config lists left out (top-level assignments to names ending in
+    CONFIGS, in every covered file; comments and layout too, as an AST) and the variant's own configs
+    hashed instead. The search remembers a candidate that hung by it: adding configs to a module that
+    another variant shares (experts.py holds the reference, which torch_compile compiles, and
+    experts:triton's configs) then does not make the search wait on a known hang again."""
+    h = hashlib.sha256()
+    for path in _source_paths(point, variant):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        tree.body = [node for node in tree.body if not _is_config_list(node)]
+        h.update(ast.dump(tree).encode())
+    h.update(json.dumps(get(point, variant).configs, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def _is_config_list(node) -> bool:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+        else []
+    return bool(targets) and all(isinstance(t, ast.Name) and t.id.endswith("CONFIGS") for t in targets)
+
+
 def source_files(point: str, variant: str) -> dict[str, str]:
     """Each covered file's own sha256 (16 hex), so `verify` can name the file that changed."""
     out = {}

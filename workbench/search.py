@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from workbench import bench, gates
-from workbench.lock import source_hash
+from workbench.lock import code_key, source_hash
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
 from workbench.registry import REFERENCE, backend_available, variants
@@ -251,9 +251,9 @@ class Search:
 
     def _stalled_before(self, point: str, fingerprint: dict) -> dict[str, str]:
         """Variants that never finished in the last search of this point at the same shapes and whose
-        code has not changed since: the point is searched again because another variant changed, and
-        trying them again would cost the same hang (e.g. a torch.compile of the grouped MoE at prefill
-        that ran past the watchdog)."""
+        code has not changed since (its source hash, or its `code_key`: config lists aside): the point
+        is searched again because another variant changed, and trying them again would cost the same
+        hang (e.g. a torch.compile of the grouped MoE at prefill that ran past the watchdog)."""
         try:
             with open(self._cache_file(point)) as f:
                 saved = json.load(f)
@@ -262,11 +262,15 @@ class Search:
             return {}
         if any(old.get(k) != fingerprint[k] for k in ("target", "preset", "dtype", "device", "calls", "workloads")):
             return {}
+        keys = saved.get("code_keys", {})
+
+        def unchanged(name: str) -> bool:
+            return old.get("sources", {}).get(name) == fingerprint["sources"].get(name) or (
+                name in keys and name in fingerprint["sources"] and keys[name] == code_key(point, name))
+
         return {c["variant"]: f"{c['skipped'].split(';')[0]}; its code is unchanged since, so it is not tried "
                               f"again (delete {self._cache_file(point)} to try)"
-                for c in candidates
-                if STALLED in (c.get("skipped") or "")
-                and old.get("sources", {}).get(c["variant"]) == fingerprint["sources"].get(c["variant"])}
+                for c in candidates if STALLED in (c.get("skipped") or "") and unchanged(c["variant"])}
 
     def _write_inflight(self, point: str, fingerprint: dict, candidates: list[dict]) -> None:
         path = self._inflight_file(point)
@@ -331,8 +335,8 @@ class Search:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump({"fingerprint": self._fingerprint(point), "result": result.to_dict(),
-                       "backends_missing": _backends_missing(point), "gate_version": gates.GATE_VERSION}, f,
-                      indent=1)
+                       "backends_missing": _backends_missing(point), "gate_version": gates.GATE_VERSION,
+                       "code_keys": {name: code_key(point, name) for name in variants(point)}}, f, indent=1)
 
     def _drop_model_gate_failures(self, chosen: dict, configs: dict):
         """The op gate saw the target's shapes only; the model gate runs a ragged prefill and decode.

@@ -87,9 +87,9 @@ def code_key(point: str, variant: str) -> str:
 
 
 def _is_config_list(node) -> bool:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
-        else []
-    return bool(targets) and all(isinstance(t, ast.Name) and t.id.endswith("CONFIGS") for t in targets)
+    """A top-level `X_CONFIGS = ...` (also annotated or augmented)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return all(isinstance(t, ast.Name) and t.id.endswith("CONFIGS") for t in targets)
 
 
 def source_files(point: str, variant: str) -> dict[str, str]:

@@ -432,15 +432,20 @@ def availability(variant: registry.Variant, workload: Workload | None = None, de
         f"{variant.qualname}.supports() is false for {workload.label()} on {device}"
 
 
+def _with_prepared_weights(variant: registry.Variant, call: Call) -> Call:
+    """`call` with its weights in the variant's layout (`prepare`), as the model would hold them."""
+    if call.weights_arg is None:
+        return call
+    return call.with_weights(variant.prepare_weights(call.args[call.weights_arg]))
+
+
 def _timed_variant(variant: registry.Variant, base_call: Callable[[int], Call], *, device, config=None,
                    touched_bytes=None, **timing_kw) -> Timing:
     prepared: dict[int, Call] = {}
 
     def make_call(i: int) -> Call:
         if i not in prepared:  # the weight-layout transform runs once per copy, outside the timing
-            call = base_call(i)
-            prepared[i] = call if call.weights_arg is None else \
-                call.with_weights(variant.prepare_weights(call.args[call.weights_arg]))
+            prepared[i] = _with_prepared_weights(variant, base_call(i))
         return prepared[i]
 
     try:
@@ -571,9 +576,7 @@ def _list_kernels(row: dict, v: registry.Variant, config, call: Call, device) ->
     timing stands)."""
     from workbench.profiler import kernels_per_call
 
-    if call.weights_arg is not None:
-        call = call.with_weights(v.prepare_weights(call.args[call.weights_arg]))
-    fn = v.at(config)
+    call, fn = _with_prepared_weights(v, call), v.at(config)
     try:
         row["kernels"] = kernels_per_call(lambda: invoke(fn, call), device)
     except Exception as e:

@@ -96,6 +96,15 @@ def _cpu_work(evt) -> list[tuple[str, float]]:
     return leaves(evt) + compiled
 
 
+def _tally(work: list[tuple[str, float]]) -> tuple[Counter, Counter]:
+    """Launches and time per kernel name."""
+    launches, times = Counter(), Counter()
+    for name, us in work:
+        launches[name] += 1
+        times[name] += us
+    return launches, times
+
+
 def _trace_events(prof, trace_path: str | None) -> list[dict]:
     if trace_path:
         return load(trace_path)
@@ -141,10 +150,7 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
     for point, work in per_point.items():
         us = sum(t for _, t in work)
         attributed += us
-        counts, times = Counter(), Counter()
-        for name, t in work:
-            counts[name] += 1
-            times[name] += t
+        counts, times = _tally(work)
         by_kind = {kind: n for (p, kind), n in log.calls.items() if p == point}
         floor = None
         if workload_for and ceilings:
@@ -183,9 +189,6 @@ def kernels_per_call(fn, device, calls: int = 5) -> list[dict]:
         work = device_work(_trace_events(prof, None))[1]
     else:
         work = [w for e in prof.events() if e.cpu_parent is None for w in _cpu_work(e)]
-    launches, times = Counter(), Counter()
-    for name, us in work:
-        launches[name] += 1
-        times[name] += us
+    launches, times = _tally(work)
     return [{"kernel": name, "launches": launches[name] / calls, "us": times[name] / calls}
             for name in sorted(times, key=lambda n: -times[n])]

@@ -229,7 +229,7 @@ def test_a_resumed_run_reuses_its_reference_profile(run, tmp_path, monkeypatch):
     real, calls = optmod.profile_step, []
     monkeypatch.setattr(optmod, "profile_step", lambda *a, **kw: calls.append(kw.get("trace_path")) or real(*a, **kw))
     real_finalize, finalized = optmod.Search.finalize, []
-    monkeypatch.setattr(optmod.Search, "finalize", lambda self, r: finalized.append(1) or real_finalize(self, r))
+    monkeypatch.setattr(optmod.Search, "finalize", lambda self, r, **kw: finalized.append(1) or real_finalize(self, r, **kw))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     first = optimize(opts)
     locked_trace = os.path.join(resumed, "locked_profile.trace.json")
@@ -714,6 +714,50 @@ def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(
     spread.update(spread=0.05, reps=6)
     assert step_band(spread) > 48.0 / 3572.0
     assert search.finalize(results)["selection"] == {}
+
+
+def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, monkeypatch):
+    """At prefill-8x2k the end-to-end stage outlasts one device command (session 9's
+    runs/optimize-prefill-8x2k-beam-501b-tp8/logs/12-*.log lost eight reverted builds' timings). Each
+    build's timing and gate is journaled as it is made: a finalize ended midway and resumed times only
+    the builds it had not made, and decides as one uninterrupted run does."""
+    from workbench import gates
+    from workbench.search import PointResult, Search
+
+    gated = []
+    passing = gates.GateReport("model", "set", [gates.CheckResult("logits", "prefill", True, float("nan"), 1.0)])
+    monkeypatch.setattr(gates, "model_gate", lambda *a, **kw: gated.append(1) or passing)
+    search = Search(_tiny_runner(), calls={}, out_dir=str(tmp_path))
+    saves = {"dense_mlp": 48.0, "head": 2.0, "route": 30.0}  # head's 2 us are noise: dropped, re-timed
+    timed, limit = [], [None]
+
+    def time_build(selection, configs=None, **kw):
+        if len(timed) == limit[0]:
+            raise TimeoutError("the command's time limit")
+        timed.append(sorted(selection))
+        return {"median_us": 3572.0 + sum(us for p, us in saves.items() if p not in selection),
+                "spread": 0.0025, "reps": 50}
+
+    search.time_build = time_build
+    results = {p: PointResult(p, "triton", {"BLOCK": 64}, 10.0, 5.0, 0.02, []) for p in saves}
+    whole = search.finalize(results)
+    builds = list(timed)
+    # reference, all three, each reverted; the set without head is the head-reverted build, not timed twice
+    assert whole["selection"] == {"dense_mlp": "triton", "route": "triton"} and len(builds) == 5
+
+    journal, saves_made = {}, []
+    timed.clear(), gated.clear()
+    limit[0] = 3
+    with pytest.raises(TimeoutError):
+        search.finalize(results, journal=journal, save=lambda: saves_made.append(len(journal)))
+    assert saves_made == [1, 2, 3, 4] and gated == [1]  # the gate, then three timings, each saved
+    timed.clear(), gated.clear()
+    limit[0] = None
+    resumed = search.finalize(results, journal=json.loads(json.dumps(journal)))
+    assert timed == builds[3:] and gated == [1]  # the set as locked is gated at the end, as before
+    assert resumed["selection"] == whole["selection"] and resumed["reverted_us"] == whole["reverted_us"]
+    assert resumed["model_gate"] == passing.to_dict()
+    assert gates.GateReport.from_dict(passing.to_dict()).to_dict() == passing.to_dict()
 
 
 def _noisy_search(tmp_path, reference_us: list[float]):

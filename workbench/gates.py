@@ -87,6 +87,13 @@ class GateReport:
         return {"gate": self.gate, "subject": self.subject, "passed": self.passed,
                 "checks": [{k: _json_float(v) for k, v in dataclasses.asdict(c).items()} for c in self.checks]}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "GateReport":
+        numbers = ("error", "threshold")  # `to_dict` writes a non-finite float as its string
+        return cls(d["gate"], d["subject"], [
+            CheckResult(**{k: float(v) if k in numbers and isinstance(v, str) else v for k, v in c.items()})
+            for c in d["checks"]])
+
 
 def _ratio(error: float, threshold: float) -> float:
     r = error / threshold

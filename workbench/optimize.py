@@ -87,9 +87,11 @@ def rank_points(profile) -> list[str]:
 
 
 def _write_json(path: str, obj) -> None:
-    with open(path, "w") as f:
+    """Written whole or not at all (a run ended mid-write keeps the file it had)."""
+    with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=2, default=str)
         f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 def optimize(opts: OptimizeOptions, on_event=None) -> dict:
@@ -141,9 +143,14 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
                                      "choices": {p: [r.choice, r.config] for p, r in results.items()}}))
     # a run stopped after this stage: minutes of timing at prefill
     e2e_path = os.path.join(opts.out_dir, "end_to_end.json")
-    final = _saved(e2e_path, e2e_key, lambda saved: saved["final"])
+    saved = _saved(e2e_path, e2e_key, lambda saved: saved) or {}
+    final = saved.get("final")
     if final is None:
-        final = search.finalize(results)
+        journal = saved.get("journal", {})
+        if journal:
+            on_event({"type": "resumed_end_to_end", "builds": len(journal)})
+        final = search.finalize(results, journal=journal,
+                                save=lambda: _write_json(e2e_path, {"key": e2e_key, "journal": journal}))
         _write_json(e2e_path, {"key": e2e_key, "final": final})
     else:
         on_event({"type": "resumed_end_to_end"})

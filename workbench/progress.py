@@ -59,7 +59,8 @@ class ConsoleProgress:
         elif kind == "model_gate_dropped":
             c.print(f"  [red]{e['point']}:{e['variant']} dropped[/]: fails the model gate ({e['why']})")
         elif kind == "resumed_end_to_end":
-            c.print("  builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
+            which = f"{e['builds']} of the " if "builds" in e else ""
+            c.print(f"  {which}builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
 

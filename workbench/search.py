@@ -338,15 +338,16 @@ class Search:
                        "backends_missing": _backends_missing(point), "gate_version": gates.GATE_VERSION,
                        "code_keys": {name: code_key(point, name) for name in variants(point)}}, f, indent=1)
 
-    def _drop_model_gate_failures(self, chosen: dict, configs: dict):
+    def _drop_model_gate_failures(self, chosen: dict, configs: dict, recorded: _Recorded | None = None):
         """The op gate saw the target's shapes only; the model gate runs a ragged prefill and decode.
         If the chosen set fails it, each choice is gated alone and those that fail are dropped.
         Returns the passing report of the set as given, or None when choices were gated alone."""
-        report = gates.model_gate(self.model, chosen, configs=configs)
+        recorded = recorded or _Recorded(self, {}, lambda: None)
+        report = recorded.gate(chosen, configs)
         if report.passed:
             return report
         for point in list(chosen):
-            alone = gates.model_gate(self.model, {point: chosen[point]}, configs={point: configs.get(point)})
+            alone = recorded.gate({point: chosen[point]}, {point: configs.get(point)})
             if not alone.passed:
                 self.on_event({"type": "model_gate_dropped", "point": point, "variant": chosen.pop(point),
                                "why": alone.first_failure()})
@@ -359,34 +360,65 @@ class Search:
         self.runner.rebind(selection, configs, compile_mode=compile_mode)
         return bench.time_fn(self.runner, device=self.device)
 
-    def finalize(self, results: dict[str, PointResult]) -> dict:
-        """Time the chosen set end to end, gate it, and drop choices that do not help the step."""
+    def finalize(self, results: dict[str, PointResult], journal: dict | None = None,
+                 save: Callable[[], None] = lambda: None) -> dict:
+        """Time the chosen set end to end, gate it, and drop choices that do not help the step.
+        Each build's timing and gate goes into `journal` as it is made (then `save()`): at prefill-8x2k
+        the stage outlasts one device command, and a resumed run reads them back instead of redoing them."""
+        recorded = _Recorded(self, {} if journal is None else journal, save)
         chosen = {p: r.choice for p, r in results.items() if r.choice != REFERENCE}
         configs = {p: r.config for p, r in results.items() if r.config and p in chosen}
         gated = dict(chosen)
-        gate = self._drop_model_gate_failures(chosen, configs)
-        reference = self.time_build({})
+        gate = self._drop_model_gate_failures(chosen, configs, recorded)
+        reference = recorded.timing({}, {})
         # A set that is the reference is the reference build: timing it twice would report noise as a speed-up
-        locked = self.time_build(chosen, configs) if chosen else reference
+        locked = recorded.timing(chosen, configs) if chosen else reference
         band = step_band(locked)
         reverted = {}
         for point in list(chosen):
             trial = {p: v for p, v in chosen.items() if p != point}
-            t = self.time_build(trial, {p: c for p, c in configs.items() if p in trial})
+            t = recorded.timing(trial, {p: c for p, c in configs.items() if p in trial})
             reverted[point] = t["median_us"]
             self.on_event({"type": "revert", "point": point, "reverted_us": t["median_us"],
                            "locked_us": locked["median_us"]})
             if t["median_us"] <= locked["median_us"] * (1 + band):
                 del chosen[point]  # no end-to-end gain beyond the noise: keep the reference
                 configs.pop(point, None)
-                locked = self.time_build(chosen, configs) if chosen else reference
+                locked = recorded.timing(chosen, configs) if chosen else reference
         if gate is None or chosen != gated:  # the set changed since it passed: gate what is locked
-            gate = gates.model_gate(self.model, chosen, configs=configs)
+            gate = recorded.gate(chosen, configs)
         if not gate.passed:
             raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "model_gate": gate.to_dict()}
+
+
+class _Recorded:
+    """The end-to-end stage's builds (timings and model gates), each made once per journal: a build
+    found in it, keyed by its selection and configs, is read back, any other is made and recorded."""
+
+    def __init__(self, search: Search, journal: dict, save: Callable[[], None]):
+        self.search, self.journal, self.save = search, journal, save
+
+    def _get(self, what: str, selection: dict, configs: dict, make, load):
+        key = json.dumps([what, selection, {p: configs.get(p) for p in sorted(selection)}], sort_keys=True,
+                         default=str)
+        if key in self.journal:
+            return load(self.journal[key])
+        made = make()
+        self.journal[key] = made if what == "timing" else made.to_dict()
+        self.save()
+        return made
+
+    def timing(self, selection: dict, configs: dict) -> dict:
+        return self._get("timing", selection, configs, lambda: self.search.time_build(selection, configs),
+                         lambda saved: saved)
+
+    def gate(self, selection: dict, configs: dict):
+        return self._get("model_gate", selection, configs,
+                         lambda: gates.model_gate(self.search.model, selection, configs=configs),
+                         gates.GateReport.from_dict)
 
 
 def _config_unsupported(v, config, workloads) -> str | None:

@@ -716,6 +716,31 @@ def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(
     assert search.finalize(results)["selection"] == {}
 
 
+def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stays_within_it(tmp_path, monkeypatch):
+    """Session 10's prefill lock dropped attn_out, dense_mlp, sample and head one by one, each reverted
+    within the step's band of the set before it: 289.0 -> 299.0 ms in all. Each choice is reverted
+    alone against the whole set; those within the band go together, and only if the step without all
+    of them still times within the band."""
+    from workbench import gates
+    from workbench.search import PointResult, Search, step_band
+
+    passing = gates.GateReport("model", "set", [gates.CheckResult("logits", "prefill", True, 0.0, 1.0)])
+    monkeypatch.setattr(gates, "model_gate", lambda *a, **kw: passing)
+    search = Search(_tiny_runner(), calls={}, out_dir=str(tmp_path))
+    timing = {"spread": 0.0025, "reps": 50}
+    assert 3572.0 * step_band(timing) == pytest.approx(17.86)
+
+    def finalize(saves):
+        search.time_build = lambda selection, configs=None, **kw: {
+            "median_us": 3572.0 + sum(us for p, us in saves.items() if p not in selection), **timing}
+        return search.finalize({p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves})
+
+    assert finalize({"dense_mlp": 10.0, "head": 10.0, "sample": 10.0})["selection"] == \
+        {"dense_mlp": "triton", "head": "triton", "sample": "triton"}  # 30 us together: kept
+    final = finalize({"dense_mlp": 5.0, "head": 5.0, "sample": 5.0, "route": 40.0})
+    assert final["selection"] == {"route": "triton"} and final["locked"]["median_us"] == 3587.0
+
+
 def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, monkeypatch):
     """At prefill-8x2k the end-to-end stage outlasts one device command (session 9's
     runs/optimize-prefill-8x2k-beam-501b-tp8/logs/12-*.log lost eight reverted builds' timings). Each

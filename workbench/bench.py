@@ -465,14 +465,14 @@ def time_variant(variant: registry.Variant, workload: Workload, *, device="cpu",
                           **timing_kw).as_dict()
 
 
-def time_fn(fn: Callable[[], Any], *, device="cpu", **timing_kw) -> dict:
+def time_fn(fn: Callable[[], Any], *, device="cpu", budget_s: float = 2.0, **timing_kw) -> dict:
     """A no-argument callable that brings its own data and graph (a whole target step): no rotation.
     A slow step (a prefill of thousands of tokens takes 0.1-4 s) gets fewer warm-up calls and samples
-    (`reps_for`), so an end-to-end stage times its ~a dozen builds in minutes, not an hour."""
+    (`reps_for` within `budget_s`), so an end-to-end stage times its ~a dozen builds in minutes, not an hour."""
     device = _device(device)
     _first_call_ms(lambda: fn(), Call(()), device)  # compiles, lazy inits: not the step's time
     seconds = _first_call_ms(lambda: fn(), Call(()), device) / 1e3
-    reps = reps_for(seconds)
+    reps = reps_for(seconds, budget_s)
     reps["warmup"] -= 2  # the two calls above warmed it up too (time_call makes at least one more)
     timing_kw = {"use_graph": False, "rotate_bytes": 0, **reps, **timing_kw}
     return time_call(lambda: fn(), lambda i: Call(()), device=device, **timing_kw).as_dict()

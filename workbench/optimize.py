@@ -23,7 +23,7 @@ from workbench.lock import Lock, source_hash
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.registry import POINTS, REFERENCE, _compiled, get
-from workbench.search import PointResult, Search
+from workbench.search import FINALIZE_RULE, PointResult, Search
 from workbench.targets import StepRunner, for_device, get_target
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -139,7 +139,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         agent_rounds(search, results, profile, opts.agent, out_dir=opts.out_dir, trust=opts.trust, on_event=on_event)
 
     on_event({"type": "stage", "stage": "end-to-end"})
-    e2e_key = json.loads(json.dumps({"profile": key, "points": {p: search._fingerprint(p) for p in results},
+    e2e_key = json.loads(json.dumps({"profile": key, "rule": FINALIZE_RULE,
+                                     "points": {p: search._fingerprint(p) for p in results},
                                      "choices": {p: [r.choice, r.config] for p, r in results.items()}}))
     # a run stopped after this stage: minutes of timing at prefill
     e2e_path = os.path.join(opts.out_dir, "end_to_end.json")

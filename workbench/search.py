@@ -44,6 +44,11 @@ REFERENCE_TIMINGS = 4  # at most, while no two of them agree within MAX_BAND
 # A whole step times far steadier than one op: spreads of 0.1-1.6% on the H200 (the builds in
 # runs/optimize-*-beam-501b-tp8/end_to_end.json), where the op-level MIN_BAND dropped choices worth 1-3%.
 MIN_STEP_BAND = 0.005
+# Seconds of samples per build timed end to end: a 0.3 s prefill step gets 20 (at 2 s: 6, whose
+# spread set a 3% band, session 10), a decode step the default 50, a 5 s reference step 5.
+STEP_SAMPLES_S = 6.0
+# The end-to-end stage's rule; a run folder's end_to_end.json made under another is made again.
+FINALIZE_RULE = 2
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
 
 
@@ -358,7 +363,7 @@ class Search:
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
                    compile_mode: str | None = None) -> dict:
         self.runner.rebind(selection, configs, compile_mode=compile_mode)
-        return bench.time_fn(self.runner, device=self.device)
+        return bench.time_fn(self.runner, device=self.device, budget_s=STEP_SAMPLES_S)
 
     def finalize(self, results: dict[str, PointResult], journal: dict | None = None,
                  save: Callable[[], None] = lambda: None) -> dict:
@@ -375,16 +380,20 @@ class Search:
         locked = recorded.timing(chosen, configs) if chosen else reference
         band = step_band(locked)
         reverted = {}
-        for point in list(chosen):
+        for point in chosen:  # each choice reverted alone, against the whole chosen set
             trial = {p: v for p, v in chosen.items() if p != point}
-            t = recorded.timing(trial, {p: c for p, c in configs.items() if p in trial})
-            reverted[point] = t["median_us"]
-            self.on_event({"type": "revert", "point": point, "reverted_us": t["median_us"],
+            reverted[point] = recorded.timing(trial, _of(configs, trial))["median_us"]
+            self.on_event({"type": "revert", "point": point, "reverted_us": reverted[point],
                            "locked_us": locked["median_us"]})
-            if t["median_us"] <= locked["median_us"] * (1 + band):
-                del chosen[point]  # no end-to-end gain beyond the noise: keep the reference
-                configs.pop(point, None)
-                locked = recorded.timing(chosen, configs) if chosen else reference
+        # Choices whose reversal is within the step's noise do not help: they go, all together, if the
+        # set without them still times within that noise. Dropped one by one against the shrinking
+        # set, each drop's noise added up (prefill-8x2k, session 10: four drops, 289.0 -> 299.0 ms).
+        idle = [p for p in chosen if reverted[p] <= locked["median_us"] * (1 + band)]
+        if idle:
+            kept = {p: v for p, v in chosen.items() if p not in idle}
+            without = recorded.timing(kept, _of(configs, kept)) if kept else reference
+            if without["median_us"] <= locked["median_us"] * (1 + band):
+                chosen, configs, locked = kept, _of(configs, kept), without
         if gate is None or chosen != gated:  # the set changed since it passed: gate what is locked
             gate = recorded.gate(chosen, configs)
         if not gate.passed:
@@ -392,6 +401,10 @@ class Search:
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "model_gate": gate.to_dict()}
+
+
+def _of(configs: dict, selection: dict) -> dict:
+    return {p: c for p, c in configs.items() if p in selection}
 
 
 class _Recorded:
@@ -439,8 +452,8 @@ def step_band(timing: dict) -> float:
     """The band within which a whole step's median is noise: three standard errors of the difference
     of two medians of `reps` timings with this spread ((p90 - p10) / median, 2.56 sigma for a normal
     spread; a median's standard error is 1.25 sigma / sqrt(reps)), within [MIN_STEP_BAND, MAX_BAND].
-    Six reps of a 300 ms prefill step with a 3% spread give 2.5%; a decode step's 50 reps with a
-    0.25% spread give the minimum."""
+    Twenty reps of a 300 ms prefill step with a 3% spread give 1.4% (six gave 2.5%); a decode step's 50
+    reps with a 0.25% spread give the minimum."""
     sigma = timing["spread"] / 2.56
     return bounded_band(3 * 1.25 * sigma * (2 / timing["reps"]) ** 0.5, MIN_STEP_BAND)
 

@@ -120,7 +120,9 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
     model = runner.model
     on_device = model.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
-    with instrument(model) as log:
+    # in inference mode, as the runner's timed steps run: a workspace a variant made in one of those
+    # is an inference tensor, which a step outside it may not write
+    with instrument(model) as log, torch.inference_mode():
         runner._eager()  # warm-up: lazy compilation and autotuning stay out of the profile
         if on_device:
             torch.cuda.synchronize()

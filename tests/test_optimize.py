@@ -163,6 +163,32 @@ def test_verify_names_the_file_that_changed(run, monkeypatch):
     assert named and all(p.endswith(f": {kernel} (edited)") for p in named), problems
 
 
+def test_a_change_to_tuning_config_lists_only_leaves_a_lock_of_a_named_config_valid(run, tmp_path, monkeypatch):
+    """Adding a tuning config to a variant's module used to make every lock of that module stale,
+    though a lock entry names the config it runs. A lock keeps each variant's code key (the covered
+    files' code without their config lists): a change to config lists only is a note, not a
+    problem. Other code changes, and an entry running the default config (read off such a list, it
+    may be), still need the whole source hash."""
+    lock, _ = Lock.load(os.path.join(run[0], "lock.yaml"))
+    lock.points["boundary"]["config"] = {"BLOCK": 64}  # as a searched config would be
+    path = str(tmp_path / "lock.yaml")
+    lock.save(path)
+    real_hash, real_key = lockmod.source_hash, lockmod.code_key
+    monkeypatch.setattr(lockmod, "source_hash",
+                        lambda point, name: "0" * 16 if point == "boundary" else real_hash(point, name))
+    result = verify(path, run_gates=False)
+    assert result.ok and len(result.notes) == 1, result.problems
+    assert result.notes[0].startswith("boundary: source of") and "tuning-config lists only" in result.notes[0]
+    monkeypatch.setattr(lockmod, "code_key", lambda point, name, **kw:
+                        "1" * 16 if point == "boundary" else real_key(point, name, **kw))
+    assert [p for p in verify(path, run_gates=False).problems if p.startswith("boundary: source of")]
+    monkeypatch.setattr(lockmod, "code_key", real_key)
+    lock.points["boundary"]["config"] = None
+    lock.save(path)
+    result = verify(path, run_gates=False)
+    assert result.notes == [] and [p for p in result.problems if p.startswith("boundary: source of")]
+
+
 def test_other_environment_is_refused_for_serving(run):
     out, _, _ = run
     path = os.path.join(out, "lock.yaml")

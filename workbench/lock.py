@@ -70,19 +70,21 @@ def source_hash(point: str, variant: str) -> str:
     return h.hexdigest()[:16]
 
 
-def code_key(point: str, variant: str) -> str:
+def code_key(point: str, variant: str, *, own_configs: bool = True) -> str:
     """`source_hash` with the tuning-config lists left out (top-level assignments to names ending in
-    CONFIGS, in every covered file; comments and layout too, as an AST) and the variant's own configs
-    hashed instead. The search remembers a candidate that hung by it: adding configs to a module that
-    another variant shares (experts.py holds the reference, which torch_compile compiles, and
-    experts:triton's configs) then does not make the search wait on a known hang again."""
+    CONFIGS, in every covered file; comments and layout too, as an AST) and, with `own_configs`, the
+    variant's own configs hashed instead. The search remembers a candidate that hung by it: adding
+    configs to a module that another variant shares (experts.py holds the reference, which
+    torch_compile compiles, and experts:triton's configs) then does not make the search wait on a
+    known hang again. A lock keeps it without `own_configs`: its entry names the config it runs."""
     h = hashlib.sha256()
     for path in _source_paths(point, variant):
         with open(path) as f:
             tree = ast.parse(f.read())
         tree.body = [node for node in tree.body if not _is_config_list(node)]
         h.update(ast.dump(tree).encode())
-    h.update(json.dumps(get(point, variant).configs, sort_keys=True, default=str).encode())
+    if own_configs:
+        h.update(json.dumps(get(point, variant).configs, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 
 
@@ -127,7 +129,7 @@ class Lock:
         v = get(point, variant)
         return {"variant": variant, "backend": v.backend, "source": _relative(v.source_file),
                 "source_hash": source_hash(point, variant), "source_files": source_files(point, variant),
-                "config": config or None,
+                "code_key": code_key(point, variant, own_configs=False), "config": config or None,
                 "timing": timing or {}, "gate": gate or {}}
 
     @property
@@ -197,6 +199,7 @@ class Verification:
     lock: Lock
     problems: list[str]
     gate_reports: dict[str, dict] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what changed without changing the locked build
 
     @property
     def ok(self) -> bool:
@@ -217,6 +220,7 @@ def _register_outside_source(point: str, entry: dict) -> None:
 def verify(path: str, *, environment: dict | None = None, run_gates: bool = True, device=None) -> Verification:
     """Re-check a lock: its digest, every point's variant and source hash, the environment, the gates."""
     lock, problems = Lock.load(path)
+    notes = []
     for point, e in lock.points.items():
         if point not in POINTS:
             continue
@@ -229,8 +233,14 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
         if now != e.get("source_hash"):
             files = e.get("source_files")  # locks written before it was recorded name the module only
             where = _changed_files(files, source_files(point, e["variant"])) if isinstance(files, dict) else None
-            problems.append(f"{point}: source of {e['variant']} ({e.get('source')}) changed "
-                            f"(locked {e.get('source_hash')}, now {now})" + (f": {where}" if where else ""))
+            changed = f"source of {e['variant']} ({e.get('source')}) changed (locked {e.get('source_hash')}, " \
+                      f"now {now})" + (f": {where}" if where else "")
+            # Tuning-config lists aside, the code is the same and the entry names its config: the same
+            # build. (A default config, None, may be read off such a list, so it needs the whole hash.)
+            if e.get("config") is not None and e.get("code_key") == code_key(point, e["variant"], own_configs=False):
+                notes.append(f"{point}: {changed}; tuning-config lists only, the locked config is the lock's own")
+            else:
+                problems.append(f"{point}: {changed}")
     if environment is None:
         from workbench.bench import environment as current_environment
 
@@ -243,7 +253,7 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
     preset = lock.model.get("preset")
     if preset and BeamConfig.from_preset(preset).config_hash() != lock.model.get("config_hash"):
         problems.append(f"model: preset {preset} no longer has config hash {lock.model.get('config_hash')}")
-    report = Verification(lock, problems)
+    report = Verification(lock, problems, notes=notes)
     if run_gates and not problems:
         from workbench.gates import lock_gates
 

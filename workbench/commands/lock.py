@@ -42,8 +42,11 @@ def run(args) -> int:
         return 1 if problems else 0
     result = verify(args.file, run_gates=not args.no_gates, device=resolve_device(args.device))
     if args.json:
-        print_json({"ok": result.ok, "problems": result.problems, "gates": result.gate_reports})
-    elif result.ok:
+        print_json({"ok": result.ok, "problems": result.problems, "notes": result.notes, "gates": result.gate_reports})
+        return 0 if result.ok else 1
+    for n in result.notes:
+        console.print(f"[yellow]note:[/] {n}")
+    if result.ok:
         console.print(f"[green]{args.file} verifies[/]: sources, environment" + ("" if args.no_gates else ", gates"))
     else:
         for p in result.problems:

@@ -101,10 +101,12 @@ class LockView(Vertical):
                           gate_text, key=point)
 
     def show_verification(self, result) -> None:
+        notes = "".join(f"\nnote: {n}" for n in result.notes)
         if result.ok:
-            self._verdict(f"verify OK: digest, sources, environment and gates all hold ({self.path})", "success")
+            self._verdict(f"verify OK: digest, sources, environment and gates all hold ({self.path})" + notes,
+                          "success")
         else:
-            self._verdict("verify FAILED:\n" + "\n".join(f"- {p}" for p in result.problems), "error")
+            self._verdict("verify FAILED:\n" + "\n".join(f"- {p}" for p in result.problems) + notes, "error")
 
     def verify_failed(self, message: str) -> None:
         self._verdict(f"verify could not run: {message}", "error")

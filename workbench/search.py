@@ -414,24 +414,24 @@ class _Recorded:
     def __init__(self, search: Search, journal: dict, save: Callable[[], None]):
         self.search, self.journal, self.save = search, journal, save
 
-    def _get(self, what: str, selection: dict, configs: dict, make, load):
+    def _get(self, what: str, selection: dict, configs: dict, make, dump, load):
         key = json.dumps([what, selection, {p: configs.get(p) for p in sorted(selection)}], sort_keys=True,
                          default=str)
         if key in self.journal:
             return load(self.journal[key])
         made = make()
-        self.journal[key] = made if what == "timing" else made.to_dict()
+        self.journal[key] = dump(made)
         self.save()
         return made
 
     def timing(self, selection: dict, configs: dict) -> dict:
         return self._get("timing", selection, configs, lambda: self.search.time_build(selection, configs),
-                         lambda saved: saved)
+                         dict, dict)
 
     def gate(self, selection: dict, configs: dict):
         return self._get("model_gate", selection, configs,
                          lambda: gates.model_gate(self.search.model, selection, configs=configs),
-                         gates.GateReport.from_dict)
+                         lambda report: report.to_dict(), gates.GateReport.from_dict)
 
 
 def _config_unsupported(v, config, workloads) -> str | None:

@@ -296,6 +296,45 @@ def test_a_relock_reports_what_changed_against_the_lock_it_replaced(run, tmp_pat
     assert optimize(opts)["previous"] == previous  # the same lock again
 
 
+def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(run, tmp_path, monkeypatch):
+    """optimize keeps each end-to-end build in end_to_end.json as it is made: a run that a command's
+    limit ends there (here, once the model gate and the reference build are saved) keeps both, and the
+    same command then makes neither again and writes the lock."""
+    import shutil
+
+    from workbench import gates
+    from workbench import optimize as optmod
+
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(run[0], resumed)
+    os.remove(os.path.join(resumed, "end_to_end.json"))
+    real_write, real_time, real_gate = optmod._write_json, optmod.Search.time_build, gates.model_gate
+    timed, gated, ended = [], [], []
+
+    def write(path, obj):
+        real_write(path, obj)
+        if len(obj.get("journal", ())) == 2 and not ended:
+            ended.append(1)
+            raise TimeoutError("the command's time limit")
+
+    monkeypatch.setattr(optmod, "_write_json", write)
+    monkeypatch.setattr(optmod.Search, "time_build", lambda self, selection, configs=None, **kw:
+                        timed.append(dict(selection)) or real_time(self, selection, configs, **kw))
+    monkeypatch.setattr(gates, "model_gate", lambda model, selection, **kw: gated.append(dict(selection)) or
+                        real_gate(model, selection, **kw))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
+    with pytest.raises(TimeoutError):
+        optimize(opts)
+    assert timed == [{}] and len(gated) == 1  # the chosen set's model gate, then the reference build
+    events = []
+    report = optimize(opts, on_event=events.append)
+    assert {"type": "resumed_end_to_end", "builds": 2} in events
+    assert {} not in timed[1:] and gated[0] not in gated[1:]  # neither made again
+    assert report["locked_ms"] > 0 and os.path.isfile(os.path.join(resumed, "lock.yaml"))
+
+
 def test_a_report_from_before_configs_were_recorded_compares_variants_only():
     from workbench.optimize import against_previous
 

@@ -878,6 +878,16 @@ def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, mon
     assert resumed["selection"] == whole["selection"] and resumed["reverted_us"] == whole["reverted_us"]
     assert resumed["model_gate"] == passing.to_dict()
     assert gates.GateReport.from_dict(passing.to_dict()).to_dict() == passing.to_dict()
+    # an entry edited or cut short is made again, not trusted
+    broken = json.loads(json.dumps(journal))
+    timings = [k for k in broken if k.startswith('["timing"')]
+    broken[timings[0]], broken[timings[1]] = "garbled", {"median_us": 1.0}
+    gate_key = next(k for k in broken if k.startswith('["model_gate"'))
+    broken[gate_key] = {"gate": "model"}
+    timed.clear(), gated.clear()
+    again = search.finalize(results, journal=broken)
+    assert timed == builds[:2] + builds[3:] and gated == [1, 1]
+    assert again["selection"] == whole["selection"]
 
 
 def _noisy_search(tmp_path, reference_us: list[float]):

@@ -403,6 +403,12 @@ class Search:
                 "reverted_us": reverted, "model_gate": gate.to_dict()}
 
 
+def _timing(saved) -> dict:
+    """A journaled build timing, or KeyError / TypeError when it is not one."""
+    float(saved["median_us"]), float(saved["spread"]), int(saved["reps"])
+    return dict(saved)
+
+
 def _of(configs: dict, selection: dict) -> dict:
     return {p: c for p, c in configs.items() if p in selection}
 
@@ -418,7 +424,10 @@ class _Recorded:
         key = json.dumps([what, selection, {p: configs.get(p) for p in sorted(selection)}], sort_keys=True,
                          default=str)
         if key in self.journal:
-            return load(self.journal[key])
+            try:
+                return load(self.journal[key])
+            except (TypeError, ValueError, KeyError):  # an entry edited or cut short: made again
+                pass
         made = make()
         self.journal[key] = dump(made)
         self.save()
@@ -426,7 +435,7 @@ class _Recorded:
 
     def timing(self, selection: dict, configs: dict) -> dict:
         return self._get("timing", selection, configs, lambda: self.search.time_build(selection, configs),
-                         dict, dict)
+                         dict, _timing)
 
     def gate(self, selection: dict, configs: dict):
         return self._get("model_gate", selection, configs,

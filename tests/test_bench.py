@@ -287,6 +287,24 @@ def test_bench_point_lists_each_variants_kernels_per_call(boundary_spec, monkeyp
     assert row["median_us"] > 0 and "planted profiler failure" in row["kernels_error"] and "kernels" not in row
 
 
+def test_kernels_are_listed_in_inference_mode_as_the_timing_ran(boundary_spec, monkeypatch):
+    """A variant's workspace made during the (inference-mode) timing is an inference tensor: listing
+    its kernels outside inference mode failed to write it (FlashInfer's prefill wrapper keeps one)."""
+    ref, workspace = registry.reference("boundary").fn, []
+
+    def keeps_a_workspace(y, h, w, **kw):
+        if not workspace:
+            workspace.append(torch.zeros(1))
+        workspace[0].add_(1)
+        return ref(y, h, w, **kw)
+
+    _add_variant(monkeypatch, "boundary", "workspace", "torch", keeps_a_workspace)
+    workload = Workload(preset="beam-tiny", batch=2, dtype="fp32")
+    row = bench.bench_point("boundary", ["workspace"], workload, device="cpu", ceilings=CEILINGS, kernels=True,
+                            **FAST)[1]
+    assert workspace[0].is_inference() and "kernels_error" not in row and row["kernels"], row.get("kernels_error")
+
+
 def test_top_kernels_sums_the_rest():
     kernels = [{"kernel": f"k{i}", "launches": 1.0, "us": 10.0 - i} for i in range(5)]
     assert bench.top_kernels(kernels, top=2) == [("k0", "1", "10.00"), ("k1", "1", "9.00"), ("3 more", "3", "21.00")]

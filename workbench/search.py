@@ -14,8 +14,9 @@ after, and a watchdog ends the process (exit code EXIT_STALLED) when one candida
 `candidate_timeout` seconds; a resumed run skips, with the reason, every variant with a candidate
 recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
-gate; a choice whose reversal does not slow the step beyond the step's own noise (`step_band`) is
-dropped. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
+gate; choices whose reversal alone does not slow the step beyond the step's own noise (`step_band`)
+are dropped together, if the step without all of them stays within that noise. Each build of this
+stage is journaled as it is made, so a stage ended midway resumes. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
 lock or the report (`workbench.optimize` does) and never edits variants.
 """
 

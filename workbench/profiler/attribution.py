@@ -177,16 +177,19 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
 def kernels_per_call(fn, device, calls: int = 5) -> list[dict]:
     """The kernels one call of `fn()` launches (ATen ops standing in on a CPU), by device time:
     [{"kernel", "launches", "us"}] per call, averaged over `calls` profiled calls after one warm-up
-    (compilation and autotuning stay out). What `workbench bench --kernels` lists for each variant."""
+    (compilation and autotuning stay out). What `workbench bench --kernels` lists for each variant.
+    In inference mode, as the bench's timed calls run (see `profile_step`)."""
     on_device = torch.device(device).type == "cuda"
-    fn()
-    if on_device:
-        torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])) as prof:
-        for _ in range(calls):
-            fn()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with torch.inference_mode():
+        fn()
         if on_device:
             torch.cuda.synchronize()
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                fn()
+            if on_device:
+                torch.cuda.synchronize()
     if on_device:  # from the trace: Triton's driver-API launches are missing from the op tree
         work = device_work(_trace_events(prof, None))[1]
     else:

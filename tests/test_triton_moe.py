@@ -175,10 +175,14 @@ def test_no_tokens():
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_align_by_expert(block_m):
-    """The grouping kernel against the same grouping in plain torch (sort by expert, stable)."""
-    experts, n_pairs = TINY.n_routed_experts, 17 * 4
-    ids = torch.randint(0, 6, (17, 4))  # experts 6.. empty, several experts over one block
+@pytest.mark.parametrize("tokens", [17, 300])
+def test_align_by_expert(block_m, tokens):
+    """The grouping kernels against the same grouping in plain torch (sort by expert, stable): one
+    chunk of pairs, and three (each placed after the chunks before it, experts marked by several
+    programs)."""
+    experts, n_pairs = TINY.n_routed_experts, tokens * 4
+    assert (n_pairs > 2 * _triton_moe.ALIGN_CHUNK) == (tokens == 300)
+    ids = torch.randint(0, 6, (tokens, 4))  # experts 6.. empty, several experts over one block
     pairs, block_expert = _triton_moe.align_by_expert(ids, experts, block_m)
     counts = torch.bincount(ids.flatten(), minlength=experts)
     order = ids.flatten().argsort(stable=True)

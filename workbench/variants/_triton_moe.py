@@ -168,50 +168,72 @@ def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, s
 
 # ---- grouped path --------------------------------------------------------------------------------
 
-@triton.jit
-def _count_by_expert(ids_ptr, counts_ptr, N_PAIRS, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """counts[e] = how many routed pairs go to expert e. One program per expert scans all ids:
-    no atomics (deterministic) and no host-side bincount (which syncs)."""
-    pdl_enter(PDL)
-    e = tl.program_id(0)
-    n = tl.zeros([BLOCK], tl.int32)
-    for p0 in range(0, N_PAIRS, BLOCK):
-        offs = p0 + tl.arange(0, BLOCK)
-        n += (tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1) == e).to(tl.int32)
-    tl.store(counts_ptr + e, tl.sum(n))
+ALIGN_CHUNK = 512  # routed pairs per program of the grouping kernels
+ALIGN_SUB = 32     # of them compared with every expert at once (a [ALIGN_SUB, experts] tile)
+ALIGN_ROWS = 16    # chunks' counts read at once
+MARK = 64          # block marks written at once
 
 
 @triton.jit
-def _align_by_expert(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS, MAX_BLOCKS,
-                     E_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """vLLM's `moe_align_block_size`, one program per expert: writes expert e's pair ids (in token
-    order) into its run of pairs[], padded to a multiple of BLOCK_M with the sentinel N_PAIRS, and
-    marks its blocks in block_expert[]. Runs are disjoint, so no atomics; the last program marks
-    the worst-case grid's surplus blocks with N_EXPERTS (= skip)."""
+def _count_by_expert(ids_ptr, chunk_counts_ptr, N_PAIRS, E_P2: tl.constexpr, CHUNK: tl.constexpr,
+                     SUB: tl.constexpr, PDL: tl.constexpr = False):
+    """chunk_counts[c, e] = how many of chunk c's routed pairs go to expert e. One program per CHUNK
+    pairs, each id read once and compared with every expert: no atomics, no host-side bincount."""
     pdl_enter(PDL)
-    e = tl.program_id(0)
+    c = tl.program_id(0)
     experts = tl.arange(0, E_P2)
-    counts = tl.load(counts_ptr + experts, mask=experts < N_EXPERTS, other=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    start = tl.sum(tl.where(experts < e, padded, 0))
-    count = tl.sum(tl.where(experts == e, counts, 0))
-    end = start + tl.sum(tl.where(experts == e, padded, 0))
-    rank = start
-    for p0 in range(0, N_PAIRS, BLOCK):
-        offs = p0 + tl.arange(0, BLOCK)
-        hit = tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1) == e
-        pos = rank + tl.cumsum(hit.to(tl.int32), axis=0) - 1
-        tl.store(pairs_ptr + pos, offs, mask=hit)
-        rank += tl.sum(hit.to(tl.int32))
-    pad = start + count + tl.arange(0, BLOCK_M)
-    tl.store(pairs_ptr + pad, tl.full([BLOCK_M], N_PAIRS, tl.int32), mask=pad < end)
-    for b0 in range(start // BLOCK_M, end // BLOCK_M, BLOCK):
-        b = b0 + tl.arange(0, BLOCK)
-        tl.store(block_expert_ptr + b, tl.full([BLOCK], 0, tl.int32) + e, mask=b < end // BLOCK_M)
-    if e == N_EXPERTS - 1:
-        for b0 in range(end // BLOCK_M, MAX_BLOCKS, BLOCK):
-            b = b0 + tl.arange(0, BLOCK)
-            tl.store(block_expert_ptr + b, tl.full([BLOCK], N_EXPERTS, tl.int32), mask=b < MAX_BLOCKS)
+    n = tl.zeros([E_P2], tl.int32)
+    for s0 in range(0, CHUNK, SUB):
+        offs = c * CHUNK + s0 + tl.arange(0, SUB)
+        ids = tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1)
+        n += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(chunk_counts_ptr + c * E_P2 + experts, n)
+
+
+@triton.jit
+def _align_by_expert(ids_ptr, chunk_counts_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS, N_CHUNKS,
+                     MAX_BLOCKS, E_P2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                     SUB: tl.constexpr, ROWS: tl.constexpr, MARK_N: tl.constexpr, PDL: tl.constexpr = False):
+    """vLLM's `moe_align_block_size` over chunks: expert e's pair ids, in pair order, fill its run of
+    pairs[], padded to a multiple of BLOCK_M with the sentinel N_PAIRS, and its blocks are marked e in
+    block_expert[]. A chunk's pairs go to its experts' runs after those of the chunks before it (the
+    counts of `_count_by_expert`), each after the hits before it in the chunk, so every slot is
+    written by one program, in the order a stable sort by expert gives. Program c also pads and marks
+    experts c, c + N_CHUNKS, ...; the last marks the worst-case grid's surplus blocks N_EXPERTS (skip)."""
+    pdl_enter(PDL)
+    c = tl.program_id(0)
+    experts = tl.arange(0, E_P2)
+    total = tl.zeros([E_P2], tl.int32)
+    before = tl.zeros([E_P2], tl.int32)
+    for r0 in range(0, N_CHUNKS, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        counts = tl.load(chunk_counts_ptr + rows[:, None] * E_P2 + experts[None, :], mask=(rows < N_CHUNKS)[:, None],
+                         other=0)
+        total += tl.sum(counts, axis=0)
+        before += tl.sum(tl.where((rows < c)[:, None], counts, 0), axis=0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    start = tl.cumsum(padded, axis=0) - padded
+    cursor = start + before
+    for s0 in range(0, CHUNK, SUB):
+        offs = c * CHUNK + s0 + tl.arange(0, SUB)
+        ids = tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1)
+        hit = (ids[:, None] == experts[None, :]).to(tl.int32)
+        slot = tl.sum(hit * (cursor[None, :] + tl.cumsum(hit, axis=0) - 1), axis=1)
+        tl.store(pairs_ptr + slot, offs, mask=offs < N_PAIRS)
+        cursor += tl.sum(hit, axis=0)
+    for e in range(c, N_EXPERTS, N_CHUNKS):
+        first = tl.sum(tl.where(experts == e, start, 0))
+        filled = first + tl.sum(tl.where(experts == e, total, 0))
+        end = first + tl.sum(tl.where(experts == e, padded, 0))
+        pad = filled + tl.arange(0, BLOCK_M)
+        tl.store(pairs_ptr + pad, tl.full([BLOCK_M], N_PAIRS, tl.int32), mask=pad < end)
+        for b0 in range(first // BLOCK_M, end // BLOCK_M, MARK_N):
+            b = b0 + tl.arange(0, MARK_N)
+            tl.store(block_expert_ptr + b, tl.full([MARK_N], 0, tl.int32) + e, mask=b < end // BLOCK_M)
+    if c == N_CHUNKS - 1:
+        for b0 in range(tl.sum(padded) // BLOCK_M, MAX_BLOCKS, MARK_N):
+            b = b0 + tl.arange(0, MARK_N)
+            tl.store(block_expert_ptr + b, tl.full([MARK_N], N_EXPERTS, tl.int32), mask=b < MAX_BLOCKS)
 
 
 def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int, pdl: bool = False):
@@ -221,14 +243,15 @@ def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int, pdl: bool =
     this many pairs, so every shape depends only on ids' shape."""
     n_pairs = ids.numel()
     max_blocks = triton.cdiv(n_pairs + min(n_experts, n_pairs) * (block_m - 1), block_m)
-    counts = torch.empty(n_experts, dtype=torch.int32, device=ids.device)
+    n_chunks, e_p2 = triton.cdiv(n_pairs, ALIGN_CHUNK), triton.next_power_of_2(n_experts)
+    chunk_counts = torch.empty((n_chunks, e_p2), dtype=torch.int32, device=ids.device)
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
-    block = min(4096, triton.next_power_of_2(n_pairs))  # each program scans all pairs: few, wide steps
-    _count_by_expert[(n_experts,)](ids, counts, n_pairs, BLOCK=block, **pdl_launch(pdl))
-    _align_by_expert[(n_experts,)](ids, counts, sorted_pairs, block_expert, n_pairs, n_experts, max_blocks,
-                                   E_P2=triton.next_power_of_2(n_experts), BLOCK_M=block_m, BLOCK=block,
-                                   **pdl_launch(pdl))
+    sizes = dict(E_P2=e_p2, CHUNK=ALIGN_CHUNK, SUB=ALIGN_SUB, num_warps=8)
+    _count_by_expert[(n_chunks,)](ids, chunk_counts, n_pairs, **sizes, **pdl_launch(pdl))
+    _align_by_expert[(n_chunks,)](ids, chunk_counts, sorted_pairs, block_expert, n_pairs, n_experts, n_chunks,
+                                  max_blocks, BLOCK_M=block_m, ROWS=ALIGN_ROWS, MARK_N=MARK, **sizes,
+                                  **pdl_launch(pdl))
     return sorted_pairs, block_expert
 
 

@@ -87,10 +87,12 @@ if triton is not None:
         return w1, w2
 
     @triton.jit
-    def _head_rms_norm(x_ptr, row_stride, w1, w2, row, n_heads, eps,
-                       HD: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr):
-        """RMSNorm over each head of one token (weight halves from `_norm_weight`), rounded to the
-        model dtype like the reference.
+    def _head_rms_norm(x_ptr, row_stride, w_ptr, w1, w2, row, n_heads, eps,
+                       HD: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr, LOADED: tl.constexpr):
+        """RMSNorm over each head of one token, rounded to the model dtype like the reference. The
+        weight halves are `w1`, `w2` (from `_norm_weight`) if LOADED, else read here from `w_ptr`,
+        after the token's row: loaded before it, they cost registers and spills at 1-2 warps
+        (runs/sm90-resources-qk-prep/).
 
         Returns the rotate-half halves [HEADS, HALF] in FP32 (masked lanes hold 0), so RoPE can pair
         element d with d + hd/2 without a shuffle."""
@@ -102,6 +104,8 @@ if triton is not None:
         x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(ptr + half, mask=mask, other=0.0).to(tl.float32)
         r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HD + eps)[:, None]
+        if not LOADED:
+            w1, w2 = _norm_weight(w_ptr, HD, HALF)
         dt = x_ptr.dtype.element_ty
         return round_to(x1 * r * w1, dt).to(tl.float32), round_to(x2 * r * w2, dt).to(tl.float32)
 
@@ -120,11 +124,13 @@ if triton is not None:
         t = tl.program_id(0).to(tl.int64)
         half = HD // 2
         # The norm weights are never written: with PDL they are read while the previous kernel finishes.
-        qw1, qw2 = _norm_weight(q_w_ptr, HD, HALF)
-        kw1, kw2 = _norm_weight(k_w_ptr, HD, HALF)
+        qw1, qw2, kw1, kw2 = 0.0, 0.0, 0.0, 0.0
+        if PDL:
+            qw1, qw2 = _norm_weight(q_w_ptr, HD, HALF)
+            kw1, kw2 = _norm_weight(k_w_ptr, HD, HALF)
         pdl_enter(PDL)
-        q1, q2 = _head_rms_norm(q_ptr, q_stride, qw1, qw2, t, n_heads, eps, HD, HEADS, HALF)
-        k1, k2 = _head_rms_norm(k_ptr, k_stride, kw1, kw2, t, n_kv_heads, eps, HD, KV_HEADS, HALF)
+        q1, q2 = _head_rms_norm(q_ptr, q_stride, q_w_ptr, qw1, qw2, t, n_heads, eps, HD, HEADS, HALF, PDL)
+        k1, k2 = _head_rms_norm(k_ptr, k_stride, k_w_ptr, kw1, kw2, t, n_kv_heads, eps, HD, KV_HEADS, HALF, PDL)
         pos = tl.load(pos_ptr + t)
         if ROPE:
             i = tl.arange(0, HALF).to(tl.float64)

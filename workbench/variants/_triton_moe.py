@@ -169,7 +169,8 @@ def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, s
 # ---- grouped path --------------------------------------------------------------------------------
 
 ALIGN_CHUNK = 512  # routed pairs per program of the grouping kernels
-ALIGN_SUB = 32     # of them compared with every expert at once (a [ALIGN_SUB, experts] tile)
+ALIGN_SUB = 32     # of them compared with every expert at once when counting ([ALIGN_SUB, experts])
+ALIGN_PLACE = 128  # of them placed at once (compared with each other: [ALIGN_PLACE, ALIGN_PLACE])
 ALIGN_ROWS = 16    # chunks' counts read at once
 MARK = 64          # block marks written at once
 
@@ -191,15 +192,16 @@ def _count_by_expert(ids_ptr, chunk_counts_ptr, N_PAIRS, E_P2: tl.constexpr, CHU
 
 
 @triton.jit
-def _align_by_expert(ids_ptr, chunk_counts_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS, N_CHUNKS,
-                     MAX_BLOCKS, E_P2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
-                     SUB: tl.constexpr, ROWS: tl.constexpr, MARK_N: tl.constexpr, PDL: tl.constexpr = False):
+def _align_by_expert(ids_ptr, chunk_counts_ptr, cursor_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS,
+                     N_CHUNKS, MAX_BLOCKS, E_P2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                     PLACE: tl.constexpr, ROWS: tl.constexpr, MARK_N: tl.constexpr, PDL: tl.constexpr = False):
     """vLLM's `moe_align_block_size` over chunks: expert e's pair ids, in pair order, fill its run of
     pairs[], padded to a multiple of BLOCK_M with the sentinel N_PAIRS, and its blocks are marked e in
     block_expert[]. A chunk's pairs go to its experts' runs after those of the chunks before it (the
-    counts of `_count_by_expert`), each after the hits before it in the chunk, so every slot is
-    written by one program, in the order a stable sort by expert gives. Program c also pads and marks
-    experts c, c + N_CHUNKS, ...; the last marks the worst-case grid's surplus blocks N_EXPERTS (skip)."""
+    counts of `_count_by_expert`), each after the same expert's pairs before it in the chunk (this
+    program's next free slot per expert lives in cursor[c, :]), so every slot is written by one
+    program, in the order a stable sort by expert gives. Program c also pads and marks experts c,
+    c + N_CHUNKS, ...; the last marks the worst-case grid's surplus blocks N_EXPERTS (skip)."""
     pdl_enter(PDL)
     c = tl.program_id(0)
     experts = tl.arange(0, E_P2)
@@ -213,14 +215,21 @@ def _align_by_expert(ids_ptr, chunk_counts_ptr, pairs_ptr, block_expert_ptr, N_P
         before += tl.sum(tl.where((rows < c)[:, None], counts, 0), axis=0)
     padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     start = tl.cumsum(padded, axis=0) - padded
-    cursor = start + before
-    for s0 in range(0, CHUNK, SUB):
-        offs = c * CHUNK + s0 + tl.arange(0, SUB)
-        ids = tl.load(ids_ptr + offs, mask=offs < N_PAIRS, other=-1)
-        hit = (ids[:, None] == experts[None, :]).to(tl.int32)
-        slot = tl.sum(hit * (cursor[None, :] + tl.cumsum(hit, axis=0) - 1), axis=1)
-        tl.store(pairs_ptr + slot, offs, mask=offs < N_PAIRS)
-        cursor += tl.sum(hit, axis=0)
+    cursor = cursor_ptr + c * E_P2
+    tl.store(cursor + experts, start + before)
+    i = tl.arange(0, PLACE)
+    for s0 in range(0, CHUNK, PLACE):
+        tl.debug_barrier()  # the cursors the last round moved are visible to every thread
+        offs = c * CHUNK + s0 + i
+        ok = offs < N_PAIRS
+        ids = tl.load(ids_ptr + offs, mask=ok, other=-1)
+        same = ids[:, None] == ids[None, :]
+        earlier = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), axis=1)
+        later = tl.sum((same & (i[None, :] > i[:, None])).to(tl.int32), axis=1)
+        slot = tl.load(cursor + ids, mask=ok, other=0) + earlier
+        tl.store(pairs_ptr + slot, offs, mask=ok)
+        tl.debug_barrier()  # every thread has read the cursors before one moves
+        tl.store(cursor + ids, slot + 1, mask=ok & (later == 0))  # each expert's last pair here moves it
     for e in range(c, N_EXPERTS, N_CHUNKS):
         first = tl.sum(tl.where(experts == e, start, 0))
         filled = first + tl.sum(tl.where(experts == e, total, 0))
@@ -245,13 +254,14 @@ def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int, pdl: bool =
     max_blocks = triton.cdiv(n_pairs + min(n_experts, n_pairs) * (block_m - 1), block_m)
     n_chunks, e_p2 = triton.cdiv(n_pairs, ALIGN_CHUNK), triton.next_power_of_2(n_experts)
     chunk_counts = torch.empty((n_chunks, e_p2), dtype=torch.int32, device=ids.device)
+    cursors = torch.empty_like(chunk_counts)
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
-    sizes = dict(E_P2=e_p2, CHUNK=ALIGN_CHUNK, SUB=ALIGN_SUB, num_warps=8)
-    _count_by_expert[(n_chunks,)](ids, chunk_counts, n_pairs, **sizes, **pdl_launch(pdl))
-    _align_by_expert[(n_chunks,)](ids, chunk_counts, sorted_pairs, block_expert, n_pairs, n_experts, n_chunks,
-                                  max_blocks, BLOCK_M=block_m, ROWS=ALIGN_ROWS, MARK_N=MARK, **sizes,
-                                  **pdl_launch(pdl))
+    sizes = dict(E_P2=e_p2, CHUNK=ALIGN_CHUNK, num_warps=8)
+    _count_by_expert[(n_chunks,)](ids, chunk_counts, n_pairs, SUB=ALIGN_SUB, **sizes, **pdl_launch(pdl))
+    _align_by_expert[(n_chunks,)](ids, chunk_counts, cursors, sorted_pairs, block_expert, n_pairs, n_experts,
+                                  n_chunks, max_blocks, BLOCK_M=block_m, PLACE=ALIGN_PLACE, ROWS=ALIGN_ROWS,
+                                  MARK_N=MARK, **sizes, **pdl_launch(pdl))
     return sorted_pairs, block_expert
 
 

@@ -47,13 +47,13 @@ def gemv_kernels(config: dict, top_k: int) -> dict:
     gate_up = compile_sm90(moe._gate_up_gemv, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
-        TOP_K=top_k, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SPLIT=config.get("SPLIT_K", 1),
-        INTERP=False), **launch)
+        TOP_K=top_k, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SPLIT=config.get("SPLIT_K", 1)),
+        **launch)
     down = compile_sm90(moe._down_gemv, dict(
         act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr="*bf16", y_ptr="*bf16", HIDDEN="i32", FF="i32",
         stride_we="i32", stride_wh="i32"), dict(
         TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(), BLOCK_N=config["DOWN_BLOCK_N"],
-        BLOCK_K=config["DOWN_BLOCK_K"], INTERP=False),
+        BLOCK_K=config["DOWN_BLOCK_K"]),
         **dict(launch, num_warps=config.get("DOWN_WARPS", config["num_warps"])))
     return {"gate_up": gate_up, "down": down}
 

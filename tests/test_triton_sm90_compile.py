@@ -114,7 +114,7 @@ for pdl in (False, True):
     out[f"experts gate/up pdl={pdl}"] = compile_sm90(moe._gate_up_gemv, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
-        TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=1, INTERP=False, PDL=pdl), ints=_sizes(8), num_warps=2).asm["ptx"]
+        TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=1, PDL=pdl), ints=_sizes(8), num_warps=2).asm["ptx"]
 json.dump(out, sys.stdout)
 '''
 

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import pdl_enter, pdl_launch
+from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
 
 GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
 GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group
@@ -47,7 +47,7 @@ GROUPED_LARGE = dict(path="grouped", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_war
 
 # The CPU interpreter mishandles bf16 in two ways these kernels meet: `tl.dot` multiplies the raw
 # bits (triton-lang/triton#11584) and FP32 -> bf16 casts truncate. Under it (only), dots upcast to
-# FP32 (exact for bf16/fp16) and `_round` rounds to nearest even by hand, as the GPU cast does.
+# FP32 (exact for bf16/fp16) and `round_to` rounds to nearest even by hand, as the GPU cast does.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -56,15 +56,6 @@ def default_config(n_pairs: int, n_experts: int) -> dict:
         return GEMV
     # vLLM's rule of thumb: with few rows per expert a tall BLOCK_M is mostly padding
     return GROUPED_SMALL if n_pairs <= 4 * n_experts else GROUPED_LARGE
-
-
-@triton.jit
-def _round(v, dtype: tl.constexpr, INTERP: tl.constexpr):
-    """FP32 -> dtype, round to nearest even (on the GPU just the cast)."""
-    if INTERP and dtype == tl.bfloat16:
-        bits = v.to(tl.uint32, bitcast=True)
-        v = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return v.to(dtype)
 
 
 @triton.jit
@@ -79,7 +70,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, HIDDEN, FF, K_PER_SPLIT,
                   stride_we, stride_wf, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False):
+                  SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """act[pair, n-block] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair].
 
     Fuses both GEMVs and SwiGLU: each gate/up weight element is loaded once (BLOCK_K-wide rows
@@ -121,22 +112,27 @@ def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, 
             for s in tl.static_range(SPLIT):  # slice order: bitwise reproducible
                 g += tl.load(rows + (s * 2) * FF, mask=n_ok, other=0.0, cache_modifier=".cg")
                 u += tl.load(rows + (s * 2 + 1) * FF, mask=n_ok, other=0.0, cache_modifier=".cg")
-            _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok, INTERP)
+            _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok)
             tl.atomic_xchg(counter, 0)
     else:
-        _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok, INTERP)
+        _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok)
 
 
 @triton.jit
-def _swiglu_store(g, u, act_ptrs, mask, INTERP: tl.constexpr):
-    act = g / (1.0 + tl.exp(-g)) * u  # silu(g) * u in FP32 (tl.sigmoid inlined: cheaper interpreted)
-    tl.store(act_ptrs, _round(act, act_ptrs.dtype.element_ty, INTERP), mask=mask)
+def swiglu(g, u):
+    """silu(g) * u in FP32 (tl.sigmoid inlined: cheaper interpreted)."""
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
+def _swiglu_store(g, u, act_ptrs, mask):
+    tl.store(act_ptrs, round_to(swiglu(g, u), act_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, stride_wh,
                TOP_K: tl.constexpr, K_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               INTERP: tl.constexpr, PDL: tl.constexpr = False):
+               PDL: tl.constexpr = False):
     """y[token, n-block] = sum_k rw[token, k] * (act[token, k] @ down[ids[token, k]].T), rounded once.
 
     One program owns its output rows across all top_k experts, so the weighted combine happens in
@@ -162,7 +158,7 @@ def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, s
         a = tl.load(a_ptrs + f0, mask=slot_ok[:, None] & f_ok[None, :], other=0.0).to(tl.float32) * rw[:, None]
         wd = tl.load(w_ptrs + f0, mask=w_ok & f_ok[None, None, :], other=0.0)
         acc += wd.to(tl.float32) * a[:, None, :]
-    y = _round(tl.sum(tl.sum(acc, axis=2), axis=0), y_ptr.dtype.element_ty, INTERP)
+    y = round_to(tl.sum(tl.sum(acc, axis=2), axis=0), y_ptr.dtype.element_ty)
     tl.store(y_ptr + token * HIDDEN + offs_n, y, mask=offs_n < HIDDEN)
 
 
@@ -299,7 +295,7 @@ def _gate_up_grouped(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr
         bu = tl.load(wu_ptr + w_off + k0, mask=k_ok[:, None], other=0.0)
         acc_g = _dot(a, bg, acc_g, PRECISION, INTERP)
         acc_u = _dot(a, bu, acc_u, PRECISION, INTERP)
-    act = _round(acc_g / (1.0 + tl.exp(-acc_g)) * acc_u, act_ptr.dtype.element_ty, INTERP)  # silu(g) * u
+    act = round_to(swiglu(acc_g, acc_u), act_ptr.dtype.element_ty)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(act_ptr + offs_m.to(tl.int64)[:, None] * FF + cols[None, :], act, mask=cols[None, :] < FF)
 
@@ -337,7 +333,7 @@ def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
         acc = _dot(a, b, acc, PRECISION, INTERP)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if ROUNDED:
-        rows = _round(acc, out_ptr.dtype.element_ty, INTERP)
+        rows = round_to(acc, out_ptr.dtype.element_ty)
     else:
         rows = acc * tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + cols[None, :], rows,
@@ -345,21 +341,37 @@ def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
 
 
 @triton.jit
-def _combine(out_ptr, rw_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr, WEIGHTED: tl.constexpr,
-             INTERP: tl.constexpr, PDL: tl.constexpr = False):
-    """y[token] = sum_k out[token * TOP_K + k] (times rw[token, k] when WEIGHTED) in FP32, in k order,
-    rounded once to the model dtype."""
+def _combine(out_ptr, rw_ptr, y_ptr, pos_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+             WEIGHTED: tl.constexpr, SORTED: tl.constexpr = False, PDL: tl.constexpr = False):
+    """y[token] = sum_k out[row of (token, k)] (times rw[token, k] when WEIGHTED) in FP32, in k order,
+    rounded once to the model dtype. The row of pair p = token * TOP_K + k is p, or pos[p] when
+    SORTED (`out` holds the pairs in another order, e.g. sorted by expert)."""
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < HIDDEN
     acc = tl.zeros([BLOCK], tl.float32)
     for k in tl.static_range(TOP_K):
-        row = tl.load(out_ptr + (token * TOP_K + k) * HIDDEN + offs, mask=ok, other=0.0).to(tl.float32)
+        pair = token * TOP_K + k
+        if SORTED:
+            pair = tl.load(pos_ptr + pair).to(tl.int64)
+        row = tl.load(out_ptr + pair * HIDDEN + offs, mask=ok, other=0.0).to(tl.float32)
         if WEIGHTED:
             row = tl.load(rw_ptr + token * TOP_K + k) * row
         acc += row
-    tl.store(y_ptr + token * HIDDEN + offs, _round(acc, y_ptr.dtype.element_ty, INTERP), mask=ok)
+    tl.store(y_ptr + token * HIDDEN + offs, round_to(acc, y_ptr.dtype.element_ty), mask=ok)
+
+
+def combine(out: torch.Tensor, weights: torch.Tensor, top_k: int, *, weighted: bool, dtype: torch.dtype,
+            pos: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """`_combine` over every token: y [tokens, hidden] in `dtype`."""
+    n, hidden = (out.shape[0] if pos is None else pos.numel()) // top_k, out.shape[1]
+    y = torch.empty(n, hidden, dtype=dtype, device=out.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    _combine[(n, triton.cdiv(hidden, block))](out, weights, y, out if pos is None else pos, hidden, TOP_K=top_k,
+                                              BLOCK=block, WEIGHTED=weighted, SORTED=pos is not None,
+                                              **pdl_launch(pdl))
+    return y
 
 
 # ---- entry point ---------------------------------------------------------------------------------
@@ -383,8 +395,7 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
     cfg = config if config and "path" in config else {**default_config(n_pairs, n_experts), **(config or {})}
     if cfg["path"] == "gemv" and n_pairs > GEMV_HARD_MAX_PAIRS:
         cfg = {**default_config(n_pairs, n_experts), "pdl": cfg.get("pdl", False)}
-    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], INTERP=_INTERPRETED,
-                  **pdl_launch(cfg.get("pdl")))
+    launch = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))
 
     if cfg["path"] == "gemv":
         act = torch.empty(n_pairs, ff, dtype=x.dtype, device=x.device)
@@ -408,7 +419,7 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
 
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     # FP32 weights (CPU tests, FP32 builds) must not silently drop to TF32 on the tensor cores
-    launch["PRECISION"] = "ieee" if x.dtype == torch.float32 else None
+    launch.update(PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED)
     sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm, cfg.get("pdl", False))
     n_blocks = block_expert.numel()
     act = torch.empty(n_blocks * bm, ff, dtype=x.dtype, device=x.device)
@@ -427,7 +438,4 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, ROUNDED=rounded,
         **{**launch, "num_warps": cfg.get("DOWN_WARPS", cfg["num_warps"]),
            "num_stages": cfg.get("DOWN_STAGES", cfg["num_stages"])})
-    block = min(1024, triton.next_power_of_2(hidden))
-    _combine[(n, triton.cdiv(hidden, block))](out, rw, y, hidden, TOP_K=top_k, BLOCK=block, WEIGHTED=rounded,
-                                              INTERP=_INTERPRETED, **pdl_launch(cfg.get("pdl")))
-    return y
+    return combine(out, rw, top_k, weighted=rounded, dtype=x.dtype, pdl=cfg.get("pdl", False))

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._triton_common import round_to
+from workbench.variants._triton_moe import _swiglu_store, combine
 
 
 @triton.jit
@@ -16,22 +16,7 @@ def _swiglu(g_ptr, u_ptr, act_ptr, NUMEL, BLOCK: tl.constexpr):
     ok = offs < NUMEL
     g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(act_ptr + offs, round_to(g / (1.0 + tl.exp(-g)) * u, act_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _combine_sorted(rows_ptr, pos_ptr, rw_ptr, y_ptr, HIDDEN, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """y[token] = sum_k rw[token, k] * rows[pos[token * TOP_K + k]] in FP32, in k order, rounded once:
-    `rows` holds the pairs sorted by expert, `pos` where each (token, k) pair went."""
-    token = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < HIDDEN
-    acc = tl.zeros([BLOCK], tl.float32)
-    for k in tl.static_range(TOP_K):
-        row = tl.load(pos_ptr + token * TOP_K + k).to(tl.int64)
-        acc += tl.load(rw_ptr + token * TOP_K + k) * tl.load(rows_ptr + row * HIDDEN + offs, mask=ok,
-                                                              other=0.0).to(tl.float32)
-    tl.store(y_ptr + token * HIDDEN + offs, round_to(acc, y_ptr.dtype.element_ty), mask=ok)
+    _swiglu_store(g, u, act_ptr + offs, ok)
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -42,9 +27,6 @@ def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def combine_sorted(rows: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
-    n, hidden = pos.numel() // top_k, rows.shape[1]
-    y = torch.empty(n, hidden, dtype=rows.dtype, device=rows.device)
-    block = min(1024, triton.next_power_of_2(hidden))
-    _combine_sorted[(n, triton.cdiv(hidden, block))](rows, pos, weights, y, hidden, TOP_K=top_k, BLOCK=block,
-                                                    num_warps=4)
-    return y
+    """y[token] = sum_k weights[token, k] * rows[pos[token * top_k + k]]: `rows` holds the pairs sorted
+    by expert, `pos` where each (token, k) pair went."""
+    return combine(rows, weights, top_k, weighted=True, dtype=rows.dtype, pos=pos)

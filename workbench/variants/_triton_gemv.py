@@ -135,9 +135,9 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm
 def linear(x: torch.Tensor, w: torch.Tensor, cfg: dict, locks: torch.Tensor | None = None, *,
            splits: tuple[int, ...] | None = None, swiglu: bool = False):
     """x [M, K] @ w.T with the tuning config `cfg` (keys: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, DOT,
-    num_warps, num_stages; optional pdl, see `pdl_launch`). `swiglu`: w is [gate; up] ([2N, K]) and the result silu(gate) * up
-    [M, N]. `splits`: output column widths; returns one contiguous [M, width] tensor per split
-    (views of one buffer). No host syncs: capturable in a CUDA graph."""
+    num_warps, num_stages; optional pdl, see `pdl_launch`). `swiglu`: w is [gate; up] ([2N, K]) and
+    the result silu(gate) * up [M, N]. `splits`: output column widths; returns one contiguous
+    [M, width] tensor per split (views of one buffer). No host syncs: capturable in a CUDA graph."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape

@@ -63,10 +63,7 @@ import os
 
 import torch
 
-from workbench.variants._triton_common import jit as _jit, pdl_launch, tl, triton  # noqa: E402
-
-if triton is not None:
-    from workbench.variants._triton_common import pdl_enter
+from workbench.variants._triton_common import jit as _jit, pdl_enter, pdl_launch, tl, triton  # noqa: E402
 
 
 @_jit

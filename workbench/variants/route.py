@@ -134,10 +134,7 @@ declare(PointSpec(
 import os
 
 from workbench.variants._arrivals import arrival_counters  # noqa: E402
-from workbench.variants._triton_common import jit as _jit, pdl_launch, tl, triton  # noqa: E402
-
-if triton is not None:
-    from workbench.variants._triton_common import pdl_enter
+from workbench.variants._triton_common import jit as _jit, pdl_enter, pdl_launch, tl, triton  # noqa: E402
 
 ROUTE_GEMV_MAX = 16   # tokens: up to here the FP32 GEMV
 ROUTE_FP32_MAX = 96   # tokens: up to here FP32 tiles; above, tensor cores on the BF16x3 split

@@ -140,10 +140,7 @@ declare(PointSpec(
 #    reference pairs noise with sorted positions and this kernel with vocab positions: the same
 #    distribution, not the same ids.
 
-from workbench.variants._triton_common import jit as _jit, pdl_launch, tl, triton  # noqa: E402
-
-if triton is not None:
-    from workbench.variants._triton_common import pdl_enter
+from workbench.variants._triton_common import jit as _jit, pdl_enter, pdl_launch, tl  # noqa: E402
 
 
 @_jit

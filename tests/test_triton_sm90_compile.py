@@ -96,6 +96,30 @@ def test_sm90_resources_reads_registers_and_spills_of_a_config():
     assert usage["gate_up"]["STACK"] > 0 and line.endswith(" SPILLS")
 
 
+GROUPING_SCRIPT = r'''
+import json
+from workbench.sm90 import compile_sm90, resource_usage
+import workbench.variants._triton_moe as moe
+
+ints = dict(N_PAIRS=131072, N_EXPERTS=256, N_CHUNKS=256, MAX_BLOCKS=1278)  # 8 x 2048 tokens, top 8 of 256
+sizes = dict(E_P2=256, CHUNK=moe.ALIGN_CHUNK)
+count = compile_sm90(moe._count_by_expert, dict(ids_ptr="*i64", chunk_counts_ptr="*i32", N_PAIRS="i32"),
+                     dict(**sizes, SUB=moe.ALIGN_SUB), ints=ints, num_warps=8)
+align = compile_sm90(moe._align_by_expert, dict(
+    ids_ptr="*i64", chunk_counts_ptr="*i32", cursor_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32",
+    N_PAIRS="i32", N_EXPERTS="i32", N_CHUNKS="i32", MAX_BLOCKS="i32"), dict(
+    **sizes, BLOCK_M=128, PLACE=moe.ALIGN_PLACE, ROWS=moe.ALIGN_ROWS, MARK_N=moe.MARK), ints=ints, num_warps=8)
+print(json.dumps({"count": resource_usage(count), "align": resource_usage(align)}))
+'''
+
+
+def test_grouping_kernels_fit_in_registers_at_a_prefill():
+    """experts' grouping kernels at an 8 x 2048-token prefill's sizes: placing 128 pairs at once took
+    255 registers and spilled on sm_90 (runs/bench-experts-prefill-tp8/next-relock-grouping/)."""
+    for name, usage in _compiled(GROUPING_SCRIPT).items():
+        assert usage["STACK"] == 0 and usage["REG"] <= 128, (name, usage)
+
+
 PDL_SCRIPT = r'''
 import json, sys
 sys.path.insert(0, "scripts")

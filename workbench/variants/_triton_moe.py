@@ -166,7 +166,9 @@ def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, s
 
 ALIGN_CHUNK = 512  # routed pairs per program of the grouping kernels
 ALIGN_SUB = 32     # of them compared with every expert at once when counting ([ALIGN_SUB, experts])
-ALIGN_PLACE = 128  # of them placed at once (compared with each other: [ALIGN_PLACE, ALIGN_PLACE])
+# of them placed at once, compared with each other: at 128 the [128, 128] tiles took 255 registers and
+# spilled (sm_90, 8 warps), and align ran no faster than the scans it replaced; 32 takes 56
+ALIGN_PLACE = 32
 ALIGN_ROWS = 16    # chunks' counts read at once
 MARK = 64          # block marks written at once
 

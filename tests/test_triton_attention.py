@@ -115,6 +115,17 @@ def test_fused_and_separate_merges_give_the_same_bits():
     assert torch.equal(fused(q, cache, meta, window=12, scale=0.25), separate(q, cache, meta, window=12, scale=0.25))
 
 
+def test_early_v_gives_the_same_bits():
+    """EARLY_V only moves each block's V load before the scores: the arithmetic, so the bits, stay."""
+    v = available("attention", "triton")
+    late, early = v.at(SMALL[0]), v.at(dict(SMALL[0], EARLY_V=True))
+    for window in (None, 12):
+        q, cache, meta = _case([70, 5, 33], [1] * 3, heads=6, kv_heads=1, hd=32, page=8, window=window,
+                               dtype=torch.bfloat16)
+        want = late(q, cache, meta, window=window, scale=0.25)
+        assert not want.isnan().any() and torch.equal(early(q, cache, meta, window=window, scale=0.25), want)
+
+
 def test_decode_padded_graph_rows():
     """Rows padded into a captured batch: position 0, length 1, a table of zeros (the reserved page 0)."""
     q, cache, meta = _case([20, 0], [1, 1], heads=4, kv_heads=2, hd=16, page=8, window=None, dtype=torch.bfloat16)

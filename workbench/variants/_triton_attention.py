@@ -13,10 +13,11 @@ Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, 
   FUSED_MERGE_MAX_SPLITS, at most that many splits) the last split program of a (sequence, kv head)
   to finish merges them with the same code (`_merge_head`), which saves the second launch of a
   short, latency-bound decode (a sliding window): both give the same bits. With one split the decode
-  kernel writes the output itself. The number of splits and every launch size come from tensor
-  shapes and the device's SM count only (page_table's width, not the sequences' lengths), and
-  lengths / positions are read on the device, so a decode step is CUDA-graph capturable and replays
-  right with new contents.
+  kernel writes the output itself. Configs with EARLY_V load each block's V beside its K rather than
+  after the scores, so a split of one block waits on memory once instead of twice. The number of
+  splits and every launch size come from tensor shapes and the device's SM count only (page_table's
+  width, not the sequences' lengths), and lengths / positions are read on the device, so a decode
+  step is CUDA-graph capturable and replays right with new contents.
 - prefill (ragged chunks): flash attention, one program per (block of a sequence's queries, query
   head), looping only over the key blocks some query of the block can see (causal + window).
   The grid is sized from the host copy of the ragged layout; prefill runs eagerly, never in graphs.
@@ -56,7 +57,8 @@ MERGE_BLOCK_D = 32      # head_dim columns per merge program
 
 # Defaults when no tuning config is given; it is also `attention.TRITON_CONFIGS[0]` (a test checks).
 DEFAULT = dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
-               PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0)
+               PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0,
+               EARLY_V=False)
 
 
 @triton.jit
@@ -104,16 +106,20 @@ def _kv_rows(table_row_ptr, keys, lo, hi, max_pages, stride_page, stride_tok, PA
 
 
 @triton.jit
-def _softmax_block(s, kv_base, stride_ckv, rows, ok, d, d_ok, m_i, l_i, acc, IEEE: tl.constexpr,
-                   INTERP: tl.constexpr):
-    """One key block of the online softmax: masked scores s (log2 units, -inf where unseen) -> the
+def _v_block(kv_base, stride_ckv, rows, ok, d, d_ok):
+    """A key block's V rows [BLOCK_N, BLOCK_D] (0 where not readable)."""
+    return tl.load(kv_base + stride_ckv + rows[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _softmax_block(s, v, m_i, l_i, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
+    """One key block of the online softmax: masked scores s (log2 units, -inf where unseen) and the
     block's V rows folded into (m_i, l_i, acc)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf - 0) = 0, not NaN
     p = tl.math.exp2(s - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(kv_base + stride_ckv + rows[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
     acc = _dot_pv(p, v, acc * alpha[:, None], IEEE, INTERP)
     return m_new, l_i, acc
 
@@ -130,7 +136,8 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
                    stride_on, stride_oh, max_pages, window, qk_scale, n_heads, head_dim,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, SINGLE: tl.constexpr, FUSED_MERGE: tl.constexpr,
-                   MERGE_BLOCK_S: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False):
+                   MERGE_BLOCK_S: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+                   EARLY_V: tl.constexpr = False, PDL: tl.constexpr = False):
     """One (sequence, kv head, split): its GQA group's queries against its share of the visible keys.
 
     Keys are walked in BLOCK_N-aligned blocks from the block holding the first visible key (the
@@ -171,9 +178,13 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
         keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
         k = tl.load(kv_base + rows[None, :] + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
+        if EARLY_V:  # V's load in flight beside K's: a short split (one block) waits for memory once
+            v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
         s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         s = tl.where(ok[None, :], s, float("-inf"))
-        m_i, l_i, acc = _softmax_block(s, kv_base, stride_ckv, rows, ok, d, d_ok, m_i, l_i, acc, IEEE, INTERP)
+        if not EARLY_V:
+            v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
 
     if SINGLE:  # one split: normalise and round here, no scratch and no second launch
@@ -287,7 +298,8 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, qstart_p
         s = _dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         seen = ok[None, :] & (keys[None, :] >= lo_row[:, None]) & (keys[None, :] < hi_row[:, None])
         s = tl.where(seen, s, float("-inf"))
-        m_i, l_i, acc = _softmax_block(s, kv_base, stride_ckv, rows, ok, d, d_ok, m_i, l_i, acc, IEEE, INTERP)
+        v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
     o = _normalised(acc, l_i)
     tl.store(out_ptr + tok[:, None] * stride_on + h * stride_oh + d[None, :], round_to(o, out_ptr.dtype.element_ty),
@@ -381,7 +393,7 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=cfg["BLOCK_N"], PAGE=page, HAS_WINDOW=window is not None, SINGLE=single, FUSED_MERGE=fused,
         MERGE_BLOCK_S=triton.next_power_of_2(splits) if fused else 1, IEEE=q.dtype == torch.float32,
-        INTERP=INTERPRETED,
+        INTERP=INTERPRETED, EARLY_V=cfg["EARLY_V"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))
     if not single and not fused:
         block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))

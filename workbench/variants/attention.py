@@ -116,6 +116,9 @@ TRITON_CONFIGS = [
     dict(BLOCK_N=128, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=8, num_stages=1,
          PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
 ]
+# V loaded after the scores, and, for the first and the two above, beside K (decode splits of one block)
+TRITON_CONFIGS = [dict(c, EARLY_V=False) for c in TRITON_CONFIGS] + \
+    [dict(c, EARLY_V=True) for c in (TRITON_CONFIGS[0], *TRITON_CONFIGS[-2:])]
 
 
 def _triton_supports(wl):

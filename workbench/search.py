@@ -16,8 +16,9 @@ recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate; choices whose reversal alone does not slow the step beyond the step's own noise (`step_band`)
 are dropped together, if the step without all of them stays within that noise. Each build of this
-stage is journaled as it is made, so a stage ended midway resumes. Progress goes to an `on_event` callback (CLI progress, TUI). This module never writes the
-lock or the report (`workbench.optimize` does) and never edits variants.
+stage is journaled as it is made, so a stage ended midway resumes. Progress goes to an `on_event`
+callback (CLI progress, TUI). This module never writes the lock or the report (`workbench.optimize`
+does) and never edits variants.
 """
 
 from __future__ import annotations

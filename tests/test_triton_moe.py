@@ -20,8 +20,6 @@ TINY = BeamConfig.from_preset("beam-tiny")  # hidden 64, ff 32, 16 experts, top_
 TOL = {torch.float32: 1e-5, torch.bfloat16: 5e-3}
 GEMV = next(c for c in TRITON_CONFIGS if c["path"] == "gemv")
 GROUPED = next(c for c in TRITON_CONFIGS if c["path"] == "grouped")
-# ff 32 at beam-tiny: a 16-wide first tile leaves a loop step after the peeled one
-PREFETCH = dict(next(c for c in TRITON_CONFIGS if c.get("DOWN_PREFETCH")), DOWN_BLOCK_K=16)
 
 
 def _problem(n, dtype, *, seed=0, hidden=TINY.hidden_size, ff=TINY.moe_intermediate_size,
@@ -72,15 +70,14 @@ def test_defaults_are_tuning_configs():
         assert default in TRITON_CONFIGS
 
 
-@pytest.mark.parametrize("config, n", [(GEMV, 3), (PREFETCH, 3), (GROUPED, 17)],
-                         ids=["gemv", "gemv-prefetch", "grouped"])
+@pytest.mark.parametrize("config, n", [(GEMV, 3), (GROUPED, 17)], ids=["gemv", "grouped"])
 def test_bitwise_deterministic(config, n):
     x, ids, weights, w = _problem(n, torch.bfloat16, seed=5)
     first = _run(config, x, ids, weights, w)
     assert torch.equal(first.view(torch.int16), _run(config, x, ids, weights, w).view(torch.int16))
 
 
-@pytest.mark.parametrize("config", [GEMV, PREFETCH, GROUPED], ids=["gemv", "gemv-prefetch", "grouped"])
+@pytest.mark.parametrize("config", [GEMV, GROUPED], ids=["gemv", "grouped"])
 def test_one_token_reads_only_its_experts(config):
     x, ids, weights, w = _problem(1, torch.bfloat16, seed=7)
     clean = _run(config, x, ids, weights, w)
@@ -93,7 +90,7 @@ def test_one_token_reads_only_its_experts(config):
     assert torch.isfinite(y).all() and torch.equal(y, clean)
 
 
-@pytest.mark.parametrize("config", [GEMV, PREFETCH, GROUPED], ids=["gemv", "gemv-prefetch", "grouped"])
+@pytest.mark.parametrize("config", [GEMV, GROUPED], ids=["gemv", "grouped"])
 def test_empty_and_overfull_experts(config):
     """Every token routes to expert 5 (17 rows: more than one BLOCK_M=16 block) and to experts 0..3
     only otherwise, so experts 6..15 get nothing; their weights are NaN and must never be read."""
@@ -106,7 +103,7 @@ def test_empty_and_overfull_experts(config):
     assert _rel_err(y, _truth(x, ids, weights, w)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("config", [GEMV, PREFETCH, GROUPED], ids=["gemv", "gemv-prefetch", "grouped"])
+@pytest.mark.parametrize("config", [GEMV, GROUPED], ids=["gemv", "grouped"])
 def test_odd_shapes(config):
     """supports() accepts any shape: non-power-of-two hidden, ff, experts and top_k, all masked."""
     x, ids, weights, w = _problem(5, torch.float32, seed=11, hidden=80, ff=48, experts=10, top_k=3)
@@ -242,32 +239,3 @@ def test_gpu_cuda_graph(n, tp8_weights):
     x.copy_(x2), ids.copy_(ids2), weights.copy_(weights2)
     graph.replay()
     assert torch.equal(y, fn(x2, ids2, weights2, tp8_weights))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("config", [c for c in TRITON_CONFIGS if c.get("DOWN_PREFETCH")], ids=_name)
-def test_gpu_down_prefetch_under_pdl_in_a_graph(config, tp8_weights):
-    """With PDL the down kernel reads the routed ids before its wait: a graph whose routing is written
-    by the kernel just before gate/up (as route's select kernel writes it in the step) must give, on
-    every replay's new routing, the bits of the same config run eagerly without PDL."""
-    shape = dict(hidden=TP8.hidden_size, ff=TP8.moe_intermediate_size, experts=TP8.n_routed_experts,
-                 top_k=TP8.num_experts_per_tok, device="cuda")
-    x, ids, weights, _ = _problem(1, torch.bfloat16, seed=3, **shape)
-    src = [t.clone() for t in (x, ids, weights)]
-    fn = get("experts", "triton").at({**config, "pdl": True})
-
-    def step():
-        for buf, s in zip((x, ids, weights), src):
-            buf.copy_(s)
-        return fn(x, ids, weights, tp8_weights)
-
-    step()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = step()
-    for seed in range(4, 12):
-        new = _problem(1, torch.bfloat16, seed=seed, **shape)[:3]
-        for s, t in zip(src, new):
-            s.copy_(t)
-        graph.replay()
-        assert torch.equal(y, _run(config, *new, tp8_weights)), seed

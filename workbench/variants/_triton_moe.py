@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import pdl_enter, pdl_launch, pdl_release, pdl_wait, round_to
+from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
 
 GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
 GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group
@@ -70,7 +70,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, HIDDEN, FF, K_PER_SPLIT,
                   stride_we, stride_wf, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT: tl.constexpr, PDL: tl.constexpr = False, LATE_RELEASE: tl.constexpr = False):
+                  SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """act[pair, n-block] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair].
 
     Fuses both GEMVs and SwiGLU: each gate/up weight element is loaded once (BLOCK_K-wide rows
@@ -79,14 +79,8 @@ def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, 
     SPLIT > 1: hidden is cut into SPLIT slices (program_id 2), more programs streaming at once; each
     stores its FP32 partial (gate, up) and the last of a (pair, n-block) to arrive (an arrival
     counter, `_arrivals.py`) sums them in slice order, applies SwiGLU and resets the counter.
-    LATE_RELEASE: the next kernel (a prefetching `_down_gemv`) is released only after the wait, so
-    once it starts, the routing kernels before this one have finished and its ids are safe to read.
     """
-    if LATE_RELEASE:
-        pdl_wait(PDL)
-        pdl_release(PDL)
-    else:
-        pdl_enter(PDL)
+    pdl_enter(PDL)
     pair = tl.program_id(0)
     token = pair // TOP_K
     e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -136,59 +130,35 @@ def _swiglu_store(g, u, act_ptrs, mask):
 
 
 @triton.jit
-def _down_step(a_ptrs, w_ptrs, f0, offs_f, FF, slot_ok, w_ok, rw):
-    """One down step's products: act (scaled by the routing weights) x the [top_k, rows, ff] tile at f0."""
-    f_ok = offs_f + f0 < FF
-    a = tl.load(a_ptrs + f0, mask=slot_ok[:, None] & f_ok[None, :], other=0.0).to(tl.float32) * rw[:, None]
-    wd = tl.load(w_ptrs + f0, mask=w_ok & f_ok[None, None, :], other=0.0)
-    return wd.to(tl.float32) * a[:, None, :]
-
-
-@triton.jit
 def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, stride_wh,
                TOP_K: tl.constexpr, K_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+               PDL: tl.constexpr = False):
     """y[token, n-block] = sum_k rw[token, k] * (act[token, k] @ down[ids[token, k]].T), rounded once.
 
     One program owns its output rows across all top_k experts, so the weighted combine happens in
     FP32 registers in a fixed order: no per-pair scratch, no atomics, deterministic. Each step loads
     one [top_k, BLOCK_N, BLOCK_K] tile (all experts at once: top_k independent wide loads in
     flight, which ff = 320 alone could not give); the routing weight scales the activation.
-    PREFETCH: the ids, routing weights and first weight tile are read before the wait (the gate/up
-    kernel before this one releases it only after its own wait: LATE_RELEASE), so with PDL the down
-    weights stream in while gate/up still runs; a BLOCK_K of ff's next power of two reads them all.
     """
-    if PREFETCH:
-        pdl_release(PDL)
-    else:
-        pdl_enter(PDL)
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_f = tl.arange(0, BLOCK_K)
     slot = tl.arange(0, K_P2)
     slot_ok = slot < TOP_K
     pairs = token * TOP_K + slot
-    # L2 (".cg"): never a line an earlier kernel of this SM cached, since they may be read before the wait
-    e = tl.load(ids_ptr + pairs, mask=slot_ok, other=0, cache_modifier=".cg").to(tl.int64)
-    rw = tl.load(rw_ptr + pairs, mask=slot_ok, other=0.0, cache_modifier=".cg")
+    e = tl.load(ids_ptr + pairs, mask=slot_ok, other=0).to(tl.int64)
+    rw = tl.load(rw_ptr + pairs, mask=slot_ok, other=0.0)
     a_ptrs = act_ptr + pairs[:, None] * FF + offs_f[None, :]
     w_ptrs = wd_ptr + e[:, None, None] * stride_we + offs_n[None, :, None] * stride_wh + offs_f[None, None, :]
     w_ok = slot_ok[:, None, None] & (offs_n < HIDDEN)[None, :, None]
-    if PREFETCH:  # each step reduced at once: the whole-ff tile this is for would not fit twice in FP32
-        f_ok = offs_f < FF
-        wd = tl.load(w_ptrs, mask=w_ok & f_ok[None, None, :], other=0.0)
-        pdl_wait(PDL)
-        a = tl.load(a_ptrs, mask=slot_ok[:, None] & f_ok[None, :], other=0.0).to(tl.float32) * rw[:, None]
-        part = tl.sum(wd.to(tl.float32) * a[:, None, :], axis=2)
-        for f0 in range(BLOCK_K, FF, BLOCK_K):
-            part += tl.sum(_down_step(a_ptrs, w_ptrs, f0, offs_f, FF, slot_ok, w_ok, rw), axis=2)
-        y = tl.sum(part, axis=0)
-    else:
-        acc = tl.zeros([K_P2, BLOCK_N, BLOCK_K], tl.float32)
-        for f0 in range(0, FF, BLOCK_K):
-            acc += _down_step(a_ptrs, w_ptrs, f0, offs_f, FF, slot_ok, w_ok, rw)
-        y = tl.sum(tl.sum(acc, axis=2), axis=0)
-    y = round_to(y, y_ptr.dtype.element_ty)
+    acc = tl.zeros([K_P2, BLOCK_N, BLOCK_K], tl.float32)
+    for f0 in range(0, FF, BLOCK_K):
+        f_ok = offs_f + f0 < FF
+        a = tl.load(a_ptrs + f0, mask=slot_ok[:, None] & f_ok[None, :], other=0.0).to(tl.float32) * rw[:, None]
+        wd = tl.load(w_ptrs + f0, mask=w_ok & f_ok[None, None, :], other=0.0)
+        acc += wd.to(tl.float32) * a[:, None, :]
+    y = round_to(tl.sum(tl.sum(acc, axis=2), axis=0), y_ptr.dtype.element_ty)
     tl.store(y_ptr + token * HIDDEN + offs_n, y, mask=offs_n < HIDDEN)
 
 
@@ -437,16 +407,15 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         per = triton.cdiv(steps, min(cfg.get("SPLIT_K", 1), steps))
         split = triton.cdiv(steps, per)
         grid = (n_pairs, triton.cdiv(ff, bn), split)
-        prefetch = bool(cfg.get("DOWN_PREFETCH"))
         part = torch.empty((n_pairs, split, 2, ff), dtype=torch.float32, device=x.device) if split > 1 else act
         count = arrival_counters(grid[0] * grid[1], x.device, "experts") if split > 1 else act
         _gate_up_gemv[grid](
             x, ids, wg, wu, act, part, count, hidden, ff, per * bk, wg.stride(0), wg.stride(1),
-            TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, LATE_RELEASE=prefetch, **launch)
+            TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, **launch)
         bn, bk = cfg["DOWN_BLOCK_N"], min(cfg["DOWN_BLOCK_K"], triton.next_power_of_2(ff))
         _down_gemv[(n, triton.cdiv(hidden, bn))](
             act, ids, rw, wd, y, hidden, ff, wd.stride(0), wd.stride(1),
-            TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk, PREFETCH=prefetch,
+            TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk,
             **{**launch, "num_warps": cfg.get("DOWN_WARPS", cfg["num_warps"])})
         return y
 

@@ -124,17 +124,6 @@ TRITON_CONFIGS = [
     # 8 x 256 above with hidden cut in 2 / 4 slices: 2-4x the gate/up programs streaming at once
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=2),
     dict(path="gemv", BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1, SPLIT_K=4),
-    # DOWN_PREFETCH: the down kernel reads its ids and first weight tile before its PDL wait, so the
-    # down weights stream in while gate/up runs (a whole-ff tile: 512 >= ff 320 at TP8); the lock's
-    # gate/up tile. Without "pdl" it only peels the first step
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=512, num_warps=2, num_stages=1,
-         DOWN_WARPS=4, DOWN_PREFETCH=True),
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=2, DOWN_BLOCK_K=512, num_warps=2, num_stages=1,
-         DOWN_PREFETCH=True),
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=8, DOWN_BLOCK_K=512, num_warps=2, num_stages=1,
-         DOWN_WARPS=8, DOWN_PREFETCH=True),
-    dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=4, DOWN_BLOCK_K=256, num_warps=2, num_stages=1,
-         DOWN_PREFETCH=True),
     # grouped: BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction, for both GEMMs unless DOWN_*
     # (BLOCK_N, BLOCK_K, WARPS, STAGES) give the down GEMM its own
     dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),

@@ -11,9 +11,11 @@ from workbench.registry import register
 from workbench.variants._triton_common import gemv_config
 from workbench.variants.attn_out import _GATED_GEMV_MAX_TOKENS, _attn_gate, _attn_out_triton_supports
 
-# o_proj rows are q_width (768 at TP8) long: a 1024-wide tile takes a whole row in one step
+# o_proj rows are q_width (768 at TP8) long: a 1024-wide tile takes a whole row in one step. The 4 x 256
+# tile won at decode b1 with PDL (runs/bench-attn-out-tp8-b1/); the last three are its neighbours
 CONFIGS = [gemv_config(4, 1024), gemv_config(8, 1024, warps=8), gemv_config(2, 1024, warps=2),
-           gemv_config(4, 256), gemv_config(8, 256)]
+           gemv_config(4, 256), gemv_config(8, 256),
+           gemv_config(2, 256, warps=2), gemv_config(4, 128), gemv_config(4, 512)]
 
 
 def _triton_gemv_at(o, g, w, *, pdl=False, **cfg):

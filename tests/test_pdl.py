@@ -121,3 +121,10 @@ def test_experts_grouped_path_waits_in_every_program(name, launches):
     kernels = _pdl_launches(v, config, spec("experts").make_inputs(wl, "cpu", 0), launches)
     assert {e["kernel"] for e in kernels} >= {"_count_by_expert", "_align_by_expert", "_gate_up_grouped",
                                               "_down_grouped", "_combine"}
+
+
+def test_attn_out_gemv_gated_is_one_kernel_at_decode(launches):
+    """The gate is the GEMV's prologue: one launch per call where attn_out:triton_gemv makes two."""
+    v = registry.get("attn_out", "triton_gemv_gated")
+    kernels = _pdl_launches(v, v.configs[0], spec("attn_out").make_inputs(WORKLOADS["decode"], "cpu", 0), launches)
+    assert [e["kernel"] for e in kernels] == ["_gated_gemv_fma"]

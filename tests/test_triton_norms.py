@@ -128,7 +128,7 @@ def _attn_inputs(n, heads, hd, hidden, dtype, gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["triton", "triton_fused", "triton_gemv"])
+@pytest.mark.parametrize("name", ["triton", "triton_fused", "triton_gemv", "triton_gemv_gated"])
 @pytest.mark.parametrize("n,heads,hd,hidden", [(1, 4, 16, 48), (5, 3, 8, 40), (20, 2, 8, 16)])
 def test_attn_out(n, heads, hd, hidden, name, dtype):
     v, ref = available("attn_out", name), registry.reference("attn_out")
@@ -211,6 +211,6 @@ def test_gpu_tp8_shapes(batch):
     o, g = o.to(dev), g.to(dev)
     aw = {key: t.to(dev) for key, t in aw.items()}
     y_ref = registry.reference("attn_out").fn(o, g, aw)
-    for name in ("triton", "triton_fused", "triton_gemv"):
+    for name in ("triton", "triton_fused", "triton_gemv", "triton_gemv_gated"):
         for label, fn in callables(available("attn_out", name)):
             assert _rel(_graph_replay(lambda: fn(o, g, aw)), y_ref) <= 2 ** -8, f"attn_out:{name} {label}"

@@ -1019,3 +1019,44 @@ def test_report_counts_pdl_candidates_apart_from_their_backend():
         cand("triton", "triton", {"num_warps": 8, "pdl": True}, 240.0),
         cand("triton", "triton", {"num_warps": 4, "pdl": True}, 100.0, passed=False)])
     assert backend_bests(result) == {"triton+pdl": 0.24, "triton": 0.33, "torch": 4.0}
+
+
+def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypatch):
+    """The reference profile and the whole-step compile baselines are keyed by what the reference runs:
+    an edit to experts:triton's kernels (imported inside a function, on that variant's first call)
+    leaves the key as it is, though it moves the reference's source hash; an edit to the reference's
+    module, to what importing it runs, or to a module the reference function imports itself moves it."""
+    import io
+    from types import SimpleNamespace
+
+    from workbench import lock
+
+    real_open, edits = open, set()
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        if os.path.relpath(path, lock.ROOT) in edits and "b" in mode:
+            return io.BytesIO(f.read() + b"\n# edited\n")
+        return f
+
+    def key_after(*paths):
+        edits.clear()
+        edits.update(paths)
+        return lock.reference_key("experts"), lock.source_hash("experts", "torch")
+
+    monkeypatch.setattr(lock, "open", fake_open, raising=False)
+    key, src = key_after()
+    kernels = "workbench/variants/_triton_moe.py"
+    assert key_after(kernels)[0] == key and key_after(kernels)[1] != src
+    assert key_after("workbench/variants/experts.py")[0] != key
+    assert key_after("beam_model/functional.py")[0] != key  # experts.py imports swiglu from it
+
+    def reference_importing_kernels(x):
+        from workbench.variants import _triton_moe  # noqa: F401
+        return x
+
+    real_get = lock.get
+    monkeypatch.setattr(lock, "get", lambda point, name: SimpleNamespace(
+        fn=reference_importing_kernels, source_file=real_get(point, name).source_file))
+    key = key_after()[0]
+    assert key_after(kernels)[0] != key

@@ -15,11 +15,12 @@ import hashlib
 import inspect
 import json
 import os
+import textwrap
 from dataclasses import dataclass, field
 
 import yaml
 
-from workbench.registry import POINTS, get
+from workbench.registry import POINTS, REFERENCE, get
 
 SCHEMA = 1
 ENV_KEYS = ("gpu", "torch", "triton", "flashinfer", "cutlass")  # a difference here invalidates timings
@@ -34,13 +35,18 @@ class LockError(ValueError):
 _HARNESS = {"workbench.registry", "workbench.points", "workbench.variants._inputs"}
 
 
-def _project_imports(path: str, seen: set[str] | None = None) -> list[str]:
-    """Project files a module imports, transitively (module level or inside functions), read statically."""
-    seen = set() if seen is None else seen
-    with open(path) as f:
-        tree = ast.parse(f.read())
+def _outside_functions(node):
+    """The nodes under `node` that run when it does: function bodies are left out (they run on a call)."""
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield child
+            yield from _outside_functions(child)
+
+
+def _imported_files(nodes, seen: set[str], at_import: bool) -> None:
+    """Adds to `seen` the project files the import statements among `nodes` name, and theirs in turn."""
     names = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{a.name}" for a in node.names)
@@ -50,7 +56,16 @@ def _project_imports(path: str, seen: set[str] | None = None) -> list[str]:
         candidate = os.path.join(ROOT, *name.split(".")) + ".py"
         if name.split(".")[0] in ("workbench", "beam_model") and os.path.isfile(candidate) and candidate not in seen:
             seen.add(candidate)
-            _project_imports(candidate, seen)
+            _project_imports(candidate, seen, at_import=at_import)
+
+
+def _project_imports(path: str, seen: set[str] | None = None, *, at_import: bool = False) -> list[str]:
+    """Project files a module imports, transitively (module level or inside functions; with
+    `at_import`, only what importing it runs), read statically."""
+    seen = set() if seen is None else seen
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    _imported_files(_outside_functions(tree) if at_import else ast.walk(tree), seen, at_import)
     return sorted(seen)
 
 
@@ -65,6 +80,24 @@ def source_hash(point: str, variant: str) -> str:
     """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
     h = hashlib.sha256()
     for path in _source_paths(point, variant):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def reference_key(point: str) -> str:
+    """sha256 over what the point's reference runs: its module and what importing it runs, plus the
+    imports inside the reference function itself; not the kernels other variants of the module import
+    on their first call. Keys the reference profile and the whole-step torch.compile baselines of an
+    optimize run folder, so an edit to a Triton kernel module does not re-time the reference step
+    (minutes of device time at full size). Lock entries keep `source_hash`, which covers everything."""
+    v = get(point, REFERENCE)
+    seen = {v.source_file}
+    _project_imports(v.source_file, seen, at_import=True)
+    fn = inspect.unwrap(v.fn)
+    _imported_files(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))), seen, at_import=True)
+    h = hashlib.sha256()
+    for path in sorted(seen):
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]

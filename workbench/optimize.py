@@ -19,7 +19,7 @@ import torch
 
 from beam_model import BeamForCausalLM
 from workbench import bench
-from workbench.lock import Lock, source_hash
+from workbench.lock import Lock, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.registry import POINTS, REFERENCE, _compiled, get
@@ -58,7 +58,7 @@ def _profile_key(opts: OptimizeOptions, dtype: str, workload_for) -> dict:
         "target": opts.target, "preset": opts.preset, "dtype": dtype, "seed": opts.seed,
         "workloads": {kind: workload_for(kind).label() for kind in ("sliding", "full", "model")},
         "device": str(opts.device), "gpu": torch.cuda.get_device_name(opts.device) if opts.device.type == "cuda" else None,
-        "reference": {p: source_hash(p, REFERENCE) for p in POINTS}}))
+        "reference": {p: reference_key(p) for p in POINTS}}))
 
 
 def _saved(path: str, key: dict, read):

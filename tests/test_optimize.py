@@ -1051,9 +1051,9 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
     assert key_after("workbench/variants/experts.py")[0] != key
     assert key_after("beam_model/functional.py")[0] != key  # experts.py imports swiglu from it
 
-    def reference_importing_kernels(x):
-        from workbench.variants import _triton_moe  # noqa: F401
-        return x
+    def reference_importing_kernels(x):  # only its source is read
+        from workbench.variants import _triton_moe
+        return _triton_moe.fused_experts(x)
 
     real_get = lock.get
     monkeypatch.setattr(lock, "get", lambda point, name: SimpleNamespace(

@@ -1025,7 +1025,8 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
     """The reference profile and the whole-step compile baselines are keyed by what the reference runs:
     an edit to experts:triton's kernels (imported inside a function, on that variant's first call)
     leaves the key as it is, though it moves the reference's source hash; an edit to the reference's
-    module, to what importing it runs, or to a module the reference function imports itself moves it."""
+    module, to what importing it runs, or to a module the reference function imports itself moves it.
+    An edit to the model or the step runner moves the profile's step key."""
     import io
     from types import SimpleNamespace
 
@@ -1054,6 +1055,17 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
     def reference_importing_kernels(x):  # only its source is read
         from workbench.variants import _triton_moe
         return _triton_moe.fused_experts(x)
+
+    # The model and the step runner key every profile too (optimize.STEP_MODULES)
+    from workbench.optimize import STEP_MODULES
+
+    key_after()
+    step = lock.module_key(*STEP_MODULES)
+    key_after(kernels)
+    assert lock.module_key(*STEP_MODULES) == step
+    for edited in ("beam_model/model.py", "beam_model/kv_cache.py", "workbench/targets.py"):
+        key_after(edited)
+        assert lock.module_key(*STEP_MODULES) != step, edited
 
     real_get = lock.get
     monkeypatch.setattr(lock, "get", lambda point, name: SimpleNamespace(

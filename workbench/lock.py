@@ -96,8 +96,21 @@ def reference_key(point: str) -> str:
     _project_imports(v.source_file, seen, at_import=True)
     fn = inspect.unwrap(v.fn)
     _imported_files(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))), seen, at_import=True)
-    h = hashlib.sha256()
+    return _hash_files(seen)
+
+
+def module_key(*modules: str) -> str:
+    """sha256 over project modules (paths from the repository root) and what importing them runs:
+    e.g. the model and the target's step runner, which every timing of a step depends on."""
+    seen = {os.path.join(ROOT, m) for m in modules}
     for path in sorted(seen):
+        _project_imports(path, seen, at_import=True)
+    return _hash_files(seen)
+
+
+def _hash_files(paths) -> str:
+    h = hashlib.sha256()
+    for path in sorted(paths):
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]

@@ -19,7 +19,7 @@ import torch
 
 from beam_model import BeamForCausalLM
 from workbench import bench
-from workbench.lock import Lock, reference_key
+from workbench.lock import Lock, module_key, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.registry import POINTS, REFERENCE, _compiled, get
@@ -51,14 +51,18 @@ class OptimizeOptions:
     compile_baselines: tuple[str, ...] = ("points",)
 
 
+# The code every timed step runs whatever the variants: the model and the target's step runner.
+STEP_MODULES = ("beam_model/model.py", "workbench/targets.py")
+
+
 def _profile_key(opts: OptimizeOptions, dtype: str, workload_for) -> dict:
     """What the reference profile depends on: the step, the shapes its floors are computed at, the
-    machine, the reference variants' code."""
+    machine, the model and step runner's code, the reference variants' code."""
     return json.loads(json.dumps({
         "target": opts.target, "preset": opts.preset, "dtype": dtype, "seed": opts.seed,
         "workloads": {kind: workload_for(kind).label() for kind in ("sliding", "full", "model")},
         "device": str(opts.device), "gpu": torch.cuda.get_device_name(opts.device) if opts.device.type == "cuda" else None,
-        "reference": {p: reference_key(p) for p in POINTS}}))
+        "step": module_key(*STEP_MODULES), "reference": {p: reference_key(p) for p in POINTS}}))
 
 
 def _saved(path: str, key: dict, read):

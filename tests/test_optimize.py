@@ -1052,10 +1052,6 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
     assert key_after("workbench/variants/experts.py")[0] != key
     assert key_after("beam_model/functional.py")[0] != key  # experts.py imports swiglu from it
 
-    def reference_importing_kernels(x):  # only its source is read
-        from workbench.variants import _triton_moe
-        return _triton_moe.fused_experts(x)
-
     # The model and the step runner key every profile too (optimize.STEP_MODULES)
     from workbench.optimize import STEP_MODULES
 
@@ -1066,6 +1062,10 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
     for edited in ("beam_model/model.py", "beam_model/kv_cache.py", "workbench/targets.py"):
         key_after(edited)
         assert lock.module_key(*STEP_MODULES) != step, edited
+
+    def reference_importing_kernels(x):  # only its source is read
+        from workbench.variants import _triton_moe
+        return _triton_moe.fused_experts(x)
 
     real_get = lock.get
     monkeypatch.setattr(lock, "get", lambda point, name: SimpleNamespace(

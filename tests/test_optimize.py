@@ -1048,7 +1048,8 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
     monkeypatch.setattr(lock, "open", fake_open, raising=False)
     key, src = key_after()
     kernels = "workbench/variants/_triton_moe.py"
-    assert key_after(kernels)[0] == key and key_after(kernels)[1] != src
+    kernels_key, kernels_src = key_after(kernels)
+    assert kernels_key == key and kernels_src != src
     assert key_after("workbench/variants/experts.py")[0] != key
     assert key_after("beam_model/functional.py")[0] != key  # experts.py imports swiglu from it
 

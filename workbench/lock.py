@@ -78,11 +78,7 @@ def _source_paths(point: str, variant: str) -> list[str]:
 
 def source_hash(point: str, variant: str) -> str:
     """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
-    h = hashlib.sha256()
-    for path in _source_paths(point, variant):
-        with open(path, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:16]
+    return _hash_files(_source_paths(point, variant))
 
 
 def reference_key(point: str) -> str:
@@ -92,25 +88,30 @@ def reference_key(point: str) -> str:
     optimize run folder, so an edit to a Triton kernel module does not re-time the reference step
     (minutes of device time at full size). Lock entries keep `source_hash`, which covers everything."""
     v = get(point, REFERENCE)
-    seen = {v.source_file}
-    _project_imports(v.source_file, seen, at_import=True)
+    seen = _run_at_import([v.source_file])
     fn = inspect.unwrap(v.fn)
     _imported_files(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))), seen, at_import=True)
-    return _hash_files(seen)
+    return _hash_files(sorted(seen))
 
 
 def module_key(*modules: str) -> str:
     """sha256 over project modules (paths from the repository root) and what importing them runs:
     e.g. the model and the target's step runner, which every timing of a step depends on."""
-    seen = {os.path.join(ROOT, m) for m in modules}
-    for path in sorted(seen):
+    return _hash_files(sorted(_run_at_import([os.path.join(ROOT, m) for m in modules])))
+
+
+def _run_at_import(paths: list[str]) -> set[str]:
+    """`paths` and the project files importing them runs, transitively."""
+    seen = set(paths)
+    for path in paths:
         _project_imports(path, seen, at_import=True)
-    return _hash_files(seen)
+    return seen
 
 
 def _hash_files(paths) -> str:
+    """sha256 (16 hex) over the files' bytes, in the order given."""
     h = hashlib.sha256()
-    for path in sorted(paths):
+    for path in paths:
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]

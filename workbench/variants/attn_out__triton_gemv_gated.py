@@ -59,8 +59,7 @@ def _gemv_gated_at(o, g, w, *, BLOCK_N, BLOCK_K, num_warps, pdl=False):
     n, heads, hd = o.shape
     if not 0 < n <= _GATED_GEMV_MAX_TOKENS:  # static shape dispatch (graph-safe)
         return _attn_out_triton_at(o, g, w, **_ATTN_GATE_CONFIGS[0], pdl=pdl)
-    o_proj = w["o_proj"]
-    o_proj = o_proj if o_proj.is_contiguous() else o_proj.contiguous()
+    o_proj = w["o_proj"].contiguous()  # the kernel steps its rows by q_width (a no-op when contiguous)
     o = o if o.stride(-1) == 1 else o.contiguous()
     g = g if g.stride(-1) == 1 else g.contiguous()
     hidden = o_proj.shape[0]

@@ -2,8 +2,9 @@
 # experts:triton_rows against the decode lock's experts:triton config on the H200, beam-501b-tp8 batch 1:
 # every triton_rows config op-gated and timed (CUDA graphs, inputs past L2) with its per-kernel split,
 # then the lock's config (with and without PDL) in a second bench run, then Nsight Compute on one call
-# of each (speed of light, occupancy, warp stalls), if this host's ncu reads counters.
-# Usage (repository root): bash scripts/gpu_experts_rows.sh OUTDIR
+# of each at its default config (speed of light, occupancy, warp stalls) with NCU=1, if this host's ncu
+# reads counters.
+# Usage (repository root): [NCU=1] bash scripts/gpu_experts_rows.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -16,6 +17,7 @@ echo "rows: exit $?"
 $bench --variants triton --config "$lock}" --config "$lock,\"pdl\":true}" --gate --kernels --max-seconds 1.5 \
   --out "$out/lock" > "$out/lock.log" 2>&1
 echo "lock: exit $?"
+[ "${NCU:-0}" = 1 ] || exit 0
 ncu="timeout 150 ncu --clock-control none --kernel-name regex:_rows|_gemv --launch-skip 4 --launch-count 2
      --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis"
 quick="--no-graph --warmup 3 --min-reps 1 --max-reps 2 --max-seconds 0.01"

@@ -9,20 +9,16 @@ from workbench.registry import register
 # BLOCK_N whole gate/up rows per program at num_warps, DOWN_BLOCK_N hidden rows (of all top_k experts)
 # per down program at DOWN_WARPS; STEPS / DOWN_STEPS such blocks per program, double-buffered (default
 # 1). With BLOCK_K, gate/up is experts:triton's looped kernel at the decode lock's tile (8 x 512, 2
-# warps), so only the down kernel is new. The first four won the first H200 bench of one block per
-# program (runs/bench-experts-rows-tp8-b1/); the others take several, within the register budget
-# (`_triton_moe_rows.MAX_ELEMENTS_PER_THREAD`: no config spills on sm_90).
+# warps), so only the down kernel is new. The H200 benches (runs/bench-experts-rows-tp8-b1/) kept
+# these; none spills on sm_90 (`_triton_moe_rows.MAX_ELEMENTS_PER_THREAD`). The first won the second.
 CONFIGS = [
+    dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=2, DOWN_WARPS=4, DOWN_STEPS=4),
+    dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=4, DOWN_WARPS=8, DOWN_STEPS=4),
+    dict(BLOCK_N=1, num_warps=8, STEPS=4, DOWN_BLOCK_N=4, DOWN_WARPS=4),
     dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=4, DOWN_WARPS=4),
     dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=8, DOWN_WARPS=8),
     dict(BLOCK_N=1, num_warps=4, DOWN_BLOCK_N=2, DOWN_WARPS=2),
     dict(BLOCK_N=8, BLOCK_K=512, num_warps=2, DOWN_BLOCK_N=4, DOWN_WARPS=4),
-    dict(BLOCK_N=1, num_warps=8, STEPS=8, DOWN_BLOCK_N=4, DOWN_WARPS=4),
-    dict(BLOCK_N=1, num_warps=8, STEPS=4, DOWN_BLOCK_N=4, DOWN_WARPS=4),
-    dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=2, DOWN_WARPS=4, DOWN_STEPS=4),
-    dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=4, DOWN_WARPS=8, DOWN_STEPS=4),
-    dict(BLOCK_N=1, num_warps=8, STEPS=8, DOWN_BLOCK_N=2, DOWN_WARPS=4, DOWN_STEPS=4),
-    dict(BLOCK_N=1, num_warps=8, STEPS=4, DOWN_BLOCK_N=4, DOWN_WARPS=8, DOWN_STEPS=2),
 ]
 
 

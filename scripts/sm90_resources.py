@@ -1,5 +1,6 @@
 """Registers, local-memory spills, shared memory and load pipelining of `experts:triton`'s kernels
-(decode GEMV and prefill grouped) on an H200, per tuning config, without a GPU: Triton compiles them
+(decode GEMV and prefill grouped) and `experts:triton_rows`' (`--rows`) on an H200, per tuning
+config, without a GPU: Triton compiles them
 for sm_90 on the CPU, specialised as a launch at beam-501b-tp8's sizes would be (16-byte aligned
 pointers, sizes divisible by 16), and the CUDA toolkit's `cuobjdump` (in the triton wheel) reads the
 cubin's resource usage.
@@ -9,7 +10,8 @@ slower, whatever the tiles suggest: on the H200, the 8 x 1024 and wider gate/up 
 spill and ran 1.7-2.1x slower than the 8 x 512 winner (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md).
 Read this before spending device time on a config. The GPU host's Triton may allocate differently.
 
-    python3 scripts/sm90_resources.py [--config JSON ...]   (default: experts.TRITON_CONFIGS)
+    python3 scripts/sm90_resources.py [--rows] [--config JSON ...]
+    (default: experts.TRITON_CONFIGS, with --rows experts__triton_rows.CONFIGS)
 """
 
 import argparse
@@ -58,6 +60,30 @@ def gemv_kernels(config: dict, top_k: int) -> dict:
     return {"gate_up": gate_up, "down": down}
 
 
+def rows_kernels(config: dict, top_k: int) -> dict:
+    """`experts:triton_rows`' kernels (gate_up, down) compiled for sm_90 at one of its configs (decode,
+    BF16, beam-501b-tp8's sizes); a config with BLOCK_K runs experts:triton's gate/up kernel."""
+    from workbench.variants import _triton_moe_rows as rows
+
+    ints = _sizes(top_k)
+    hidden, ff = ints["HIDDEN"], ints["FF"]
+    kernels = {}
+    if "BLOCK_K" not in config:
+        h_a, h_b = rows.pieces(hidden)
+        kernels["gate_up"] = compile_sm90(rows._gate_up_rows, dict(
+            x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", FF="i32",
+            stride_we="i32", stride_wf="i32"), dict(
+            HIDDEN=hidden, H_A=h_a, H_B=h_b, TOP_K=top_k, BLOCK_N=config["BLOCK_N"], STEPS=config.get("STEPS", 1)),
+            ints=ints, num_warps=config["num_warps"], num_stages=1)
+    f_a, f_b = rows.pieces(ff)
+    kernels["down"] = compile_sm90(rows._down_rows, dict(
+        act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr="*bf16", y_ptr="*bf16", HIDDEN="i32",
+        stride_we="i32", stride_wh="i32"), dict(
+        FF=ff, F_A=f_a, F_B=f_b, TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(), BLOCK_N=config["DOWN_BLOCK_N"],
+        STEPS=config.get("DOWN_STEPS", 1)), ints=ints, num_warps=config["DOWN_WARPS"], num_stages=1)
+    return kernels
+
+
 def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
     """Both grouped (prefill) kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a
     grouped tuning config (BF16; `rounded`: experts:triton_rounded's down epilogue)."""
@@ -86,12 +112,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", metavar="JSON", help="a tuning config, GEMV or grouped (repeatable)")
     p.add_argument("--top-k", type=int, default=8, help="routed experts per token (default: %(default)s)")
+    p.add_argument("--rows", action="store_true", help="experts:triton_rows' kernels and configs")
     args = p.parse_args()
     from workbench.variants.experts import TRITON_CONFIGS
+    from workbench.variants.experts__triton_rows import CONFIGS as ROWS_CONFIGS
 
-    configs = [json.loads(c) for c in args.config] if args.config else TRITON_CONFIGS
+    configs = [json.loads(c) for c in args.config] if args.config else ROWS_CONFIGS if args.rows else TRITON_CONFIGS
     for config in configs:
-        kernels = (gemv_kernels if config["path"] == "gemv" else grouped_kernels)(config, args.top_k)
+        build = rows_kernels if args.rows else gemv_kernels if config["path"] == "gemv" else grouped_kernels
+        kernels = build(config, args.top_k)
         # cp_async: the loop's loads are pipelined through shared memory (num_stages > 1 took effect)
         usage = {name: {**resource_usage(k), "cp_async": "cp.async" in k.asm["ptx"]} for name, k in kernels.items()}
         spills = " SPILLS" if any(u["STACK"] or u["LOCAL"] for u in usage.values()) else ""

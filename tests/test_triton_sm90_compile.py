@@ -96,6 +96,20 @@ def test_sm90_resources_reads_registers_and_spills_of_a_config():
     assert usage["gate_up"]["STACK"] > 0 and line.endswith(" SPILLS")
 
 
+def test_triton_rows_configs_do_not_spill():
+    """Every experts:triton_rows config (its comment says none spills, and the variant's register
+    budget assumes so): both kernels compiled for sm_90 at beam-501b-tp8's decode sizes."""
+    _require_compiler()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "scripts", "sm90_resources.py"), "--rows"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    from workbench.variants.experts__triton_rows import CONFIGS
+
+    assert len(lines) == len(CONFIGS) and not any(line.endswith(" SPILLS") for line in lines), lines
+
+
 GROUPING_SCRIPT = r'''
 import json
 from workbench.sm90 import compile_sm90, resource_usage

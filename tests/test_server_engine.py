@@ -298,3 +298,25 @@ def test_random_traffic_keeps_pages_consistent(model, seed):
     stats = eng.stats()
     assert stats["pages_used"] == {FULL: 0, SLIDING: 0} and stats["prefix_hit_tokens"] > 0
     print(f"seed {seed}: {stats['preemptions']} preemptions, {stats['prefix_hit_tokens']} cached tokens")
+
+
+def test_warm_up_runs_prompt_and_mixed_steps_and_leaves_nothing(model):
+    """Start-up steps: a prompt alone, then a prompt beside a decode (mixed), at each token-count class;
+    afterwards no request, no page in use, and the engine serves exactly as one that never warmed up."""
+    tok = FullVocabTokenizer()
+    eng = Engine(model, tok, num_pages=32)
+    kinds = []
+    eng.step_observer = lambda kind, num_seqs, *times: kinds.append((kind, num_seqs))
+    assert eng.warm_up() == len(kinds)
+    assert kinds[:2] == [("prefill", 1), ("mixed", 2)] and ("mixed", 2) in kinds[3:] and ("decode", 1) in kinds
+    assert not eng.has_unfinished() and not eng.requests and eng.stats()["pages_used"] == {FULL: 0, SLIDING: 0}
+    eng.step_observer = None
+    ps, greedy = prompts([9, 40], seed=3), SamplingParams(max_tokens=12, temperature=0.0)
+    assert eng.generate(ps, greedy) == Engine(model, tok, num_pages=32).generate(ps, greedy)
+
+
+def test_a_failing_warm_up_names_the_step(model):
+    tok = ByteTokenizer()
+    hook = ScriptedLogits(tok, [{"when": "", "reply": "x", "fail_at": 0}])
+    with pytest.raises(RuntimeError, match="warm-up step failed .17-token prompts.: .*scripted failure"):
+        Engine(model, tok, num_pages=16, logits_hook=hook).warm_up()

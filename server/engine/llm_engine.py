@@ -39,6 +39,9 @@ def step_kind(seqs: list, counts: list[int]) -> str:
 # Captured decode graphs have page tables this many tokens wide: the reference attention reads the
 # whole table every step, so wider costs every step; longer sequences decode eagerly instead.
 GRAPH_MAX_LEN = 8192
+# `Engine.warm_up`'s prompt lengths: one of each class Triton specialises a token count by (other,
+# a multiple of 16; one token is a decode step, captured in a CUDA graph)
+WARM_UP_PROMPT_TOKENS = (17, 32)
 
 
 class Engine:
@@ -199,6 +202,32 @@ class Engine:
     def _output(seq: Sequence, token_ids, text, logprobs) -> RequestOutput:
         return RequestOutput(seq.request_id, token_ids, text, logprobs, seq.finished, seq.finish_reason,
                              seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens or 0, seq.error)
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def warm_up(self) -> int:
+        """Run the step kinds a server meets with its first requests once, before any request, so
+        their kernels compile at start-up rather than inside a user's prompt: Triton compiles a
+        kernel again for each class of its integer arguments (1, a multiple of 16, any other), and
+        a mixed step (prompt tokens beside decoding sequences) takes other shapes than a prompt
+        alone (runs/serve-sweep-beam-501b-tp8/NOTES.md: one mixed step took 2.96 s at 8 users). For
+        a prompt of each token-count class (17, 32): the prompt alone, then a prompt of one token
+        fewer beside its decode (a mixed step of the same count), each greedy to 3 tokens. Leaves
+        no request running; the KV pages go back (prefix-cached). Raises if a step fails: a model
+        that cannot run these would fail its first requests. Returns the steps it ran."""
+        vocab = min(self.config.vocab_size, self.tokenizer.vocab_size)
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        steps = self.num_steps
+        for n in WARM_UP_PROMPT_TOKENS:
+            first, second = f"warm-up-{n}", f"warm-up-{n}-mixed"
+            self.add_request(first, [(7 * i + n) % vocab for i in range(n)], params)
+            outputs = self.step()  # the prompt alone
+            self.add_request(second, [(11 * i + n + 1) % vocab for i in range(n - 1)], params)
+            while self.has_unfinished():  # the first step: the second prompt beside the first's decode
+                outputs += self.step()
+            failed = [o.error for o in outputs if o.error]
+            if failed:
+                raise RuntimeError(f"warm-up step failed ({n}-token prompts): {failed[0]}")
+        return self.num_steps - steps
 
     # ---- introspection & offline use --------------------------------------------------------
     def stats(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from workbench.commands.common import add_model_arguments, load_model, resolve_device
 
@@ -33,6 +34,9 @@ def add_arguments(p) -> None:
                    help="requests that may wait beyond --max-num-seqs before new ones get 503 (default: %(default)s)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV pages across requests")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="skip the start-up steps that compile prompt and mixed-step kernels before the first "
+                        "request (run on CUDA only: nothing compiles on the CPU)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--fake-model-script", help=argparse.SUPPRESS)  # test-only, see server/engine/testing.py
 
@@ -94,6 +98,10 @@ def run(args) -> int:
                     gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=not args.no_prefix_caching,
                     cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook)
+    if device.type == "cuda" and not args.no_warm_up:
+        started = time.perf_counter()
+        steps = engine.warm_up()
+        print(f"warm-up: {steps} steps in {time.perf_counter() - started:.1f} s", flush=True)
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else args.preset)
     if lock is not None:
         for line in lock_warnings(lock, engine.max_num_seqs):

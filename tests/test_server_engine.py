@@ -320,3 +320,16 @@ def test_a_failing_warm_up_names_the_step(model):
     hook = ScriptedLogits(tok, [{"when": "", "reply": "x", "fail_at": 0}])
     with pytest.raises(RuntimeError, match="warm-up step failed .17-token prompts.: .*scripted failure"):
         Engine(model, tok, num_pages=16, logits_hook=hook).warm_up()
+
+
+def test_a_slow_step_is_logged_with_its_shape(model, monkeypatch, caplog):
+    from server.engine import llm_engine
+
+    monkeypatch.setattr(llm_engine, "SLOW_STEP_SECONDS", 0.0)  # every step counts as slow
+    eng = Engine(model, FullVocabTokenizer(), num_pages=16)
+    with caplog.at_level("WARNING", logger="beam.engine"):
+        eng.warm_up()  # compiling is what warm-up steps are for: never logged
+        assert not caplog.text
+        eng.generate(prompts([5]), SamplingParams(max_tokens=2, temperature=0.0))
+    assert "slow prefill step" in caplog.text and "1 sequences, tokens fed [5]" in caplog.text
+    assert "slow decode step" in caplog.text

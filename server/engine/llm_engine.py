@@ -42,6 +42,8 @@ GRAPH_MAX_LEN = 8192
 # `Engine.warm_up`'s prompt lengths: one of each class Triton specialises a token count by (other,
 # a multiple of 16; one token is a decode step, captured in a CUDA graph)
 WARM_UP_PROMPT_TOKENS = (17, 32)
+# A step slower than this is logged with its shape (kind, sequences, tokens fed by each)
+SLOW_STEP_SECONDS = 1.0
 
 
 class Engine:
@@ -85,6 +87,7 @@ class Engine:
         # time lands in the next step. The server's metrics set this (beam_engine_step_seconds,
         # beam_engine_step_prepare_seconds, beam_engine_step_device_seconds).
         self.step_observer = None
+        self.slow_step_seconds = SLOW_STEP_SECONDS  # steps slower than this are logged (warm-up: none)
 
     def _plan_pages(self, num_pages, num_sliding_pages, utilization) -> dict[str, int]:
         c, m, ps = self.config, self.model, PAGE_SIZE
@@ -161,9 +164,13 @@ class Engine:
         try:
             started = time.perf_counter()
             samples = self.runner.run(batch.seqs, batch.num_tokens)
+            seconds = time.perf_counter() - started
+            kind = step_kind(batch.seqs, batch.num_tokens)
+            if seconds > self.slow_step_seconds:  # a first-seen shape compiling, most often: say which
+                log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s", kind, seconds,
+                            len(batch.seqs), batch.num_tokens)
             if self.step_observer is not None:
-                self.step_observer(step_kind(batch.seqs, batch.num_tokens), len(batch.seqs),
-                                   time.perf_counter() - started, self.runner.last_prepare_seconds,
+                self.step_observer(kind, len(batch.seqs), seconds, self.runner.last_prepare_seconds,
                                    self.runner.last_device_seconds)
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             log.exception("model step failed; failing its %d requests", len(batch.seqs))
@@ -216,7 +223,15 @@ class Engine:
         that cannot run these would fail its first requests. Returns the steps it ran."""
         vocab = min(self.config.vocab_size, self.tokenizer.vocab_size)
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-        steps = self.num_steps
+        steps, slow = self.num_steps, self.slow_step_seconds
+        self.slow_step_seconds = float("inf")  # compiling is what these steps are for
+        try:
+            self._warm_up(vocab, params)
+        finally:
+            self.slow_step_seconds = slow
+        return self.num_steps - steps
+
+    def _warm_up(self, vocab: int, params: SamplingParams) -> None:
         for n in WARM_UP_PROMPT_TOKENS:
             first, second = f"warm-up-{n}", f"warm-up-{n}-mixed"
             self.add_request(first, [(7 * i + n) % vocab for i in range(n)], params)
@@ -227,7 +242,6 @@ class Engine:
             failed = [o.error for o in outputs if o.error]
             if failed:
                 raise RuntimeError(f"warm-up step failed ({n}-token prompts): {failed[0]}")
-        return self.num_steps - steps
 
     # ---- introspection & offline use --------------------------------------------------------
     def stats(self) -> dict:

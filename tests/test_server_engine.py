@@ -315,6 +315,16 @@ def test_warm_up_runs_prompt_and_mixed_steps_and_leaves_nothing(model):
     assert eng.generate(ps, greedy) == Engine(model, tok, num_pages=32).generate(ps, greedy)
 
 
+def test_warm_up_skips_prompts_past_the_context(model, monkeypatch):
+    from server.engine import llm_engine
+
+    monkeypatch.setattr(llm_engine, "WARM_UP_PROMPT_TOKENS", (17, 62))
+    eng = Engine(model, FullVocabTokenizer(), num_pages=2)  # one usable page: a context of 64 tokens
+    only_17 = eng.warm_up()
+    monkeypatch.setattr(llm_engine, "WARM_UP_PROMPT_TOKENS", (17,))
+    assert eng.max_model_len == 64 and only_17 == Engine(model, FullVocabTokenizer(), num_pages=2).warm_up()
+
+
 def test_a_failing_warm_up_names_the_step(model):
     tok = ByteTokenizer()
     hook = ScriptedLogits(tok, [{"when": "", "reply": "x", "fail_at": 0}])

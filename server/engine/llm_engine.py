@@ -233,6 +233,8 @@ class Engine:
 
     def _warm_up(self, vocab: int, params: SamplingParams) -> None:
         for n in WARM_UP_PROMPT_TOKENS:
+            if n + params.max_tokens > self.max_model_len:  # a context this short never sees such prompts
+                continue
             first, second = f"warm-up-{n}", f"warm-up-{n}-mixed"
             self.add_request(first, [(7 * i + n) % vocab for i in range(n)], params)
             outputs = self.step()  # the prompt alone

@@ -165,13 +165,12 @@ class Engine:
             started = time.perf_counter()
             samples = self.runner.run(batch.seqs, batch.num_tokens)
             seconds = time.perf_counter() - started
-            kind = step_kind(batch.seqs, batch.num_tokens)
             if seconds > self.slow_step_seconds:  # a first-seen shape compiling, most often: say which
-                log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s", kind, seconds,
-                            len(batch.seqs), batch.num_tokens)
+                log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s",
+                            step_kind(batch.seqs, batch.num_tokens), seconds, len(batch.seqs), batch.num_tokens)
             if self.step_observer is not None:
-                self.step_observer(kind, len(batch.seqs), seconds, self.runner.last_prepare_seconds,
-                                   self.runner.last_device_seconds)
+                self.step_observer(step_kind(batch.seqs, batch.num_tokens), len(batch.seqs), seconds,
+                                   self.runner.last_prepare_seconds, self.runner.last_device_seconds)
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             log.exception("model step failed; failing its %d requests", len(batch.seqs))
             for seq in batch.seqs:

@@ -1,8 +1,11 @@
-"""`experts:flashinfer` without the library: a stand-in of `flashinfer.fused_moe.cute_dsl_fused_moe_bf16`
-that follows its documented contract (w1 [E, 2 x ff, hidden] with up and gate interleaved in 32-row
-blocks, up first; int32 ids, FP32 scales; SwiGLU from FP32 accumulators rounded to the model dtype;
-unscaled down rows rounded, then an FP32 combine rounded once) drives the adapter through the op gate,
-and a planted adapter that packs gate first is rejected. The `gpu` test runs the real kernels."""
+"""`experts:flashinfer` without the library. Stand-ins of FlashInfer's two SM90 CuTe-DSL MoE GEMMs follow
+their documented contracts (GEMM1: rows of tile t below `tile_idx_to_mn_limit[t]` are valid, each
+gathers input row `token_id_mapping[row] // topk`, w1 [E, 2 x ff, hidden] holds up and gate interleaved
+in 32-row blocks, up first, SwiGLU from FP32 accumulators rounded to the model dtype; GEMM2: each valid
+row's down projection, rounded, written unscaled at its pair's row; tiles past `num_non_exiting_tiles`
+never run) and drive the adapter, its routing maps and experts:triton's combine through the op gate.
+Planted faults (gate packed first, a routing map one row short) are rejected. The `gpu` test runs the
+real kernels."""
 
 import dataclasses
 import types
@@ -11,38 +14,68 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.variant_helpers import assert_every_config_passes, failures, stand_in_flashinfer
+from tests.variant_helpers import assert_every_config_passes, failures
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__flashinfer as fi_moe
 
 PREFILL = Workload("beam-tiny", batch=2, tokens_per_seq=512, context=512, dtype="bf16")
+SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
 
 
-def _cute_dsl_fused_moe_bf16(x, ids, scales, w1, w2, num_experts, top_k, use_fused_finalize=True,
-                             enable_pdl=True, tactic=None, **_):
-    assert ids.dtype == torch.int32 and scales.dtype == torch.float32 and x.dtype == w1.dtype == w2.dtype
-    assert not use_fused_finalize and tactic is not None and len(tactic) == 3
+def _live_rows(tile_expert, row_limit, num_tiles, tile, rows):
+    """(row, expert) of every valid row, as the kernels walk them: tiles past num_tiles never run."""
+    row = torch.arange(rows)
+    t = row // tile
+    live = (t < int(num_tiles[0])) & (row < row_limit.long()[t])
+    return row[live], tile_expert.long()[t[live]]
+
+
+def _gemm1(x, w1, tile_expert, row_limit, token_id_mapping, num_tiles, out=None, *, topk, permuted_m,
+           tile_shape_mn, swizzle_size=1, enable_pdl=True, **_):
+    assert x.is_contiguous() and w1.stride(2) == 1 and token_id_mapping.numel() == permuted_m
+    assert all(t.dtype == torch.int32 for t in (tile_expert, row_limit, token_id_mapping, num_tiles))
     e, two_ff, h = w1.shape
     blocks = w1.view(e, two_ff // 64, 2, 32, h)
-    up, gate = (blocks[:, :, i].reshape(e, two_ff // 2, h) for i in (0, 1))
-    ids = ids.long()
-    xf = x.float()[:, None, None, :]  # [N, 1, 1, h] against each pair's [ff, h] weights
-    g, u = ((xf * w[ids].float()).sum(-1) for w in (gate, up))  # FP32 accumulators [N, K, ff]
-    a = (F.silu(g) * u).to(x.dtype).float()
-    y = (a[:, :, None, :] * w2[ids].float()).sum(-1).to(x.dtype)  # each pair's unscaled row, rounded
-    out = (scales[..., None] * y.float()).sum(1)
-    return out.to(x.dtype)
+    up, gate = (blocks[:, :, i].reshape(e, two_ff // 2, h).float() for i in (0, 1))
+    out = torch.full((permuted_m, two_ff // 2), float("nan"), dtype=x.dtype) if out is None else out
+    row, j = _live_rows(tile_expert, row_limit, num_tiles, tile_shape_mn[0], permuted_m)
+    xr = x[token_id_mapping.long()[row] // topk].float()[:, None, :]  # FP32 accumulation below
+    out[row] = (F.silu((gate[j] * xr).sum(-1)) * (up[j] * xr).sum(-1)).to(x.dtype)
+    return out
+
+
+def _gemm2(a, w2, tile_expert, row_limit, row_pair, num_tiles, scales, out, *, topk, use_fused_finalize=True,
+           tile_shape_mn, cluster_shape_mn=(1, 1), enable_pdl=True, **_):
+    assert not use_fused_finalize and out.shape[0] == scales.numel()
+    row, j = _live_rows(tile_expert, row_limit, num_tiles, tile_shape_mn[0], row_pair.numel())
+    out[row_pair.long()[row]] = (w2[j].float() * a[row].float()[:, None, :]).sum(-1).to(out.dtype)
+    return out
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    stand_in_flashinfer(monkeypatch, "fused_moe", cute_dsl_fused_moe_bf16=_cute_dsl_fused_moe_bf16)
+    """The two FlashInfer modules the adapter imports, holding the stand-ins."""
+    base = "flashinfer.fused_moe.cute_dsl"
+    modules = {name: types.ModuleType(name) for name in
+               ("flashinfer", "flashinfer.fused_moe", base, f"{base}.sm90_contiguous_gather_grouped_gemm_act_fusion",
+                f"{base}.sm90_contiguous_grouped_gemm_finalize_fusion")}
+    modules[f"{base}.sm90_contiguous_gather_grouped_gemm_act_fusion"].sm90_contiguous_gather_grouped_gemm_act_fusion \
+        = _gemm1
+    modules[f"{base}.sm90_contiguous_grouped_gemm_finalize_fusion"].sm90_contiguous_grouped_gemm_finalize_fusion \
+        = _gemm2
+    for name, module in modules.items():
+        monkeypatch.setitem(__import__("sys").modules, name, module)
     monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: True)
+    monkeypatch.setattr(fi_moe, "MIN_TOKENS", SMALL.tokens)  # the interpreted combine is slow at 1024 tokens
 
 
 def _on_cpu(v):
-    return dataclasses.replace(v, backend="torch")  # the stand-in runs where the real kernels cannot
+    return dataclasses.replace(v, backend="torch")  # the stand-ins run where the real kernels cannot
+
+
+def _gate(v):
+    return gates.op_gate(_on_cpu(v), [SMALL], device="cpu", seeds=(0,))
 
 
 def test_interleave_puts_each_up_block_before_its_gate_block():
@@ -56,22 +89,41 @@ def test_interleave_puts_each_up_block_before_its_gate_block():
         fi_moe.interleave_up_gate(gate[:, :48], up[:, :48])
 
 
-def test_every_config_passes_the_op_gate_through_the_stand_in(stand_in):
-    assert_every_config_passes(_on_cpu(registry.get("experts", "flashinfer")), [PREFILL], device="cpu", seeds=(0,))
+@pytest.mark.parametrize("tokens,top_k,experts,tile", [(40, 4, 16, 8), (3, 2, 16, 4), (1, 8, 8, 128), (64, 8, 256, 16)])
+def test_routing_maps_place_every_pair_once_in_its_experts_tiles(tokens, top_k, experts, tile):
+    ids = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
+    ids[: tokens // 2, 0] = 1  # one crowded expert: several tiles
+    r = fi_moe.sort_by_expert(ids, experts, tile)
+    assert r.rows == fi_moe.max_tiles(tokens * top_k, experts, tile) * tile
+    row, expert = _live_rows(r.tile_expert, r.tile_row_limit, r.num_tiles, tile, r.rows)
+    pairs = r.row_pair.long()[row]
+    assert sorted(pairs.tolist()) == list(range(tokens * top_k))  # each pair exactly once
+    assert torch.equal(ids.reshape(-1)[pairs], expert)  # in a tile of its expert
+    counts = torch.bincount(ids.view(-1), minlength=experts)
+    assert int(r.num_tiles[0]) == int(((counts + tile - 1) // tile).sum())
+    assert (r.row_pair == -1).sum() == r.rows - tokens * top_k  # padding rows hold -1
+
+
+def test_every_config_passes_the_op_gate_through_the_stand_ins(stand_in):
+    assert_every_config_passes(_on_cpu(registry.get("experts", "flashinfer")), [SMALL], device="cpu", seeds=(0,))
 
 
 def test_gate_rejects_gate_and_up_packed_the_wrong_way_round(stand_in, monkeypatch):
     real = fi_moe.interleave_up_gate
     monkeypatch.setattr(fi_moe, "interleave_up_gate", lambda gate, up: real(up, gate))
-    report = gates.op_gate(_on_cpu(registry.get("experts", "flashinfer")), [PREFILL], device="cpu", seeds=(0,))
+    report = _gate(registry.get("experts", "flashinfer"))
     assert not report.passed and any(c.name == "accuracy" for c in report.failures), failures(report)
 
 
-def test_configs_are_flashinfer_tactics():
-    assert fi_moe.tactic(**fi_moe.CONFIGS[0]) == (128, ((128, 64), 1), ((128, 64), (1, 1), False))
-    for cfg in fi_moe.CONFIGS:
-        tile, (g1, _), (g2, cluster, _) = fi_moe.tactic(**cfg)
-        assert g1[0] == g2[0] == tile and cluster[0] == 1  # both GEMMs' M tile is moe_sort's
+def test_gate_rejects_a_routing_map_one_row_short(stand_in, monkeypatch):
+    real = fi_moe.sort_by_expert
+
+    def short(ids, num_experts, tile):
+        r = real(ids, num_experts, tile)
+        return dataclasses.replace(r, tile_row_limit=r.tile_row_limit - 1)  # each expert's last pair dropped
+
+    monkeypatch.setattr(fi_moe, "sort_by_expert", short)
+    assert not _gate(registry.get("experts", "flashinfer")).passed
 
 
 def test_supports_names_why_it_declines(monkeypatch):

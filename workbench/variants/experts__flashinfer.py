@@ -120,6 +120,15 @@ def _supports(wl):
     return True
 
 
+def _config_supports(config, wl):
+    """GEMM2's (1, 2) cluster pairs N tiles: hidden must split into an even count of them."""
+    tiles = -(-wl.config.hidden_size // config["gemm2_n"])
+    if config["cluster_n"] == 2 and tiles % 2:
+        return (f"a (1, 2) cluster needs an even count of {config['gemm2_n']}-wide N tiles over hidden "
+                f"{wl.config.hidden_size}, not {tiles} (GEMM2)")
+    return True
+
+
 def _experts_at(x, ids, weights, w, *, tile, gemm1_n, swizzle, gemm2_n, cluster_n):
     from flashinfer.fused_moe.cute_dsl.sm90_contiguous_gather_grouped_gemm_act_fusion import (
         sm90_contiguous_gather_grouped_gemm_act_fusion as gemm1)
@@ -143,7 +152,7 @@ def _experts_at(x, ids, weights, w, *, tile, gemm1_n, swizzle, gemm2_n, cluster_
     return combine(rows, weights, top_k, weighted=True, dtype=x.dtype)
 
 
-@register("experts", "flashinfer", "flashinfer", supports=_supports, configs=CONFIGS,
+@register("experts", "flashinfer", "flashinfer", supports=_supports, configs=CONFIGS, config_supports=_config_supports,
           configure=lambda cfg: functools.partial(_experts_at, **cfg))
 def experts_flashinfer(x, ids, weights, w):
     """FlashInfer's default tactic (CONFIGS[0])."""

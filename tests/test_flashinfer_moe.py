@@ -18,6 +18,7 @@ from tests.variant_helpers import failures
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__flashinfer as fi_moe
+from workbench.variants import experts__flashinfer_down as fi_down
 
 PREFILL = Workload("beam-tiny", batch=2, tokens_per_seq=512, context=512, dtype="bf16")
 SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
@@ -67,7 +68,8 @@ def stand_in(monkeypatch):
     for name, module in modules.items():
         monkeypatch.setitem(__import__("sys").modules, name, module)
     monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: True)
-    monkeypatch.setattr(fi_moe, "MIN_TOKENS", SMALL.tokens)  # the interpreted combine is slow at 1024 tokens
+    for module in (fi_moe, fi_down):  # the interpreted kernels are slow at 1024 tokens
+        monkeypatch.setattr(module, "MIN_TOKENS", SMALL.tokens)
 
 
 def _on_cpu(v):
@@ -89,19 +91,27 @@ def test_interleave_puts_each_up_block_before_its_gate_block():
         fi_moe.interleave_up_gate(gate[:, :48], up[:, :48])
 
 
+def _triton_grouping(ids, experts, tile):
+    from workbench.variants._triton_moe import align_by_expert
+
+    return fi_down.routing_of(*align_by_expert(ids.int(), experts, tile), ids.numel(), experts, tile)
+
+
+@pytest.mark.parametrize("make", [fi_moe.sort_by_expert, _triton_grouping], ids=["torch", "triton_align"])
 @pytest.mark.parametrize("tokens,top_k,experts,tile", [(40, 4, 16, 8), (3, 2, 16, 4), (1, 8, 8, 128), (64, 8, 256, 16)])
-def test_routing_maps_place_every_pair_once_in_its_experts_tiles(tokens, top_k, experts, tile):
+def test_routing_maps_place_every_pair_once_in_its_experts_tiles(make, tokens, top_k, experts, tile):
     ids = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
     ids[: tokens // 2, 0] = 1  # one crowded expert: several tiles
-    r = fi_moe.sort_by_expert(ids, experts, tile)
-    assert r.rows == fi_moe.max_tiles(tokens * top_k, experts, tile) * tile
+    r = make(ids, experts, tile)
+    assert r.rows >= fi_moe.max_tiles(tokens * top_k, experts, tile) * tile
     row, expert = _live_rows(r.tile_expert, r.tile_row_limit, r.num_tiles, tile, r.rows)
     pairs = r.row_pair.long()[row]
     assert sorted(pairs.tolist()) == list(range(tokens * top_k))  # each pair exactly once
     assert torch.equal(ids.reshape(-1)[pairs], expert)  # in a tile of its expert
     counts = torch.bincount(ids.view(-1), minlength=experts)
     assert int(r.num_tiles[0]) == int(((counts + tile - 1) // tile).sum())
-    assert (r.row_pair == -1).sum() == r.rows - tokens * top_k  # padding rows hold -1
+    in_use = r.row_pair[: int(r.num_tiles[0]) * tile]  # rows past the tiles in use are never read
+    assert (in_use == -1).sum() == in_use.numel() - tokens * top_k  # padding rows hold -1
 
 
 def _every_config_passes(v, workloads, device, seeds):
@@ -123,6 +133,21 @@ def test_a_cluster_pair_needs_an_even_count_of_n_tiles():
     pair = next(c for c in v.configs if c["cluster_n"] == 2)
     assert "even count" in v.unsupported_config(pair, PREFILL)  # beam-tiny: hidden 64, one N tile
     assert v.unsupported_config(pair, PREFILL.with_(preset="beam-501b-tp8")) is None
+
+
+def test_hybrid_every_config_passes_the_op_gate_through_the_stand_in(stand_in):
+    _every_config_passes(_on_cpu(registry.get("experts", "flashinfer_down")), [SMALL], "cpu", (0,))
+
+
+def test_hybrid_gate_rejects_a_tile_limit_one_row_long(stand_in, monkeypatch):
+    real = fi_down.routing_of
+
+    def long(*args):
+        r = real(*args)
+        return dataclasses.replace(r, tile_row_limit=r.tile_row_limit + 1)  # a padding row (-1) computed
+
+    monkeypatch.setattr(fi_down, "routing_of", long)
+    assert not _gate(registry.get("experts", "flashinfer_down")).passed
 
 
 def test_gate_rejects_gate_and_up_packed_the_wrong_way_round(stand_in, monkeypatch):
@@ -158,8 +183,9 @@ def test_supports_names_why_it_declines(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not registry.backend_available("flashinfer")[0] or not fi_moe._cutlass_installed(),
                     reason="needs flashinfer, the CUTLASS DSL and a CUDA GPU")
+@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_down"])
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_every_config_passes_the_op_gate(preset):
+def test_gpu_every_config_passes_the_op_gate(name, preset):
     workloads = [Workload(preset, batch=2, tokens_per_seq=512, context=512),
                  Workload(preset, batch=1, tokens_per_seq=2048, context=2048)]
-    _every_config_passes(registry.get("experts", "flashinfer"), workloads, "cuda", (0, 1))
+    _every_config_passes(registry.get("experts", name), workloads, "cuda", (0, 1))

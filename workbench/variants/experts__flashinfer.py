@@ -102,25 +102,34 @@ def _cutlass_installed() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
-def _supports(wl):
+def cute_moe_limits(wl, ff_multiple: int) -> bool | str:
+    """True, or why FlashInfer's SM90 CuTe-DSL MoE GEMMs cannot run at `wl` (their constraints: 16-byte
+    rows, BF16/FP16, Hopper; GEMM1's interleave also needs ff a multiple of 32)."""
     c = wl.config
     if not _cutlass_installed():
         return "FlashInfer's CuTe-DSL MoE GEMMs need the CUTLASS DSL package ('cutlass'), which is not installed"
     if wl.dtype not in ("bf16", "fp16"):
         return f"FlashInfer's CuTe-DSL MoE GEMMs take bf16 or fp16, not {wl.dtype}"
-    if c.moe_intermediate_size % INTERLEAVE or c.hidden_size % 8:
-        return (f"ff {c.moe_intermediate_size} must be a multiple of {INTERLEAVE} and hidden {c.hidden_size} "
+    if c.moe_intermediate_size % ff_multiple or c.hidden_size % 8:
+        return (f"ff {c.moe_intermediate_size} must be a multiple of {ff_multiple} and hidden {c.hidden_size} "
                 "of 8 (FlashInfer's CuTe-DSL MoE GEMMs)")
-    if wl.tokens < MIN_TOKENS:
-        return (f"{wl.tokens} tokens: the per-call gate/up repack only pays at prefill sizes "
-                f"(>= {MIN_TOKENS} tokens)")
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != 9:
         major, minor = torch.cuda.get_device_capability()
         return f"FlashInfer's CuTe-DSL MoE GEMMs run on SM90 (Hopper) only, not sm_{major}{minor}"
     return True
 
 
-def _config_supports(config, wl):
+def _supports(wl):
+    limits = cute_moe_limits(wl, INTERLEAVE)
+    if limits is not True:
+        return limits
+    if wl.tokens < MIN_TOKENS:
+        return (f"{wl.tokens} tokens: the per-call gate/up repack only pays at prefill sizes "
+                f"(>= {MIN_TOKENS} tokens)")
+    return True
+
+
+def cluster_supports(config, wl):
     """GEMM2's (1, 2) cluster pairs N tiles: hidden must split into an even count of them."""
     tiles = -(-wl.config.hidden_size // config["gemm2_n"])
     if config["cluster_n"] == 2 and tiles % 2:
@@ -129,11 +138,21 @@ def _config_supports(config, wl):
     return True
 
 
+def down_rows(act, down, r: Routing, weights, top_k: int, *, tile: int, gemm2_n: int, cluster_n: int):
+    """GEMM2: each routed pair's down projection [pairs, hidden] at row token * top_k + k, unscaled and
+    rounded to the model dtype (the deterministic mode; `weights` are only checked there)."""
+    from flashinfer.fused_moe.cute_dsl.sm90_contiguous_grouped_gemm_finalize_fusion import (
+        sm90_contiguous_grouped_gemm_finalize_fusion as gemm2)
+
+    rows = torch.empty((weights.numel(), down.shape[1]), dtype=act.dtype, device=act.device)
+    gemm2(act, down, r.tile_expert, r.tile_row_limit, r.row_pair, r.num_tiles, weights, rows, topk=top_k,
+          use_fused_finalize=False, tile_shape_mn=(tile, gemm2_n), cluster_shape_mn=(1, cluster_n), enable_pdl=False)
+    return rows
+
+
 def _experts_at(x, ids, weights, w, *, tile, gemm1_n, swizzle, gemm2_n, cluster_n):
     from flashinfer.fused_moe.cute_dsl.sm90_contiguous_gather_grouped_gemm_act_fusion import (
         sm90_contiguous_gather_grouped_gemm_act_fusion as gemm1)
-    from flashinfer.fused_moe.cute_dsl.sm90_contiguous_grouped_gemm_finalize_fusion import (
-        sm90_contiguous_grouped_gemm_finalize_fusion as gemm2)
 
     from workbench.variants._triton_moe import combine
 
@@ -145,14 +164,11 @@ def _experts_at(x, ids, weights, w, *, tile, gemm1_n, swizzle, gemm2_n, cluster_
     act = gemm1(x.contiguous(), interleave_up_gate(w["gate_proj"], w["up_proj"]), r.tile_expert, r.tile_row_limit,
                 r.row_pair, r.num_tiles, topk=top_k, permuted_m=r.rows, tile_shape_mn=(tile, gemm1_n),
                 swizzle_size=swizzle, enable_pdl=False)
-    rows = torch.empty((n * top_k, x.shape[1]), dtype=x.dtype, device=x.device)
-    gemm2(act, w["down_proj"], r.tile_expert, r.tile_row_limit, r.row_pair, r.num_tiles, weights, rows,
-          topk=top_k, use_fused_finalize=False, tile_shape_mn=(tile, gemm2_n), cluster_shape_mn=(1, cluster_n),
-          enable_pdl=False)
+    rows = down_rows(act, w["down_proj"], r, weights, top_k, tile=tile, gemm2_n=gemm2_n, cluster_n=cluster_n)
     return combine(rows, weights, top_k, weighted=True, dtype=x.dtype)
 
 
-@register("experts", "flashinfer", "flashinfer", supports=_supports, configs=CONFIGS, config_supports=_config_supports,
+@register("experts", "flashinfer", "flashinfer", supports=_supports, configs=CONFIGS, config_supports=cluster_supports,
           configure=lambda cfg: functools.partial(_experts_at, **cfg))
 def experts_flashinfer(x, ids, weights, w):
     """FlashInfer's default tactic (CONFIGS[0])."""

@@ -1,0 +1,87 @@
+"""`experts:flashinfer_down`: experts:triton_rounded's grouped path with its down GEMM replaced by
+FlashInfer's SM90 CuTe-DSL GEMM2 (experts:flashinfer's second kernel).
+
+Why a hybrid: FlashInfer's GEMM1 wants gate and up interleaved in one tensor, which the model does not
+hold (a per-call repack costs more than it saves), but its GEMM2 takes the down weight as the model
+holds it and beat `_down_grouped` by a quarter at 8 x 2K (runs/bench-experts-prefill-tp8/README.md,
+session 14). So: Triton groups the pairs by expert (`align_by_expert`, each expert's rows padded to
+whole tiles) and runs gate/up + SwiGLU into those rows (`_gate_up_grouped`); the same grouping, read
+as FlashInfer's routing maps, drives GEMM2, which writes each pair's down projection rounded to the
+model dtype; experts:triton's combine weights and sums them in FP32, rounded once. The rounding is
+experts:triton_rounded's, kernel for kernel.
+
+Prefill sizes only (>= MIN_TOKENS tokens; the grouped path's tiles of 64 or 128 rows per expert are
+mostly padding at decode, where experts:triton_rows reads only the selected rows).
+"""
+
+import functools
+
+import torch
+
+from workbench.registry import register
+from workbench.variants.experts__flashinfer import Routing, cluster_supports, cute_moe_limits, down_rows
+
+MIN_TOKENS = 1024
+
+# The gate/up tile is the 8 x 2K prefill lock's (BLOCK_M = the CuTe M tile); GEMM2's N tile and cluster
+# are the three fastest in the session-14 bench.
+_GATE_UP = dict(tile=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
+CONFIGS = [
+    dict(_GATE_UP, gemm2_n=256, cluster_n=1),
+    dict(_GATE_UP, gemm2_n=128, cluster_n=2),
+    dict(_GATE_UP, gemm2_n=128, cluster_n=1),
+]
+
+
+def _supports(wl):
+    limits = cute_moe_limits(wl, 8)
+    if limits is not True:
+        return limits
+    if wl.tokens < MIN_TOKENS:
+        return f"{wl.tokens} tokens: the grouped path is for prefill sizes (>= {MIN_TOKENS} tokens)"
+    return True
+
+
+def routing_of(sorted_pairs: torch.Tensor, block_expert: torch.Tensor, n_pairs: int, n_experts: int,
+               tile: int) -> Routing:
+    """`align_by_expert`'s grouping as FlashInfer's routing maps: padding rows (sentinel n_pairs) become
+    -1, a tile's row limit is where its padding starts (padding only ends an expert's run), and the
+    tiles in use are those with an expert (the worst-case surplus is marked n_experts)."""
+    valid = sorted_pairs < n_pairs
+    n_tiles = block_expert.numel()
+    limit = valid.view(n_tiles, tile).sum(1) + torch.arange(n_tiles, device=valid.device) * tile
+    return Routing(block_expert, limit.to(torch.int32), torch.where(valid, sorted_pairs, -1),
+                   (block_expert < n_experts).sum().to(torch.int32).view(1))
+
+
+def _experts_at(x, ids, weights, w, *, tile, BLOCK_N, BLOCK_K, num_warps, num_stages, gemm2_n, cluster_n):
+    import triton
+
+    from workbench.variants._triton_moe import _INTERPRETED, _gate_up_grouped, align_by_expert, combine
+
+    wg, wu = w["gate_proj"], w["up_proj"]
+    n, top_k = ids.shape
+    n_experts, ff, hidden = wg.shape
+    if not (wg.stride(-1) == wu.stride(-1) == 1 and wg.stride() == wu.stride()):
+        raise ValueError("experts:flashinfer_down needs gate/up contiguous along their last dim, alike")
+    n_pairs = n * top_k
+    if n_pairs == 0:
+        return torch.empty_like(x)
+    x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous().float()
+    sorted_pairs, block_expert = align_by_expert(ids, n_experts, tile)
+    act = torch.empty(sorted_pairs.numel(), ff, dtype=x.dtype, device=x.device)
+    grid_n = triton.cdiv(ff, BLOCK_N)
+    _gate_up_grouped[(block_expert.numel() * grid_n,)](
+        x, sorted_pairs, block_expert, wg, wu, act, n_pairs, n_experts, hidden, ff, wg.stride(0), wg.stride(1),
+        TOP_K=top_k, BLOCK_M=tile, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, N_BLOCKS_N=grid_n, PRECISION=None,
+        INTERP=_INTERPRETED, num_warps=num_warps, num_stages=num_stages)
+    r = routing_of(sorted_pairs, block_expert, n_pairs, n_experts, tile)
+    rows = down_rows(act, w["down_proj"], r, weights, top_k, tile=tile, gemm2_n=gemm2_n, cluster_n=cluster_n)
+    return combine(rows, weights, top_k, weighted=True, dtype=x.dtype)
+
+
+@register("experts", "flashinfer_down", "flashinfer", supports=_supports, configs=CONFIGS,
+          config_supports=cluster_supports, configure=lambda cfg: functools.partial(_experts_at, **cfg))
+def experts_flashinfer_down(x, ids, weights, w):
+    """CONFIGS[0]."""
+    return _experts_at(x, ids, weights, w, **CONFIGS[0])

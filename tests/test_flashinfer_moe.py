@@ -1,13 +1,15 @@
-"""`experts:flashinfer` without the library. Stand-ins of FlashInfer's two SM90 CuTe-DSL MoE GEMMs follow
-their documented contracts (GEMM1: rows of tile t below `tile_idx_to_mn_limit[t]` are valid, each
-gathers input row `token_id_mapping[row] // topk`, w1 [E, 2 x ff, hidden] holds up and gate interleaved
-in 32-row blocks, up first, SwiGLU from FP32 accumulators rounded to the model dtype; GEMM2: each valid
-row's down projection, rounded, written unscaled at its pair's row; tiles past `num_non_exiting_tiles`
-never run) and drive the adapter, its routing maps and experts:triton's combine through the op gate.
-Planted faults (gate packed first, a routing map one row short) are rejected. The `gpu` test runs the
-real kernels."""
+"""`experts:flashinfer` and `experts:flashinfer_down` without the library. Stand-ins of FlashInfer's two
+SM90 CuTe-DSL MoE GEMMs follow their documented contracts (GEMM1: rows of tile t below
+`tile_idx_to_mn_limit[t]` are valid, each gathers input row `token_id_mapping[row] // topk`, w1
+[E, 2 x ff, hidden] holds up and gate interleaved in 32-row blocks, up first, SwiGLU from FP32
+accumulators rounded to the model dtype; GEMM2: each valid row's down projection, rounded, written
+unscaled at its pair's row; tiles past `num_non_exiting_tiles` never run) and drive the adapters,
+their routing maps (made in torch, or experts:triton's grouping read as such) and experts:triton's
+combine through the op gate. Planted faults (gate packed first, a tile limit one row short or long)
+are rejected. The `gpu` test runs the real kernels."""
 
 import dataclasses
+import sys
 import types
 
 import pytest
@@ -56,17 +58,15 @@ def _gemm2(a, w2, tile_expert, row_limit, row_pair, num_tiles, scales, out, *, t
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """The two FlashInfer modules the adapter imports, holding the stand-ins."""
+    """The FlashInfer modules the adapters import, holding the stand-ins."""
     base = "flashinfer.fused_moe.cute_dsl"
-    modules = {name: types.ModuleType(name) for name in
-               ("flashinfer", "flashinfer.fused_moe", base, f"{base}.sm90_contiguous_gather_grouped_gemm_act_fusion",
-                f"{base}.sm90_contiguous_grouped_gemm_finalize_fusion")}
-    modules[f"{base}.sm90_contiguous_gather_grouped_gemm_act_fusion"].sm90_contiguous_gather_grouped_gemm_act_fusion \
-        = _gemm1
-    modules[f"{base}.sm90_contiguous_grouped_gemm_finalize_fusion"].sm90_contiguous_grouped_gemm_finalize_fusion \
-        = _gemm2
-    for name, module in modules.items():
-        monkeypatch.setitem(__import__("sys").modules, name, module)
+    for name in ("flashinfer", "flashinfer.fused_moe", base):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for name, fn in (("sm90_contiguous_gather_grouped_gemm_act_fusion", _gemm1),
+                     ("sm90_contiguous_grouped_gemm_finalize_fusion", _gemm2)):
+        module = types.ModuleType(f"{base}.{name}")
+        setattr(module, name, fn)
+        monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: True)
     for module in (fi_moe, fi_down):  # the interpreted kernels are slow at 1024 tokens
         monkeypatch.setattr(module, "MIN_TOKENS", SMALL.tokens)
@@ -176,8 +176,12 @@ def test_supports_names_why_it_declines(monkeypatch):
     assert v.supports(PREFILL) is True
     assert "prefill sizes" in v.supports(Workload("beam-501b-tp8", batch=64))
     assert "bf16 or fp16" in v.supports(PREFILL.with_(dtype="fp32"))
-    odd = dataclasses.replace(PREFILL.config, moe_intermediate_size=48)
-    assert "multiple of 32" in v.supports(types.SimpleNamespace(config=odd, dtype="bf16", tokens=4096))
+    odd = types.SimpleNamespace(config=dataclasses.replace(PREFILL.config, moe_intermediate_size=48), dtype="bf16",
+                                tokens=4096)
+    assert "multiple of 32" in v.supports(odd)
+    hybrid = registry.get("experts", "flashinfer_down")  # no interleave: ff need only make 16-byte rows
+    assert hybrid.supports(odd) is True and hybrid.supports(PREFILL) is True
+    assert "prefill sizes" in hybrid.supports(Workload("beam-501b-tp8", batch=64))
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ the weighted FP32 sum in slot order, rounded once (the reference's combine).
 
 Rounding against the reference: each pair's down projection is rounded to the model dtype and the
 combine is FP32 rounded once, as there; the SwiGLU takes gate and up from the FP32 accumulators
-rather than rounded to the model dtype first (as experts:triton's grouped path does).
+rather than rounded to the model dtype first (so does experts:triton's grouped path).
 
 GEMM1 takes gate and up as one [experts, 2 x ff, hidden] weight, up and gate interleaved in blocks of
 32 rows. The model holds them apart and a packed copy of every MoE layer would not fit beside a TP8
@@ -140,7 +140,8 @@ def cluster_supports(config, wl):
 
 def down_rows(act, down, r: Routing, weights, top_k: int, *, tile: int, gemm2_n: int, cluster_n: int):
     """GEMM2: each routed pair's down projection [pairs, hidden] at row token * top_k + k, unscaled and
-    rounded to the model dtype (the deterministic mode; `weights` are only checked there)."""
+    rounded to the model dtype (the deterministic mode: `weights` [tokens, top_k] only sizes the rows
+    here; the combine applies them)."""
     from flashinfer.fused_moe.cute_dsl.sm90_contiguous_grouped_gemm_finalize_fusion import (
         sm90_contiguous_grouped_gemm_finalize_fusion as gemm2)
 

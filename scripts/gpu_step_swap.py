@@ -23,16 +23,16 @@ import torch  # noqa: E402
 from beam_model import BeamForCausalLM  # noqa: E402
 from workbench import bench, registry  # noqa: E402
 from workbench.lock import Lock  # noqa: E402
-from workbench.optimize import DTYPE_NAMES  # noqa: E402
 from workbench.search import STEP_SAMPLES_S  # noqa: E402
 from workbench.targets import StepRunner, for_device, get_target  # noqa: E402
+from workbench.variants._inputs import DTYPES  # noqa: E402
 
 
 def _builds(lock: Lock, point: str, variant: str, configs: list[dict | None]) -> dict:
     """label -> (selection, configs): the lock's build, then the swapped one at each config."""
     builds = {"lock": (lock.selection, lock.configs)}
+    kept = {p: c for p, c in lock.configs.items() if p != point}
     for cfg in configs:
-        kept = {p: c for p, c in lock.configs.items() if p != point}
         label = f"{point}:{variant}" + (f" {json.dumps(cfg)}" if cfg else "")
         builds[label] = ({**lock.selection, point: variant}, {**kept, **({point: cfg} if cfg else {})})
     return builds
@@ -55,12 +55,11 @@ def main():
         print("lock problems (timed as written):", problems)
     preset = args.preset or lock.model["preset"]
     started = time.monotonic()
-    dtype = {name: dt for dt, name in DTYPE_NAMES.items()}[lock.model["dtype"]]
-    model = BeamForCausalLM.from_preset(preset, dtype=dtype, device=args.device)
+    model = BeamForCausalLM.from_preset(preset, dtype=DTYPES[lock.model["dtype"]], device=args.device)
     runner = StepRunner(model, for_device(get_target(lock.target), torch.device(args.device)))
     print(f"built {preset} and the {lock.target} step in {time.monotonic() - started:.0f} s", flush=True)
-    configs = registry.get(args.point, args.variant).configs if args.all_configs else []
-    builds = _builds(lock, args.point, args.variant, [*configs, *map(json.loads, args.config)] or [None])
+    swapped = registry.get(args.point, args.variant).configs if args.all_configs else []
+    builds = _builds(lock, args.point, args.variant, [*swapped, *map(json.loads, args.config)] or [None])
     results = {label: [] for label in builds}
     for r in range(args.rounds):
         for label, (selection, configs) in builds.items():

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.variant_helpers import failures
+from tests.variant_helpers import assert_every_config_passes, failures
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__flashinfer as fi_moe
@@ -114,18 +114,9 @@ def test_routing_maps_place_every_pair_once_in_its_experts_tiles(make, tokens, t
     assert (in_use == -1).sum() == in_use.numel() - tokens * top_k  # padding rows hold -1
 
 
-def _every_config_passes(v, workloads, device, seeds):
-    """The op gate for each config at the workloads `config_supports` lets it run (the (1, 2) cluster
-    runs at none of beam-tiny's: the GPU test gates it at beam-501b-tp8)."""
-    for config in v.configs:
-        runs = [wl for wl in workloads if v.unsupported_config(config, wl) is None]
-        if runs:
-            report = gates.op_gate(dataclasses.replace(v, fn=v.at(config)), runs, device=device, seeds=seeds)
-            assert report.passed, (config, failures(report))
-
-
 def test_every_config_passes_the_op_gate_through_the_stand_ins(stand_in):
-    _every_config_passes(_on_cpu(registry.get("experts", "flashinfer")), [SMALL], "cpu", (0,))
+    # the (1, 2) cluster runs at none of beam-tiny's shapes: the GPU test gates it at beam-501b-tp8
+    assert_every_config_passes(_on_cpu(registry.get("experts", "flashinfer")), [SMALL], device="cpu", seeds=(0,))
 
 
 def test_a_cluster_pair_needs_an_even_count_of_n_tiles():
@@ -136,7 +127,8 @@ def test_a_cluster_pair_needs_an_even_count_of_n_tiles():
 
 
 def test_hybrid_every_config_passes_the_op_gate_through_the_stand_in(stand_in):
-    _every_config_passes(_on_cpu(registry.get("experts", "flashinfer_down")), [SMALL], "cpu", (0,))
+    assert_every_config_passes(_on_cpu(registry.get("experts", "flashinfer_down")), [SMALL], device="cpu",
+                               seeds=(0,))
 
 
 def test_hybrid_gate_rejects_a_tile_limit_one_row_long(stand_in, monkeypatch):
@@ -192,4 +184,4 @@ def test_supports_names_why_it_declines(monkeypatch):
 def test_gpu_every_config_passes_the_op_gate(name, preset):
     workloads = [Workload(preset, batch=2, tokens_per_seq=512, context=512),
                  Workload(preset, batch=1, tokens_per_seq=2048, context=2048)]
-    _every_config_passes(registry.get("experts", name), workloads, "cuda", (0, 1))
+    assert_every_config_passes(registry.get("experts", name), workloads, device="cuda", seeds=(0, 1))

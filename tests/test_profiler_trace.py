@@ -49,3 +49,62 @@ def test_profile_command_summarizes_a_saved_trace(tmp_path, capsys):
     assert main(["profile", "--from-trace", str(path), "--preset", "beam-tiny"]) == 0
     assert json.loads(capsys.readouterr().out)["kernels_per_layer"] == {"sliding+dense": 3}
     assert main(["profile", "--from-trace", str(path)]) == 2  # which model: named, not guessed
+
+
+def _stalled_trace():
+    """A route kernel, then the host waits in a stream sync inside experts' `.item()` while the device
+    drains (gap 1), then two overlapping kernels, then a launch outside every point (gap 2)."""
+    return [
+        _event("user_annotation", "fp:route", 0, 50),
+        _event("cuda_runtime", "cudaLaunchKernel", 5, 2, correlation=1),
+        _event("cuda_driver", "cuLaunchKernelEx", 6, 2, correlation=4),
+        _event("user_annotation", "fp:experts", 50, 150),
+        _event("cpu_op", "aten::item", 60, 90),
+        _event("cuda_runtime", "cudaStreamSynchronize", 61, 88),
+        _event("cuda_runtime", "cudaLaunchKernel", 152, 2, correlation=2),
+        _event("cuda_runtime", "cudaLaunchKernel", 160, 2, correlation=3),
+        _event("cuda_runtime", "cudaLaunchKernel", 290, 2, correlation=5),
+        _event("kernel", "route_gemv", 10, 90, tid=7, correlation=1),
+        _event("kernel", "route_side", 20, 20, tid=8, correlation=4),      # another stream, inside route_gemv
+        _event("kernel", "gate_up", 155, 10, tid=7, correlation=2),
+        _event("kernel", "down", 162, 18, tid=8, correlation=3),           # overlaps gate_up
+        _event("kernel", "sample", 300, 10, tid=7, correlation=5),
+    ]
+
+
+def test_device_idle_names_each_gap_and_what_the_host_was_doing():
+    from workbench.profiler.idle import device_idle, idle_line
+
+    idle = device_idle(_stalled_trace())
+    assert (idle["span_us"], idle["busy_us"], idle["idle_us"], idle["gaps"]) == (300, 125, 175, 2)
+    assert idle["idle_by_point"] == {"(no point)": 120, "experts": 55}
+    outside, sync = idle["widest"]
+    assert outside == {"at_us": 170, "us": 120, "before": "down", "after": "sample", "launched_in": "(no point)",
+                       "host_op": None, "host_call": None, "host_point": "experts"}
+    assert sync == {"at_us": 90, "us": 55, "before": "route_gemv", "after": "gate_up", "launched_in": "experts",
+                    "host_op": "aten::item", "host_call": "cudaStreamSynchronize", "host_point": "experts"}
+    assert device_idle(_stalled_trace(), top=1)["widest"] == [outside]
+    assert idle_line(idle) == ("device idle 0.175 ms of its 0.300 ms span (58.3%, 2 gaps); "
+                               "ms of it ahead of launches in: (no point) 0.120, experts 0.055")
+
+
+def test_device_idle_without_device_work_is_none():
+    from workbench.profiler.idle import device_idle, idle_line
+
+    cpu_only = [e for e in _stalled_trace() if e["cat"] != "kernel"]
+    assert device_idle(cpu_only) is None and idle_line(None) is None
+    assert summarize(_trace(), BeamConfig.from_preset("beam-tiny"))["idle"]["idle_us"] == 0.0  # back to back
+
+
+def test_optimize_report_says_where_the_locked_step_idled():
+    import json
+    from pathlib import Path
+
+    from workbench.optimize import report_markdown
+    from workbench.profiler.idle import device_idle
+
+    with open(Path(__file__).parents[1] / "runs/optimize-prefill-8x2k-beam-501b-tp8/report.json") as f:
+        report = json.load(f)
+    assert "device idle" not in report_markdown({**report, "locked_idle": None})
+    md = report_markdown({**report, "locked_idle": device_idle(_stalled_trace())})
+    assert "In the locked step's profile (eager, under the profiler): device idle 0.175 ms" in md

@@ -22,6 +22,7 @@ from workbench import bench
 from workbench.lock import Lock, module_key, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
+from workbench.profiler.idle import idle_line
 from workbench.registry import POINTS, REFERENCE, _compiled, get
 from workbench.search import FINALIZE_RULE, PointResult, Search
 from workbench.targets import StepRunner, for_device, get_target
@@ -219,6 +220,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "floor_ms": floor_us / 1e3,
         "fraction_of_floor": floor_us / final["locked"]["median_us"] if floor_us else None,
         "kernels_per_layer": {"reference": profile.kernels_per_layer, "locked": locked_profile.kernels_per_layer},
+        "locked_idle": locked_profile.idle,
         "points": [
             {"point": p, "variant": selection[p], "config": final["configs"].get(p),
              "backend": get(p, selection[p]).backend,
@@ -380,6 +382,8 @@ def report_markdown(r: dict) -> str:
         + (f" (locked step at {100 * r['fraction_of_floor']:.0f}% of floor speed)" if r["fraction_of_floor"] else ""),
         "", f"Kernels per layer: reference {r['kernels_per_layer']['reference']}, "
             f"locked {r['kernels_per_layer']['locked']}", "",
+        *([f"In the locked step's profile (eager, under the profiler): {idle_line(r['locked_idle'])} "
+           "(`locked_profile.json`, `idle`)", ""] if idle_line(r.get("locked_idle")) else []),
         "ms/step: the search's timing of the point at the step's shapes; in the locked step: the profiler's "
         "device time of the point in one locked step (`locked_profile.json`), beside its floor.", "",
         "| point | locked variant | backend | ms/step | reference ms/step | in the locked step, ms | floor ms "

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from workbench.optimize import compile_baselines
+from workbench.profiler.idle import idle_line
 
 
 class ConsoleProgress:
@@ -93,7 +94,8 @@ class ConsoleProgress:
 def profile_table(profile) -> Table:
     unit = "device" if profile.time_unit == "device" else "CPU"
     t = Table(title=f"{profile.target} on {profile.preset} ({profile.dtype}, {profile.device}): "
-                    f"{profile.total_us / 1e3:.3f} ms of {unit} time, {profile.kernels_per_step} kernels")
+                    f"{profile.total_us / 1e3:.3f} ms of {unit} time, {profile.kernels_per_step} kernels",
+              caption=idle_line(profile.idle))
     for col in ("point", "variant", "calls", "us/step", "share", "kernels", "floor us", "x floor"):
         t.add_column(col, justify="left" if col in ("point", "variant") else "right")
     for p in profile.points:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from workbench.profiler.idle import device_idle
 from workbench.profiler.ranges import LAYER_RANGE, POINT_RANGE, instrument
 from workbench.profiler.trace import device_work, layer_kind, load
 
@@ -45,6 +46,7 @@ class Profile:
     kernels_per_layer: dict[str, float]  # median launches per layer, by layer kind
     points: list[PointProfile]
     trace: str | None = None
+    idle: dict | None = None  # device idle in the step and what opened it (`idle.device_idle`); on a GPU
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -136,8 +138,11 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
 
     per_point: dict[str, list[tuple[str, float]]] = {}
     per_layer: dict[str, list[int]] = {}
+    idle = None
     if on_device:  # from the trace: Triton's driver-API launches are missing from the op tree
-        ranges, all_work = device_work(_trace_events(prof, trace_path))
+        events = _trace_events(prof, trace_path)
+        ranges, all_work = device_work(events)
+        idle = device_idle(events)
     else:
         ranges = [(e.name, _cpu_work(e)) for e in prof.events() if e.name.startswith((POINT_RANGE, LAYER_RANGE))]
         all_work = [w for e in prof.events() if e.cpu_parent is None for w in _cpu_work(e)]
@@ -171,7 +176,7 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
         time_unit="device" if on_device else "cpu", total_us=total, unattributed_us=total - attributed,
         kernels_per_step=len(all_work),
         kernels_per_layer={k: statistics.median(v) for k, v in sorted(per_layer.items())},
-        points=points, trace=trace_path)
+        points=points, trace=trace_path, idle=idle)
 
 
 def kernels_per_call(fn, device, calls: int = 5) -> list[dict]:

@@ -52,7 +52,7 @@ def layer_kind(config, index: int) -> str:
 
 
 def summarize(events: list[dict], config) -> dict:
-    """Kernels per layer (median by layer kind) and kernels / device us per fusion point."""
+    """Kernels per layer (median by layer kind), kernels / device us per fusion point, device idle."""
     ranges, all_work = device_work(events)
     per_layer, per_point = defaultdict(list), defaultdict(list)
     for name, work in ranges:
@@ -60,6 +60,9 @@ def summarize(events: list[dict], config) -> dict:
             per_layer[layer_kind(config, int(name[len(LAYER_RANGE):]))].append(len(work))
         else:
             per_point[name[len(POINT_RANGE):]].extend(work)
+    from workbench.profiler.idle import device_idle
+
     return {"kernels_per_step": len(all_work), "device_us": sum(us for _, us in all_work),
+            "idle": device_idle(events),
             "kernels_per_layer": {k: statistics.median(v) for k, v in sorted(per_layer.items())},
             "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}

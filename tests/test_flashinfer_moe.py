@@ -9,14 +9,13 @@ combine through the op gate. Planted faults (gate packed first, a tile limit one
 are rejected. The `gpu` test runs the real kernels."""
 
 import dataclasses
-import sys
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.variant_helpers import assert_every_config_passes, failures
+from tests.variant_helpers import assert_every_config_passes, failures, stand_in_flashinfer
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__flashinfer as fi_moe
@@ -59,14 +58,9 @@ def _gemm2(a, w2, tile_expert, row_limit, row_pair, num_tiles, scales, out, *, t
 @pytest.fixture
 def stand_in(monkeypatch):
     """The FlashInfer modules the adapters import, holding the stand-ins."""
-    base = "flashinfer.fused_moe.cute_dsl"
-    for name in ("flashinfer", "flashinfer.fused_moe", base):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     for name, fn in (("sm90_contiguous_gather_grouped_gemm_act_fusion", _gemm1),
                      ("sm90_contiguous_grouped_gemm_finalize_fusion", _gemm2)):
-        module = types.ModuleType(f"{base}.{name}")
-        setattr(module, name, fn)
-        monkeypatch.setitem(sys.modules, module.__name__, module)
+        stand_in_flashinfer(monkeypatch, f"fused_moe.cute_dsl.{name}", **{name: fn})
     monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: True)
     for module in (fi_moe, fi_down):  # the interpreted kernels are slow at 1024 tokens
         monkeypatch.setattr(module, "MIN_TOKENS", SMALL.tokens)

@@ -52,12 +52,24 @@ def on_gpu_unless_quarantined(point: str, name: str):
 
 
 def stand_in_flashinfer(monkeypatch, submodule: str, **functions):
-    """Install, for one test, a stand-in `flashinfer.<submodule>` holding `functions` (the CPU tests
-    drive FlashInfer adapters through it without the library); returns the submodule."""
-    flashinfer, sub = types.ModuleType("flashinfer"), types.ModuleType(f"flashinfer.{submodule}")
-    for name, fn in functions.items():
-        setattr(sub, name, fn)
-    setattr(flashinfer, submodule, sub)
-    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
-    monkeypatch.setitem(sys.modules, f"flashinfer.{submodule}", sub)
+    """Install, for one test, a stand-in `flashinfer.<submodule>` (dotted paths too) holding `functions`
+    (the CPU tests drive FlashInfer adapters through it without the library); returns the submodule.
+    Calls compose: a parent another call stood in is kept, so two submodules can stand in at once."""
+    parent, name = None, "flashinfer"
+    for part in submodule.split("."):
+        parent, name = _stand_in_module(monkeypatch, name, parent), f"{name}.{part}"
+    sub = _stand_in_module(monkeypatch, name, parent)
+    for attr, fn in functions.items():
+        setattr(sub, attr, fn)
     return sub
+
+
+def _stand_in_module(monkeypatch, name: str, parent):
+    module = sys.modules.get(name)
+    if not getattr(module, "__stand_in__", False):
+        module = types.ModuleType(name)
+        module.__stand_in__ = True
+        monkeypatch.setitem(sys.modules, name, module)
+    if parent is not None:
+        setattr(parent, name.rsplit(".", 1)[1], module)
+    return module

@@ -46,7 +46,7 @@ class Profile:
     kernels_per_layer: dict[str, float]  # median launches per layer, by layer kind
     points: list[PointProfile]
     trace: str | None = None
-    idle: dict | None = None  # device idle in the step and what opened it (`idle.device_idle`); on a GPU
+    idle: dict | None = None  # device idle in the step and what opened it (`idle.device_idle`); None on a CPU
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -1,0 +1,86 @@
+"""`route:cublas`: at prefill sizes, the FP32 router GEMM as cuBLAS BF16 GEMMs on route:triton's exact
+split of the weight, then route:triton's selection kernel.
+
+The split (`route._route_prepare`) is W = w1 + w2 + w3, each BF16; with BF16 activations every product
+x_k * w_jk is exact in FP32, so three BF16 GEMMs with FP32 accumulation and FP32 output
+(`torch.mm(..., out_dtype=torch.float32)`) sum the same products as an FP32 GEMM, in another order.
+Why: in the prefill lock's profile `_route_mm` (route:triton's tile kernel for this split) runs at about
+60% of the H200's BF16 tensor-core rate (`runs/optimize-prefill-8x2k-beam-501b-tp8/locked_profile.json`:
+13.2 ms a step for 49 x 129 GFLOP), and cuBLAS's Hopper kernels are the field's best at these shapes.
+
+Configs:
+- chain: the second and third GEMM add the running FP32 sum in their epilogue (`addmm`, beta 1): one
+  [N, E] FP32 result, the smallest pieces first; the selection reads it once.
+- split: three GEMMs into [3, N, E] partials (w3, w2, w1), summed in that order by the selection
+  (its split-K input), which reads three times the bytes.
+
+At most ROUTE_FP32_MAX tokens (decode, small batches) the GEMMs would be weight-bound on 7.8 MB of BF16
+pieces instead of 5.2 MB of FP32: there it runs route:triton's default config, the same kernels.
+"""
+
+import torch
+
+from workbench.registry import register
+from workbench.variants.route import (
+    ROUTE_CONFIGS, ROUTE_FP32_MAX, _pow2, _route_prepare, _route_select, _route_triton_at, _select_args, triton,
+)
+
+CONFIGS = [dict(chain=True), dict(chain=False)]
+
+_small = _route_triton_at(ROUTE_CONFIGS[0])
+
+
+def _mm_f32(x, w, *, acc=None, out=None):
+    """x [N, K] @ w [E, K]^T (+ acc, FP32): BF16 inputs, FP32 accumulation and output (into `out`)."""
+    if x.is_cuda:
+        if acc is None:
+            return torch.mm(x, w.t(), out_dtype=torch.float32, out=out)
+        return torch.addmm(acc, x, w.t(), out_dtype=torch.float32, out=out)
+    res = x.float() @ w.float().t()  # CPU (no out_dtype kernels there): the same exact products in FP32
+    res = res if acc is None else acc + res
+    return res if out is None else out.copy_(res)
+
+
+def _at(config=None):
+    chain = (config or CONFIGS[0])["chain"]
+    select = ROUTE_CONFIGS[0]
+
+    def route_cublas(x, w, *, n_group, topk_group, top_k, scale):
+        n = x.shape[0]
+        if n <= ROUTE_FP32_MAX:
+            return _small(x, w, n_group=n_group, topk_group=topk_group, top_k=top_k, scale=scale)
+        x = x.contiguous()
+        w1, w2, w3 = w["bf16x3"]
+        if chain:
+            part = _mm_f32(x, w1, acc=_mm_f32(x, w2, acc=_mm_f32(x, w3)))[None]
+        else:
+            part = torch.empty((3, n, w1.shape[0]), dtype=torch.float32, device=x.device)
+            for s, piece in enumerate((w3, w2, w1)):
+                _mm_f32(x, piece, out=part[s])
+        ids = torch.empty((n, top_k), dtype=torch.int64, device=x.device)
+        weights = torch.empty((n, top_k), dtype=torch.float32, device=x.device)
+        block_t = max(4, min(select["select_tokens"], _pow2(n)))
+        outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
+        _route_select[(triton.cdiv(n, block_t),)](
+            part, *outs, n, *sizes, **consts, num_warps=max(1, select["select_warps"] * block_t // select["select_tokens"]))
+        return ids, weights
+
+    return route_cublas
+
+
+def _supports(wl):
+    if wl.dtype != "bf16":
+        return f"route:cublas splits only the weight: its products are exact for BF16 activations, not {wl.dtype}"
+    if not hasattr(torch.ops.aten.addmm, "dtype"):
+        return f"route:cublas needs matmuls with out_dtype (torch >= 2.8), not torch {torch.__version__}"
+    return True
+
+
+def _config_supports(config, wl):
+    if wl.tokens <= ROUTE_FP32_MAX and config != CONFIGS[0]:
+        return f"at most {ROUTE_FP32_MAX} tokens every config runs route:triton's default: timed once"
+    return True
+
+
+register("route", "cublas", "triton", prepare=_route_prepare, supports=_supports, configs=CONFIGS,
+         config_supports=_config_supports, configure=_at)(_at())

@@ -343,3 +343,59 @@ def test_a_slow_step_is_logged_with_its_shape(model, monkeypatch, caplog):
         eng.generate(prompts([5]), SamplingParams(max_tokens=2, temperature=0.0))
     assert "slow prefill step" in caplog.text and "1 sequences, tokens fed [5]" in caplog.text
     assert "slow decode step" in caplog.text
+
+
+def test_a_slow_step_names_the_triton_kernels_it_specialised_first(model, monkeypatch, caplog):
+    """Triton's jit_cache_hook fires inside the step (as at a first-seen shape): the slow-step line names
+    the kernel, the engine keeps its signature, and the hook lets the launch go on (returns None)."""
+    knobs = pytest.importorskip("triton").knobs
+    from server.engine import llm_engine
+
+    monkeypatch.setattr(llm_engine, "SLOW_STEP_SECONDS", 0.0)
+    eng = Engine(model, FullVocabTokenizer(), num_pages=16)
+    signature = "_route_select[num_warps=4](part_ptr: *fp32, N: i32)"
+    run = eng.runner.run
+
+    def compiling_run(*args):
+        assert knobs.runtime.jit_cache_hook(key=None, repr=signature, fn=None, compile={}, is_manual_warmup=False,
+                                            already_compiled=False) is None
+        return run(*args)
+
+    monkeypatch.setattr(eng.runner, "run", compiling_run)
+    with caplog.at_level("WARNING", logger="beam.engine"):
+        eng.generate(prompts([5]), SamplingParams(max_tokens=1, temperature=0.0))
+    assert "Triton kernels first specialised in it: _route_select" in caplog.text
+    assert eng.last_first_uses == [signature]
+
+
+def test_first_use_keeps_an_earlier_hook_and_counts_names(monkeypatch):
+    knobs = pytest.importorskip("triton").knobs
+    from server.engine import first_use
+
+    calls = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: calls.append(kw["repr"]))
+    monkeypatch.setattr(first_use, "_installed", False)
+    assert first_use.install() and first_use.install()  # a second install adds no second hook
+    first_use.take()
+    for r in ("a[num_warps=4](x: i32)", "b[num_warps=8]()", "a[num_warps=4](x: i1)"):
+        knobs.runtime.jit_cache_hook(repr=r)
+    taken = first_use.take()
+    assert calls == taken == ["a[num_warps=4](x: i32)", "b[num_warps=8]()", "a[num_warps=4](x: i1)"]
+    assert first_use.summary(taken) == "a x2, b" and first_use.take() == []
+
+
+def test_first_use_probe_script_records_every_step(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "probe.json"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, os.path.join(root, "scripts", "serve_first_use_probe.py"), "--device", "cpu",
+                    "--dtype", "fp32", "--users", "2", "--prompt-tokens", "9", "--max-tokens", "3",
+                    "--arrive-every", "1", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    probe = json.loads(out.read_text())
+    assert probe["warm_up"]["steps"] > 0
+    assert [s["kind"] for s in probe["steps"]] == ["prefill", "mixed", "decode", "decode"]
+    assert [s["tokens_fed"] for s in probe["steps"]] == [[9], [1, 9], [1, 1], [1]]

@@ -15,7 +15,7 @@ import time
 
 from beam_model.config import FULL, SLIDING
 from beam_model.kv_cache import PAGE_SIZE
-from server.engine import cache_sizing
+from server.engine import cache_sizing, first_use
 from server.engine.block_manager import GROUPS, BlockManager
 from server.engine.detokenizer import IncrementalDetokenizer
 from server.engine.model_runner import ModelRunner
@@ -88,6 +88,11 @@ class Engine:
         # beam_engine_step_prepare_seconds, beam_engine_step_device_seconds).
         self.step_observer = None
         self.slow_step_seconds = SLOW_STEP_SECONDS  # steps slower than this are logged (warm-up: none)
+        # The last step's (kind, sequences, tokens fed by each), or None when it ran no model step, and
+        # the Triton kernel signatures it specialised first in this process (`first_use`)
+        self.last_step: tuple[str, int, list[int]] | None = None
+        self.last_first_uses: list[str] = []
+        first_use.install()
 
     def _plan_pages(self, num_pages, num_sliding_pages, utilization) -> dict[str, int]:
         c, m, ps = self.config, self.model, PAGE_SIZE
@@ -158,19 +163,28 @@ class Engine:
         for seq in batch.finished:  # the scheduler ended it: no room left to grow
             self.requests.pop(seq.request_id, None)
             outputs.append(self._output(seq, [], seq.detokenizer.flush(), None))
+        self.last_step, self.last_first_uses = None, []
         if not batch.seqs:
             return outputs
         self.num_steps += 1
+        kind = step_kind(batch.seqs, batch.num_tokens)
+        self.last_step = (kind, len(batch.seqs), list(batch.num_tokens))
         try:
+            first_use.take()  # what compiled between steps is no step's
             started = time.perf_counter()
             samples = self.runner.run(batch.seqs, batch.num_tokens)
             seconds = time.perf_counter() - started
+            self.last_first_uses = first_use.take()
             if seconds > self.slow_step_seconds:  # a first-seen shape compiling, most often: say which
-                log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s",
-                            step_kind(batch.seqs, batch.num_tokens), seconds, len(batch.seqs), batch.num_tokens)
+                log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s%s", kind, seconds,
+                            len(batch.seqs), batch.num_tokens,
+                            f"; Triton kernels first specialised in it: {first_use.summary(self.last_first_uses)}"
+                            if self.last_first_uses else "")
+                for signature in self.last_first_uses:
+                    log.debug("first specialised: %s", signature)
             if self.step_observer is not None:
-                self.step_observer(step_kind(batch.seqs, batch.num_tokens), len(batch.seqs), seconds,
-                                   self.runner.last_prepare_seconds, self.runner.last_device_seconds)
+                self.step_observer(kind, len(batch.seqs), seconds, self.runner.last_prepare_seconds,
+                                   self.runner.last_device_seconds)
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
             log.exception("model step failed; failing its %d requests", len(batch.seqs))
             for seq in batch.seqs:

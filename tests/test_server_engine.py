@@ -304,15 +304,16 @@ def test_warm_up_runs_prompt_and_mixed_steps_and_leaves_nothing(model):
     """Start-up steps: a prompt alone, then a prompt beside a decode (mixed), at each token-count class;
     afterwards no request, no page in use, and the engine serves exactly as one that never warmed up."""
     tok = FullVocabTokenizer()
-    eng = Engine(model, tok, num_pages=32)
+    eng = Engine(model, tok, num_pages=64)  # room for two ~1K-token prompts at once
     kinds = []
     eng.step_observer = lambda kind, num_seqs, *times: kinds.append((kind, num_seqs))
+    assert eng.warm_up_lengths() == [17, 18, 32, 1009, 1010, 1008]  # CPU: a step takes at most 1024 tokens
     assert eng.warm_up() == len(kinds)
-    assert kinds[:2] == [("prefill", 1), ("mixed", 2)] and ("mixed", 2) in kinds[3:] and ("decode", 1) in kinds
+    assert kinds[:2] == [("prefill", 1), ("mixed", 2)] and kinds.count(("mixed", 2)) == 6 and ("decode", 1) in kinds
     assert not eng.has_unfinished() and not eng.requests and eng.stats()["pages_used"] == {FULL: 0, SLIDING: 0}
     eng.step_observer = None
     ps, greedy = prompts([9, 40], seed=3), SamplingParams(max_tokens=12, temperature=0.0)
-    assert eng.generate(ps, greedy) == Engine(model, tok, num_pages=32).generate(ps, greedy)
+    assert eng.generate(ps, greedy) == Engine(model, tok, num_pages=64).generate(ps, greedy)
 
 
 def test_warm_up_skips_prompts_past_the_context(model, monkeypatch):
@@ -320,6 +321,7 @@ def test_warm_up_skips_prompts_past_the_context(model, monkeypatch):
 
     monkeypatch.setattr(llm_engine, "WARM_UP_PROMPT_TOKENS", (17, 62))
     eng = Engine(model, FullVocabTokenizer(), num_pages=2)  # one usable page: a context of 64 tokens
+    assert eng.warm_up_lengths() == [17]  # 62 + 3 tokens and the long scale do not fit
     only_17 = eng.warm_up()
     monkeypatch.setattr(llm_engine, "WARM_UP_PROMPT_TOKENS", (17,))
     assert eng.max_model_len == 64 and only_17 == Engine(model, FullVocabTokenizer(), num_pages=2).warm_up()
@@ -399,3 +401,19 @@ def test_first_use_probe_script_records_every_step(tmp_path):
     assert probe["warm_up"]["steps"] > 0
     assert [s["kind"] for s in probe["steps"]] == ["prefill", "mixed", "decode", "decode"]
     assert [s["tokens_fed"] for s in probe["steps"]] == [[9], [1, 9], [1, 1], [1]]
+
+
+def test_first_use_signature_names_constexprs_and_divisible_arguments():
+    """The hook's arguments as Triton 3.4-3.9 pass them: argument types by name, constexprs and
+    attributes by argument index. Anything else falls back to Triton's repr."""
+    import types
+
+    from server.engine.first_use import _signature
+
+    compile = {"signature": {"x_ptr": "*bf16", "N": "i32", "K": "i32", "BLOCK": "constexpr"},
+               "constants": {(3,): 64}, "configs": [{(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}],
+               "num_warps": 4}
+    fn = types.SimpleNamespace(name="_kernel")
+    assert _signature(dict(compile=compile, fn=fn, repr="r")) == \
+        "_kernel[num_warps=4](x_ptr: *bf16 %16, N: i32, K: i32 %16; BLOCK=64)"
+    assert _signature(dict(compile={}, fn=fn, repr="r")) == "r"

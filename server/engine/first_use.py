@@ -34,7 +34,7 @@ def install() -> bool:
 
         def hook(*args, **kwargs):
             with _lock:
-                _seen.append(kwargs.get("repr") or "?")
+                _seen.append(_signature(kwargs))
             return previous(*args, **kwargs) if previous is not None else None
 
         knobs.runtime.jit_cache_hook = hook
@@ -42,8 +42,23 @@ def install() -> bool:
         return True
 
 
+def _signature(hook_kwargs: dict) -> str:
+    """`name[num_warps=W](arg: type, ...; CONSTEXPR=value, ...)`, "%16" marking the arguments Triton
+    specialised as divisible by 16; Triton's own `repr` where the hook's arguments differ from the
+    form known (3.4-3.9: `compile` holds the signature, constexprs by argument index, and attributes)."""
+    try:
+        c = hook_kwargs["compile"]
+        names = list(c["signature"])
+        consts = [f"{names[k[0]]}={v}" for k, v in c["constants"].items() if len(k) == 1]
+        divisible = {names[k[0]] for k in c["configs"][0] if len(k) == 1}
+        args = [f"{n}: {t}" + (" %16" if n in divisible else "") for n, t in c["signature"].items() if t != "constexpr"]
+        return f"{hook_kwargs['fn'].name}[num_warps={c['num_warps']}]({', '.join(args)}; {', '.join(consts)})"
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return hook_kwargs.get("repr") or "?"
+
+
 def take() -> list[str]:
-    """The signatures recorded since the last call (`name[options](arg: type, ...)`), oldest first."""
+    """The signatures recorded since the last call (`_signature`), oldest first."""
     global _seen
     with _lock:
         seen, _seen = _seen, []

@@ -39,9 +39,14 @@ def step_kind(seqs: list, counts: list[int]) -> str:
 # Captured decode graphs have page tables this many tokens wide: the reference attention reads the
 # whole table every step, so wider costs every step; longer sequences decode eagerly instead.
 GRAPH_MAX_LEN = 8192
-# `Engine.warm_up`'s prompt lengths: one of each class Triton specialises a token count by (other,
-# a multiple of 16; one token is a decode step, captured in a CUDA graph)
-WARM_UP_PROMPT_TOKENS = (17, 32)
+# `Engine.warm_up`'s prompt lengths. Triton specialises an integer argument by whether it is 1 or a
+# multiple of 16, and a step's routed pairs (8 a token) are a multiple of 16 when its token count is
+# even: 17, 18 and 32 tokens meet every class of (tokens, pairs); one token is a decode step, captured
+# in a CUDA graph. Longer prompts take other regimes (route's tensor-core path above 96 tokens, other
+# attention and experts kernels: runs/serve-sweep-beam-501b-tp8/NOTES.md, session 16), so the same
+# classes again at WARM_UP_LONG_TOKENS (or the largest multiple of 16 a step's token budget allows).
+WARM_UP_PROMPT_TOKENS = (17, 18, 32)
+WARM_UP_LONG_TOKENS = 1024
 # A step slower than this is logged with its shape (kind, sequences, tokens fed by each)
 SLOW_STEP_SECONDS = 1.0
 
@@ -230,7 +235,7 @@ class Engine:
         kernel again for each class of its integer arguments (1, a multiple of 16, any other), and
         a mixed step (prompt tokens beside decoding sequences) takes other shapes than a prompt
         alone (runs/serve-sweep-beam-501b-tp8/NOTES.md: one mixed step took 2.96 s at 8 users). For
-        a prompt of each token-count class (17, 32): the prompt alone, then a prompt of one token
+        a prompt of each length of `warm_up_lengths`: the prompt alone, then a prompt of one token
         fewer beside its decode (a mixed step of the same count), each greedy to 3 tokens. Leaves
         no request running; the KV pages go back (prefix-cached). Raises if a step fails: a model
         that cannot run these would fail its first requests. Returns the steps it ran."""
@@ -244,10 +249,18 @@ class Engine:
             self.slow_step_seconds = slow
         return self.num_steps - steps
 
+    def warm_up_lengths(self, max_tokens: int = 3) -> list[int]:
+        """The prompt lengths `warm_up` runs: WARM_UP_PROMPT_TOKENS, then the long scale's three
+        classes (odd, even, a multiple of 16) where a step's token budget and the context allow."""
+        long = min(WARM_UP_LONG_TOKENS, (self.max_num_batched_tokens - 2) // 16 * 16)
+        lengths = list(WARM_UP_PROMPT_TOKENS)
+        if long > max(lengths):
+            lengths += [long + 1, long + 2, long]
+        # a context this short never sees such prompts
+        return [n for n in lengths if n + max_tokens <= self.max_model_len]
+
     def _warm_up(self, vocab: int, params: SamplingParams) -> None:
-        for n in WARM_UP_PROMPT_TOKENS:
-            if n + params.max_tokens > self.max_model_len:  # a context this short never sees such prompts
-                continue
+        for n in self.warm_up_lengths(params.max_tokens):
             first, second = f"warm-up-{n}", f"warm-up-{n}-mixed"
             self.add_request(first, [(7 * i + n) % vocab for i in range(n)], params)
             outputs = self.step()  # the prompt alone

@@ -467,6 +467,30 @@ def test_code_key_leaves_out_config_lists_but_not_code_or_the_variants_own_confi
     assert key("TRITON_CONFIGS = [dict(BLOCK=64)]\n\ndef f(x):\n    return x + 1\n") != base
 
 
+def test_code_key_matches_the_legacy_form_and_code_text_keeps_only_code(tmp_path, monkeypatch):
+    """Keys stored before the token form (`ast.dump`, Python-version dependent) still match; the token
+    text ignores comments, blank lines, layout and config lists, and keeps f-strings whole."""
+    from types import SimpleNamespace
+
+    from workbench import lock
+    from workbench.code_text import code_text
+
+    module = tmp_path / "point.py"
+    module.write_text("X_CONFIGS = [1]\n\ndef f(x):\n    return f'{x + 1:>4}' + 'a'\n")
+    monkeypatch.setattr(lock, "_source_paths", lambda point, variant: [str(module)])
+    monkeypatch.setattr(lock, "get", lambda point, variant: SimpleNamespace(configs=[]))
+    assert lock.code_key("p", "v", legacy=True) != lock.code_key("p", "v")
+    for stored in (lock.code_key("p", "v", legacy=True), lock.code_key("p", "v")):
+        assert lock.code_key_matches(stored, "p", "v")
+    assert not lock.code_key_matches("0" * 16, "p", "v") and not lock.code_key_matches(None, "p", "v")
+
+    base = code_text(module.read_text())
+    assert base.splitlines() == ["def", "f", "(", "x", ")", ":", "NEWLINE", "INDENT", "return", "f'{x + 1:>4}'",
+                                 "+", "'a'", "NEWLINE", "DEDENT", "ENDMARKER"]
+    assert code_text("# note\nX_CONFIGS = [1,\n    2]\n\n\ndef f(x):  # why\n    return f'{x + 1:>4}' + 'a'\n") == base
+    assert code_text("def f(x):\n    return f'{x + 2:>4}' + 'a'\n") != base
+
+
 def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
     """The watchdog fires on a candidate that never returns; the candidate stays recorded as in flight,
     so the resumed search skips it with the reason, searches the rest and clears the record."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from workbench.code_text import code_text, is_config_list
 from workbench.registry import POINTS, REFERENCE, get
 
 SCHEMA = 1
@@ -117,28 +118,35 @@ def _hash_files(paths) -> str:
     return h.hexdigest()[:16]
 
 
-def code_key(point: str, variant: str, *, own_configs: bool = True) -> str:
+def code_key(point: str, variant: str, *, own_configs: bool = True, legacy: bool = False) -> str:
     """`source_hash` with the tuning-config lists left out (top-level assignments to names ending in
-    CONFIGS, in every covered file; comments and layout too, as an AST) and, with `own_configs`, the
+    CONFIGS, in every covered file; comments and layout too: `code_text`) and, with `own_configs`, the
     variant's own configs hashed instead. The search remembers a candidate that hung by it: adding
     configs to a module that another variant shares (experts.py holds the reference, which
     torch_compile compiles, and experts:triton's configs) then does not make the search wait on a
-    known hang again. A lock keeps it without `own_configs`: its entry names the config it runs."""
+    known hang again. A lock keeps it without `own_configs`: its entry names the config it runs.
+    `legacy`: the first form, over `ast.dump`, which differs between Python versions (keys stored
+    before session 16 have it; `code_key_matches` accepts either)."""
     h = hashlib.sha256()
     for path in _source_paths(point, variant):
         with open(path) as f:
-            tree = ast.parse(f.read())
-        tree.body = [node for node in tree.body if not _is_config_list(node)]
-        h.update(ast.dump(tree).encode())
+            source = f.read()
+        if legacy:
+            tree = ast.parse(source)
+            tree.body = [node for node in tree.body if not is_config_list(node)]
+            h.update(ast.dump(tree).encode())
+        else:
+            h.update(code_text(source).encode())
     if own_configs:
         h.update(json.dumps(get(point, variant).configs, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 
 
-def _is_config_list(node) -> bool:
-    """A top-level `X_CONFIGS = ...` (also annotated or augmented)."""
-    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-    return all(isinstance(t, ast.Name) and t.id.endswith("CONFIGS") for t in targets)
+def code_key_matches(stored, point: str, variant: str, *, own_configs: bool = True) -> bool:
+    """Whether a stored `code_key` is this code's, in the current form or the legacy one (which only
+    the Python version that stored it computes alike)."""
+    return stored is not None and stored in (code_key(point, variant, own_configs=own_configs),
+                                             code_key(point, variant, own_configs=own_configs, legacy=True))
 
 
 def source_files(point: str, variant: str) -> dict[str, str]:
@@ -284,7 +292,7 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
                       f"now {now})" + (f": {where}" if where else "")
             # Tuning-config lists aside, the code is the same and the entry names its config: the same
             # build. (A default config, None, may be read off such a list, so it needs the whole hash.)
-            if e.get("config") is not None and e.get("code_key") == code_key(point, e["variant"], own_configs=False):
+            if e.get("config") is not None and code_key_matches(e.get("code_key"), point, e["variant"], own_configs=False):
                 notes.append(f"{point}: {changed}; tuning-config lists only, the locked config is the lock's own")
             else:
                 problems.append(f"{point}: {changed}")

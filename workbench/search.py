@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from workbench import bench, gates
-from workbench.lock import code_key, source_hash
+from workbench.lock import code_key, code_key_matches, source_hash
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
 from workbench.registry import REFERENCE, backend_available, variants
@@ -273,7 +273,7 @@ class Search:
 
         def unchanged(name: str) -> bool:
             return old.get("sources", {}).get(name) == fingerprint["sources"].get(name) or (
-                name in keys and name in fingerprint["sources"] and keys[name] == code_key(point, name))
+                name in keys and name in fingerprint["sources"] and code_key_matches(keys[name], point, name))
 
         return {c["variant"]: f"{c['skipped'].split(';')[0]}; its code is unchanged since, so it is not tried "
                               f"again (delete {self._cache_file(point)} to try)"

@@ -61,6 +61,8 @@ class ModelRunner:
         starts = [s.num_computed for s in seqs]
         ids = [t for s, c, n in zip(seqs, starts, counts) for t in s.token_ids[c:c + n]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
+        rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
+        params = self._sampling_params([seqs[i] for i in rows]) if rows else None
         graph = self._graph_for(pages) if all(n == 1 for n in counts) else None
         if graph is not None:
             logits = self._replay(graph, ids, pages, starts, started)
@@ -70,23 +72,32 @@ class ModelRunner:
             self.last_prepare_seconds = time.perf_counter() - started
             self._mark(0)
             logits = self.model.step(ids, self.cache, step)
-        rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
         results: list[TokenLogprob | None] = [None] * len(seqs)
         if rows:
-            for i, r in zip(rows, self._sample([seqs[i] for i in rows], logits[rows])):
+            for i, r in zip(rows, self._sample([seqs[i] for i in rows], logits[rows], params)):
                 results[i] = r
         return results
 
-    def _sample(self, seqs: list, logits: torch.Tensor) -> list[TokenLogprob]:
+    def _sampling_params(self, seqs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each sampled row's temperature, top_k and top_p on the device, copied before the forward is
+        launched and without waiting: made after it, from pageable memory, each copy would wait for the
+        whole forward and leave the device idle between the sampling's small launches."""
+        host = (torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32),
+                torch.tensor([s.params.top_k for s in seqs], dtype=torch.int64),
+                torch.tensor([s.params.top_p for s in seqs], dtype=torch.float32))
+        if self.device.type != "cuda":
+            return host
+        # pinned (the caching host allocator keeps each block until its copy is done) and asynchronous
+        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in host)
+
+    def _sample(self, seqs: list, logits: torch.Tensor, params) -> list[TokenLogprob]:
         logits = logits.float()  # a copy (indexing above), so in-place edits never touch graph outputs
         if self.vocab_limit < logits.shape[-1]:
             logits[:, self.vocab_limit:] = float("-inf")
         if self.logits_hook is not None:
             self.logits_hook(seqs, logits)
         dev, n = self.device, len(seqs)
-        temperature = torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([s.params.top_k for s in seqs], dtype=torch.int64, device=dev)
-        top_p = torch.tensor([s.params.top_p for s in seqs], dtype=torch.float32, device=dev)
+        temperature, top_k, top_p = params
         sample = self.model.ops.sample
         ids = torch.empty(n, dtype=torch.int64, device=dev)
         seeded = [i for i, s in enumerate(seqs) if s.params.seed is not None and not s.params.greedy]

@@ -145,8 +145,8 @@ def code_key(point: str, variant: str, *, own_configs: bool = True, legacy: bool
 def code_key_matches(stored, point: str, variant: str, *, own_configs: bool = True) -> bool:
     """Whether a stored `code_key` is this code's, in the current form or the legacy one (which only
     the Python version that stored it computes alike)."""
-    return stored is not None and stored in (code_key(point, variant, own_configs=own_configs),
-                                             code_key(point, variant, own_configs=own_configs, legacy=True))
+    return stored is not None and (stored == code_key(point, variant, own_configs=own_configs)
+                                   or stored == code_key(point, variant, own_configs=own_configs, legacy=True))
 
 
 def source_files(point: str, variant: str) -> dict[str, str]:

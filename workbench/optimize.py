@@ -365,6 +365,7 @@ def _compile_row(baseline: str) -> str:
 
 
 def report_markdown(r: dict) -> str:
+    idle = idle_line(r.get("locked_idle"))
     lines = [
         f"# optimize {r['target']} on {r['preset']} ({r['dtype']})", "",
         f"Command: `{r['command']}`", "",
@@ -382,8 +383,8 @@ def report_markdown(r: dict) -> str:
         + (f" (locked step at {100 * r['fraction_of_floor']:.0f}% of floor speed)" if r["fraction_of_floor"] else ""),
         "", f"Kernels per layer: reference {r['kernels_per_layer']['reference']}, "
             f"locked {r['kernels_per_layer']['locked']}", "",
-        *([f"In the locked step's profile (eager, under the profiler): {idle_line(r['locked_idle'])} "
-           "(`locked_profile.json`, `idle`)", ""] if idle_line(r.get("locked_idle")) else []),
+        *([f"In the locked step's profile (eager, under the profiler): {idle} (`locked_profile.json`, `idle`)", ""]
+          if idle else []),
         "ms/step: the search's timing of the point at the step's shapes; in the locked step: the profiler's "
         "device time of the point in one locked step (`locked_profile.json`), beside its floor.", "",
         "| point | locked variant | backend | ms/step | reference ms/step | in the locked step, ms | floor ms "

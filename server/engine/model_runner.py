@@ -19,6 +19,7 @@ import torch
 from beam_model.config import FULL, SLIDING
 from beam_model.kv_cache import AttentionMetadata, PagedKVCache, StepMetadata, build_step_metadata
 from server.engine.block_manager import GROUPS
+from server.engine.graph_inputs import GraphInputs
 from server.engine.output import TokenLogprob
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -134,13 +135,9 @@ class ModelRunner:
     def _capture(self, sizes: list[int], max_pages: int) -> None:
         dev, big = self.device, max(sizes)
         self._max_pages = max_pages
-        self._ids = torch.zeros(big, dtype=torch.int64, device=dev)
-        self._pos = torch.zeros(big, dtype=torch.int64, device=dev)
-        self._lens = torch.ones(big, dtype=torch.int32, device=dev)
+        self._inputs = GraphInputs(big, max_pages, GROUPS, dev)  # what `_replay` refills
         self._qstart = torch.arange(big + 1, dtype=torch.int32, device=dev)
         self._last = torch.arange(big, dtype=torch.int64, device=dev)
-        self._tables = {g: torch.zeros(big, max_pages, dtype=torch.int32, device=dev) for g in GROUPS}
-        self._slots = {g: torch.zeros(big, dtype=torch.int64, device=dev) for g in GROUPS}
         pool = None
         with torch.inference_mode():
             for b in sorted(sizes, reverse=True):  # largest first so the others share its memory pool
@@ -148,22 +145,23 @@ class ModelRunner:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):  # warm-up outside capture (lazy inits, autotuning)
-                    self.model.step(self._ids[:b], self.cache, meta)
+                    self.model.step(self._inputs.ids[:b], self.cache, meta)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self.model.step(self._ids[:b], self.cache, meta)
+                    out = self.model.step(self._inputs.ids[:b], self.cache, meta)
                 pool = graph.pool()
                 self.graphs[b] = (graph, out, meta)  # the metadata lives as long as its graph
         torch.cuda.synchronize()
 
     def _graph_metadata(self, b: int) -> StepMetadata:
-        common = dict(positions=self._pos[:b], seq_lens=self._lens[:b], query_start=self._qstart[:b + 1],
+        x = self._inputs
+        common = dict(positions=x.pos[:b], seq_lens=x.lens[:b], query_start=self._qstart[:b + 1],
                       page_size=self.page_size, decode=True, query_start_host=list(range(b + 1)),
                       seq_lens_host=[1] * b)
-        groups = {g: AttentionMetadata(page_table=self._tables[g][:b], slot_mapping=self._slots[g][:b], **common)
+        groups = {g: AttentionMetadata(page_table=x.tables[g][:b], slot_mapping=x.slots[g][:b], **common)
                   for g in GROUPS}
-        return StepMetadata(groups=groups, positions=self._pos[:b], last_token_index=self._last[:b], num_tokens=b)
+        return StepMetadata(groups=groups, positions=x.pos[:b], last_token_index=self._last[:b], num_tokens=b)
 
     def _graph_for(self, pages: dict[str, list[list[int]]]):
         b = len(pages[FULL])
@@ -172,24 +170,9 @@ class ModelRunner:
         return min(size for size in self.graphs if size >= b)
 
     def _replay(self, size: int, ids: list[int], pages, starts: list[int], started: float) -> torch.Tensor:
-        b, ps, pad = len(ids), self.page_size, size - len(ids)
-        # Padded rows: token 0 at position 0 writing slot 0 of the reserved page 0, reading only it.
-        host = {
-            "ids": torch.tensor(ids + [0] * pad), "pos": torch.tensor(starts + [0] * pad),
-            "lens": torch.tensor([s + 1 for s in starts] + [1] * pad, dtype=torch.int32),
-        }
-        self._ids[:size].copy_(host["ids"], non_blocking=True)
-        self._pos[:size].copy_(host["pos"], non_blocking=True)
-        self._lens[:size].copy_(host["lens"], non_blocking=True)
-        for g in GROUPS:
-            table = torch.zeros(size, self._max_pages, dtype=torch.int32)
-            for r, row in enumerate(pages[g]):
-                table[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
-            slots = [row[s // ps] * ps + s % ps for row, s in zip(pages[g], starts)] + [0] * pad
-            self._tables[g][:size].copy_(table, non_blocking=True)
-            self._slots[g][:size].copy_(torch.tensor(slots), non_blocking=True)
+        b = len(ids)
+        lens = self._inputs.fill(size, ids, starts, pages, self.page_size)
         graph, out, meta = self.graphs[size]
-        lens = host["lens"].tolist()
         for g in GROUPS:  # host copies of the layout, for variants that plan on the host
             meta.groups[g].seq_lens_host[:] = lens
         self.model.replan(meta)

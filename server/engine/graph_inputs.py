@@ -1,0 +1,75 @@
+"""The inputs a captured decode graph reads, refilled for each replay by three copies.
+
+A graph reads its inputs at fixed device addresses: the runner writes each step's tokens,
+positions, lengths, cache slots and page tables there before replaying it. Built as a tensor each
+and copied one by one, they cost ~0.3 ms of host time a step at batch 1 while the device waited
+(runs/serve-sweep-beam-501b-tp8/report.md, "host prepare"). Here they are typed views of one device
+buffer, mirrored by one pinned host buffer that numpy fills: the small inputs go in one copy, each
+group's page table in one more, of the rows in use only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class GraphInputs:
+    """Device views `ids`, `pos`, `lens`, `slots[g]`, `tables[g]` over `rows` rows (the largest graph),
+    `tables[g]` [rows, max_pages] int32; `fill` writes a step's values for the first `size` rows."""
+
+    def __init__(self, rows: int, max_pages: int, groups, device: torch.device):
+        self.rows, self.max_pages, self.groups = rows, max_pages, tuple(groups)
+        n = len(self.groups)
+        # 8-byte arrays first, so every view is aligned: ids, pos, slots per group, then lens, tables
+        layout = [("ids", 8, (rows,)), ("pos", 8, (rows,))] + [(("slots", g), 8, (rows,)) for g in self.groups] + \
+            [("lens", 4, (rows,))] + [(("tables", g), 4, (rows, max_pages)) for g in self.groups]
+        self._small_bytes = 8 * rows * (2 + n) + 4 * rows
+        total = self._small_bytes + 4 * rows * max_pages * n
+        cuda = device.type == "cuda"
+        self._host = torch.zeros(total, dtype=torch.uint8, pin_memory=cuda)
+        self._device = torch.zeros(total, dtype=torch.uint8, device=device)
+        self._copied = torch.cuda.Event() if cuda else None
+        self._offsets, host, dev, at = {}, {}, {}, 0
+        for name, size, shape in layout:
+            nbytes = size * int(np.prod(shape))
+            dtype = torch.int64 if size == 8 else torch.int32
+            self._offsets[name] = (at, nbytes)
+            host[name] = self._host[at:at + nbytes].view(dtype).view(shape).numpy()
+            dev[name] = self._device[at:at + nbytes].view(dtype).view(shape)
+            at += nbytes
+        self._h = host
+        self.ids, self.pos, self.lens = dev["ids"], dev["pos"], dev["lens"]
+        self.slots = {g: dev[("slots", g)] for g in self.groups}
+        self.tables = {g: dev[("tables", g)] for g in self.groups}
+        host["lens"][:] = 1  # every row, padding included, sees at least its own token
+        self._device.copy_(self._host)
+
+    def fill(self, size: int, ids: list[int], starts: list[int], pages: dict, page_size: int) -> list[int]:
+        """Rows 0..len(ids)-1 get this step's token, position (`starts`), length and, per group, page
+        table and the cache slot of the token; rows up to `size` are padding: token 0 at position 0
+        writing slot 0 of the reserved page 0 and reading only it. Starts the copies (on the current
+        stream) and returns the lengths of the `size` rows."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copies have read the host buffer
+        h, b = self._h, len(ids)
+        h["ids"][:size], h["pos"][:size], h["lens"][:size] = 0, 0, 1
+        h["ids"][:b], h["pos"][:b] = ids, starts
+        h["lens"][:b] = np.asarray(starts) + 1
+        for g in self.groups:
+            table, slots = h[("tables", g)], h[("slots", g)]
+            table[:size] = 0
+            slots[:size] = 0
+            for r, (row, s) in enumerate(zip(pages[g], starts)):
+                table[r, :len(row)] = row
+                slots[r] = row[s // page_size] * page_size + s % page_size
+        self._upload(0, self._small_bytes)
+        for g in self.groups:
+            at, _ = self._offsets[("tables", g)]
+            self._upload(at, 4 * size * self.max_pages)
+        if self._copied is not None:
+            self._copied.record()
+        return h["lens"][:size].tolist()
+
+    def _upload(self, at: int, nbytes: int) -> None:
+        self._device[at:at + nbytes].copy_(self._host[at:at + nbytes], non_blocking=True)

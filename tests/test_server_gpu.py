@@ -85,7 +85,7 @@ def test_graph_replay_equals_an_eager_step_on_its_inputs(attention):
         logits = replay(size, *args).clone()
         _, _, meta = runner.graphs[size]
         with torch.inference_mode():  # writes the same K/V to the same slots again
-            eager = runner.model.step(runner._ids[:size], runner.cache, meta)[:logits.shape[0]]
+            eager = runner.model.step(runner._inputs.ids[:size], runner.cache, meta)[:logits.shape[0]]
         checked.append(size)
         assert torch.equal(logits, eager), (attention, size, (logits.float() - eager.float()).abs().max().item())
         return logits

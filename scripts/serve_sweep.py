@@ -127,13 +127,14 @@ def counter_delta(before: dict, after: dict, name: str) -> float:
 
 
 # ---- inputs -------------------------------------------------------------------------------------
-def write_dataset(path: Path, num: int, chars: int, seed: int) -> None:
+def write_dataset(path: Path, num: int, chars: int, seed: int, first: int = 0) -> None:
     """ShareGPT-format conversations of seeded random ASCII words, each at least `chars` long, so
     that `--dataset-name random` cuts exact-length prompts from them without downloading ShareGPT.
-    Every prompt starts differently: no prefix-cache hits between them."""
-    rng = random.Random(seed)
+    Every prompt starts with its number (`first` on): no prefix-cache hits between them, nor with
+    another file whose numbers do not overlap."""
+    rng = random.Random(f"{seed}:{first}")
     convs = []
-    for i in range(num):
+    for i in range(first, first + num):
         words, n = [f"[{i}]"], 0
         while n < chars + 16:
             w = rng.choice(WORDS)
@@ -218,7 +219,7 @@ def client_cmd(args, url: str, tokenizer: Path, dataset: Path, concurrency: int,
             "--dataset-path", str(dataset), "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
             "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-            "--seed", str(args.seed), "--disable-tqdm", "--output-file", str(result)]
+            "--seed", str(args.seed), "--warmup-requests", "0", "--disable-tqdm", "--output-file", str(result)]
 
 
 def run_level(args, cmd: list[str], result: Path, client_log, timeout: float) -> tuple[dict | None, str | None]:
@@ -309,9 +310,7 @@ def main() -> int:
 
     tokenizer = save_hf_tokenizer(tmp / "tokenizer")
     most = max(args.num_prompts or [0]) or 4000
-    dataset = tmp / "prompts.json"
-    write_dataset(dataset, most + 64, args.input_len, args.seed)
-    log(f"byte-level tokenizer exported to {tokenizer}; {most + 64} ASCII prompts in {dataset}")
+    log(f"byte-level tokenizer exported to {tokenizer}; up to {most + 64} ASCII prompts a level under {tmp}")
 
     server = Server(args, free_port(), out / "server.log")
     log(f"starting: {server.shown()}")
@@ -343,6 +342,11 @@ def main() -> int:
                 est = rate * math.sqrt(c / rate_c) if c > rate_c else rate * c / rate_c
                 n = min(max(args.min_rounds * c, round(target * est)), most)
             result = tmp / f"level-{c}.jsonl"
+            # each level its own prompts: the client draws a file's prompts in the same seeded order, so a
+            # shared file let a level hit the pages the levels before it cached. No client warm-up either
+            # (the probe warmed the server): it sends the level's first prompt ahead of the level.
+            dataset = tmp / f"prompts-{c}.json"
+            write_dataset(dataset, n + 64, args.input_len, args.seed, first=(i + 1) * (most + 64))
             cmd = client_cmd(args, server.url, tokenizer, dataset, c, n, result)
             before, _ = server.metrics()
             timeout = min(args.level_timeout_s, left)
@@ -364,6 +368,7 @@ def main() -> int:
                 "generation_tokens": counter_delta(before, after, "beam_generation_tokens_total"),
                 "rejected": counter_delta(before, after, "beam_requests_rejected_total"),
                 "preemptions": counter_delta(before, after, "beam_preemptions_total"),
+                "prefix_hit_tokens": counter_delta(before, after, "beam_prefix_cache_hit_tokens_total"),
             }
             levels.append(row)
             if err:
@@ -435,15 +440,16 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
     if error:
         lines += [f"**The sweep stopped early: {error}**", ""]
     lines += ["| users | requests | errors | TTFT p50 ms | TTFT p99 ms | server TTFT mean ms | TPOT p50 ms | "
-              "per-user decode tok/s | output tok/s (all users) | ITL p50 ms | duration s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "per-user decode tok/s | output tok/s (all users) | ITL p50 ms | duration s | prefix-cache hit tokens |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in levels:
         if r.get("completed") is None:
-            lines.append(f"| {r['concurrency']} | {r.get('num_prompts', '')} | {r.get('error')} | | | | | | | | |")
+            lines.append(f"| {r['concurrency']} | {r.get('num_prompts', '')} | {r.get('error')} | | | | | | | | | |")
             continue
         lines.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {f(r['ttft_p50_ms'])} | "
                      f"{f(r['ttft_p99_ms'])} | {f(r['server']['ttft_mean_ms'])} | {f(r['tpot_p50_ms'], '.2f')} | {f(r['per_user_decode_tok_s_p50'])} | "
-                     f"{f(r['output_tok_s'])} | {f(r['itl_p50_ms'], '.2f')} | {f(r['duration_s'])} |")
+                     f"{f(r['output_tok_s'])} | {f(r['itl_p50_ms'], '.2f')} | {f(r['duration_s'])} | "
+                     f"{f(r['server'].get('prefix_hit_tokens'), '.0f')} |")
     lines += ["", "Per-user decode tok/s = 1000 / TPOT p50 (TPOT: a request's time after its first token divided "
               "by its other tokens). TTFT and ITL as the client saw them: the client counts a token when its "
               "streamed chunk carries text, and the byte-level tokenizer holds back the bytes of an unfinished "
@@ -451,7 +457,9 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
               "about one extra decode step on average, and its ITL is per text chunk. 'server TTFT mean' is "
               "the server's own arrival-to-first-token time (beam_time_to_first_token_seconds, exact, mean "
               "only). TPOT and the throughputs count tokens (the requested output length, which ignore_eos "
-              "guarantees), not chunks.", "",
+              "guarantees), not chunks. Each level draws its own prompts (none shared with another level or "
+              "the probe; the client's warm-up request, a copy of the first, is off), so its prefix-cache hits "
+              "should be 0: a hit would flatter its TTFT.", "",
               "## Server overhead: the model step inside the server", "",
               "`beam_engine_step_seconds` (server/api/metrics.py): the engine thread's `ModelRunner.run`, from "
               "its start until the sampled tokens are on the host, per level (difference of /metrics before and "

@@ -77,6 +77,14 @@ def test_engine_reports_each_model_step_to_its_observer():
     assert {n for k, n, *_ in seen if k == "decode"} <= {1, 2}
 
 
+def test_each_level_gets_prompts_no_other_level_has(tmp_path):
+    serve_sweep.write_dataset(tmp_path / "a.json", 6, 40, seed=0)
+    serve_sweep.write_dataset(tmp_path / "b.json", 6, 40, seed=0, first=6)
+    texts = [c["conversations"][0]["value"] for f in ("a.json", "b.json")
+             for c in json.loads((tmp_path / f).read_text())]
+    assert len({t[:16] for t in texts}) == 12 and all(len(t) >= 40 for t in texts)
+
+
 CLIENT = all(importlib.util.find_spec(m) for m in ("sglang", "transformers", "aiohttp", "requests"))
 
 
@@ -84,15 +92,20 @@ CLIENT = all(importlib.util.find_spec(m) for m in ("sglang", "transformers", "ai
 def test_quick_sweep_end_to_end(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep
            + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "scripts/serve_sweep.py", "--preset", "beam-tiny", "--quick", "--levels", "2",
-           "--num-prompts", "4", "--server-args=--num-pages 64 --dtype fp32 --device cpu"]
+    cmd = [sys.executable, "scripts/serve_sweep.py", "--preset", "beam-tiny", "--quick", "--levels", "1", "2",
+           "--num-prompts", "2", "4", "--server-args=--num-pages 64 --dtype fp32 --device cpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "serve-sweep" / "sweep.json").read_text())
-    assert [lv["concurrency"] for lv in doc["levels"]] == [2]
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
     for lv in doc["levels"]:
         assert lv["errors"] == 0 and lv["completed"] == lv["requests"]
+        assert lv["server"]["prefix_hit_tokens"] == 0
         assert lv["total_output_tokens"] == 16 * lv["requests"]
         assert lv["ttft_p50_ms"] > 0 and lv["per_user_decode_tok_s_p50"] > 0 and lv["output_tok_s"] > 0
         assert any(s["kind"] == "decode" for s in lv["server"]["step_times"])
+    # no level reuses another's prompts, nor sends one twice (the client's warm-up would): beam-tiny's
+    # 16-token window under 64-token pages never gives a prefix hit, so the commands are what is checked
+    datasets = [lv["command"].split("--dataset-path ")[1].split()[0] for lv in doc["levels"]]
+    assert len(set(datasets)) == 2 and all("--warmup-requests 0" in lv["command"] for lv in doc["levels"])
     assert "| 2 |" in (tmp_path / "serve-sweep" / "report.md").read_text()

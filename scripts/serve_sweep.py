@@ -436,6 +436,7 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
              "(`--max-concurrency`, `--request-rate inf`). Each level's command is in sweep.json.", "",
              f"Environment: {env.get('gpu') or 'cpu'}, driver {env.get('driver')}, torch {env.get('torch')}, "
              f"python {env.get('python')}, commit {env.get('git_commit')}" + (" (dirty)" if env.get("git_dirty") else "")
+             + (f", git tree {env['git_tree']}" if env.get("git_tree") else "")
              + f", {env.get('date')}; packages {json.dumps(env['packages'])}", ""]
     if error:
         lines += [f"**The sweep stopped early: {error}**", ""]

@@ -626,13 +626,30 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _run(cmd: list[str]) -> str | None:
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str], *, cwd: Path = ROOT, env: dict | None = None) -> str | None:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parents[1])
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=cwd, env=env)
         return out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def git_tree(cwd: Path = ROOT) -> str | None:
+    """The git tree hash of the files as they are on disk (ignored files left out), built in a
+    throwaway index: `git rev-parse COMMIT^{tree}` for a clean checkout of COMMIT. It names the code a
+    result ran where `git_commit` cannot: the GPU host's copy of the tree carries a .git older than its
+    files, so there the commit is stale and only "dirty" says so."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(d, "index")}
+        for step in (["read-tree", "HEAD"], ["add", "-A"]):
+            if _run(["git", "--no-optional-locks", *step], cwd=cwd, env=env) is None:
+                return None
+        return _run(["git", "--no-optional-locks", "write-tree"], cwd=cwd, env=env)
 
 
 def _version(dist: str, module: str) -> str | None:
@@ -648,7 +665,7 @@ def _version(dist: str, module: str) -> str | None:
 
 
 def environment(device=None) -> dict:
-    """What a result depends on: GPU, driver, library versions, git commit, host, date."""
+    """What a result depends on: GPU, driver, library versions, git commit and tree, host, date."""
     cuda = torch.cuda.is_available()
     gpu = _device(device if device is not None and torch.device(device).type == "cuda" else "cuda") if cuda else None
     smi = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
@@ -667,6 +684,7 @@ def environment(device=None) -> dict:
         "python": platform.python_version(),
         "git_commit": commit,
         "git_dirty": bool(status) if status is not None else None,
+        "git_tree": git_tree(),
         "hostname": socket.gethostname(),
         "date": _now(),
     }

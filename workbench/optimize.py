@@ -370,7 +370,8 @@ def report_markdown(r: dict) -> str:
         f"# optimize {r['target']} on {r['preset']} ({r['dtype']})", "",
         f"Command: `{r['command']}`", "",
         f"Device: {r['gpu'] or 'cpu'}; torch {r['environment'].get('torch')}, "
-        f"triton {r['environment'].get('triton')}; commit {r['environment'].get('git_commit')}", "",
+        f"triton {r['environment'].get('triton')}; commit {r['environment'].get('git_commit')}"
+        + (f" (files: git tree {r['environment']['git_tree']})" if r["environment"].get("git_tree") else ""), "",
         "| build | step ms | speed-up of locked |", "| --- | ---: | ---: |",
         f"| reference | {r['reference_ms']:.3f} | {r['speedup']:.2f}x |",
         *[f"| {_compile_row(b['mode'])} | " + (f"{b['ms']:.3f} | {b['speedup']:.2f}x |" if b["ms"] else "failed | |")

@@ -116,8 +116,8 @@ def test_odd_shapes(config):
     assert _rel_err(_run(config, x, ids, weights, w), _truth(x, ids, weights, w)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("split", [2, 4])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+# each split count once, each dtype once: interpreted, the four pairs took ~67 s of CI's ~16 minutes
+@pytest.mark.parametrize("split,dtype", [(2, torch.float32), (4, torch.bfloat16)], ids=["2-fp32", "4-bf16"])
 def test_gemv_split_k(split, dtype):
     """SPLIT_K: hidden 200 in 16-wide steps (13, the last one partial) cut into slices (7 + 6 steps, or
     4 + 4 + 4 + 1), the last program of each (pair, n-block) summing them; calls in a row leave the

@@ -23,6 +23,7 @@ from beam_model.tokenizer import ByteTokenizer
 from server.engine import Engine, SamplingParams
 from server.engine import llm_engine
 from server.engine import model_runner as mr
+from server.engine.graph_inputs import GraphInputs
 
 
 class _Replay:
@@ -33,21 +34,17 @@ class _Replay:
 def _emulated_capture(self, sizes, max_pages):
     """`ModelRunner._capture`'s buffers and metadata, with an eager step in place of each graph."""
     big = max(sizes)
-    self._max_pages = max_pages
-    self._ids, self._pos = (torch.zeros(big, dtype=torch.int64) for _ in range(2))
-    self._lens = torch.ones(big, dtype=torch.int32)
+    self._inputs = GraphInputs(big, max_pages, mr.GROUPS, torch.device("cpu"))
     self._qstart = torch.arange(big + 1, dtype=torch.int32)
     self._last = torch.arange(big, dtype=torch.int64)
-    self._tables = {g: torch.zeros(big, max_pages, dtype=torch.int32) for g in mr.GROUPS}
-    self._slots = {g: torch.zeros(big, dtype=torch.int64) for g in mr.GROUPS}
     for b in sizes:
         meta = self._graph_metadata(b)
         with torch.inference_mode():
-            out = self.model.step(self._ids[:b], self.cache, meta).clone()
+            out = self.model.step(self._inputs.ids[:b], self.cache, meta).clone()
 
         def step(b=b, meta=meta, out=out):
             with torch.inference_mode():
-                out.copy_(self.model.step(self._ids[:b], self.cache, meta))
+                out.copy_(self.model.step(self._inputs.ids[:b], self.cache, meta))
         self.graphs[b] = (_Replay(step), out, meta)
 
 

@@ -403,6 +403,21 @@ def test_first_use_probe_script_records_every_step(tmp_path):
     assert [s["tokens_fed"] for s in probe["steps"]] == [[9], [1, 9], [1, 1], [1]]
 
 
+def test_graph_decode_emulation_script_replays_the_runners_graph_inputs():
+    """scripts/graph_decode_emulation.py stands in for `ModelRunner._capture` on the CPU, so it must build
+    the buffers `_replay` refills: in FP32 the graph-shaped steps give the eager engine's tokens."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "graph_decode_emulation.py"), "--preset",
+                           "beam-tiny", "--dtype", "float32", "--prompts", "3,70", "--tokens", "3"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 emulated graph replays" in proc.stdout and "prompt of   70 tokens" in proc.stdout
+
+
 def test_first_use_signature_names_constexprs_and_divisible_arguments():
     """The hook's arguments as Triton 3.4-3.9 pass them: argument types by name, constexprs and
     attributes by argument index. Anything else falls back to Triton's repr."""

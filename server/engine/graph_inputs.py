@@ -19,30 +19,32 @@ class GraphInputs:
     `tables[g]` [rows, max_pages] int32; `fill` writes a step's values for the first `size` rows."""
 
     def __init__(self, rows: int, max_pages: int, groups, device: torch.device):
-        self.rows, self.max_pages, self.groups = rows, max_pages, tuple(groups)
-        n = len(self.groups)
+        self.max_pages, self.groups = max_pages, tuple(groups)
         # 8-byte arrays first, so every view is aligned: ids, pos, slots per group, then lens, tables
-        layout = [("ids", 8, (rows,)), ("pos", 8, (rows,))] + [(("slots", g), 8, (rows,)) for g in self.groups] + \
-            [("lens", 4, (rows,))] + [(("tables", g), 4, (rows, max_pages)) for g in self.groups]
-        self._small_bytes = 8 * rows * (2 + n) + 4 * rows
-        total = self._small_bytes + 4 * rows * max_pages * n
-        cuda = device.type == "cuda"
-        self._host = torch.zeros(total, dtype=torch.uint8, pin_memory=cuda)
-        self._device = torch.zeros(total, dtype=torch.uint8, device=device)
-        self._copied = torch.cuda.Event() if cuda else None
-        self._offsets, host, dev, at = {}, {}, {}, 0
-        for name, size, shape in layout:
-            nbytes = size * int(np.prod(shape))
-            dtype = torch.int64 if size == 8 else torch.int32
-            self._offsets[name] = (at, nbytes)
-            host[name] = self._host[at:at + nbytes].view(dtype).view(shape).numpy()
-            dev[name] = self._device[at:at + nbytes].view(dtype).view(shape)
+        layout = [("ids", torch.int64, (rows,)), ("pos", torch.int64, (rows,))] + \
+            [(("slots", g), torch.int64, (rows,)) for g in self.groups] + [("lens", torch.int32, (rows,))] + \
+            [(("tables", g), torch.int32, (rows, max_pages)) for g in self.groups]
+        spans, at = {}, 0
+        for name, dtype, shape in layout:
+            nbytes = dtype.itemsize * int(np.prod(shape))
+            spans[name] = (at, nbytes, dtype, shape)
             at += nbytes
-        self._h = host
-        self.ids, self.pos, self.lens = dev["ids"], dev["pos"], dev["lens"]
-        self.slots = {g: dev[("slots", g)] for g in self.groups}
-        self.tables = {g: dev[("tables", g)] for g in self.groups}
-        host["lens"][:] = 1  # every row, padding included, sees at least its own token
+        cuda = device.type == "cuda"
+        self._host = torch.zeros(at, dtype=torch.uint8, pin_memory=cuda)
+        self._device = torch.zeros(at, dtype=torch.uint8, device=device)
+        self._copied = torch.cuda.Event() if cuda else None
+
+        def view(buffer, name):
+            start, nbytes, dtype, shape = spans[name]
+            return buffer[start:start + nbytes].view(dtype).view(shape)
+
+        self._h = {name: view(self._host, name).numpy() for name in spans}
+        self.ids, self.pos, self.lens = (view(self._device, name) for name in ("ids", "pos", "lens"))
+        self.slots = {g: view(self._device, ("slots", g)) for g in self.groups}
+        self.tables = {g: view(self._device, ("tables", g)) for g in self.groups}
+        self._table_at = {g: spans[("tables", g)][0] for g in self.groups}
+        self._small_bytes = min(self._table_at.values())  # the small inputs end where the page tables begin
+        self._h["lens"][:] = 1  # every row, padding included, sees at least its own token
         self._device.copy_(self._host)
 
     def fill(self, size: int, ids: list[int], starts: list[int], pages: dict, page_size: int) -> list[int]:
@@ -65,8 +67,7 @@ class GraphInputs:
                 slots[r] = row[s // page_size] * page_size + s % page_size
         self._upload(0, self._small_bytes)
         for g in self.groups:
-            at, _ = self._offsets[("tables", g)]
-            self._upload(at, 4 * size * self.max_pages)
+            self._upload(self._table_at[g], 4 * size * self.max_pages)
         if self._copied is not None:
             self._copied.record()
         return h["lens"][:size].tolist()

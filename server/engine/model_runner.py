@@ -134,7 +134,6 @@ class ModelRunner:
     # ---- CUDA graphs -----------------------------------------------------------------------
     def _capture(self, sizes: list[int], max_pages: int) -> None:
         dev, big = self.device, max(sizes)
-        self._max_pages = max_pages
         self._inputs = GraphInputs(big, max_pages, GROUPS, dev)  # what `_replay` refills
         self._qstart = torch.arange(big + 1, dtype=torch.int32, device=dev)
         self._last = torch.arange(big, dtype=torch.int64, device=dev)
@@ -165,7 +164,7 @@ class ModelRunner:
 
     def _graph_for(self, pages: dict[str, list[list[int]]]):
         b = len(pages[FULL])
-        if not self.graphs or b > max(self.graphs) or max(map(len, pages[FULL])) > self._max_pages:
+        if not self.graphs or b > max(self.graphs) or max(map(len, pages[FULL])) > self._inputs.max_pages:
             return None
         return min(size for size in self.graphs if size >= b)
 

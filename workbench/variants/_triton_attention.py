@@ -147,9 +147,7 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     n_splits = tl.num_programs(2)
-    # Lengths and positions are the step's metadata, written before its first kernel (the runner's host
-    # copies), never by a kernel of the step: with PDL they are read, and this split's blocks found,
-    # while the previous kernel finishes. q and the cache (qk_prep's outputs) are read after the wait.
+    pdl_enter(PDL)  # no weights: q, the cache, lengths, pages and counters may all be the last kernel's
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     pos = tl.load(pos_ptr + b).to(tl.int32)
     hi = tl.minimum(pos + 1, seq_len)
@@ -162,7 +160,6 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
     per = tl.cdiv(last - first, n_splits)
     blk0 = first + split * per
     blk1 = tl.minimum(blk0 + per, last)
-    pdl_enter(PDL)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)

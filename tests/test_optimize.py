@@ -348,6 +348,17 @@ def test_a_report_from_before_configs_were_recorded_compares_variants_only():
     assert against_previous({**old, "gpu": "other"}, new) is None  # another GPU's lock: no comparison
 
 
+def test_the_report_says_when_no_points_choice_changed_instead_of_an_empty_table():
+    from workbench.optimize import _against_previous_lines
+
+    same = {"locked_ms": 3.0, "git_commit": "abc", "changed": []}
+    text = "\n".join(_against_previous_lines(same, 2.9))
+    assert "3.000 ms then (commit abc), 2.900 ms now. No point's locked variant or config changed." in text
+    assert "| point |" not in text
+    moved = {**same, "changed": [{"point": "head", "was": "torch", "was_ms": 0.07, "now": "triton", "now_ms": 0.05}]}
+    assert "| head | torch | 0.070 | triton | 0.050 |" in "\n".join(_against_previous_lines(moved, 2.9))
+
+
 def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(run, tmp_path, monkeypatch):
     """`--compile-baseline points max-autotune-no-cudagraphs`: one row each in the report (the issue's
     baseline beside every point's torch_compile); each is saved to end_to_end.json once timed, so a

@@ -30,6 +30,13 @@ def test_matches_reference(shape, n, config):
     _assert_routes_equal(v.at(config)(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
 
 
+def test_other_activation_dtypes_take_route_triton():
+    """FP32 activations are not exact in one BF16 piece: route:triton's regimes split them too."""
+    x, w, kw = _route_case("e256", 100, torch.float32, seed=4)
+    v = get("route", "cublas")
+    _assert_routes_equal(v.fn(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
+
+
 PREFILL = Workload("beam-tiny", batch=1, tokens_per_seq=128, context=128)  # 128 tokens: the GEMMs
 
 

@@ -330,3 +330,22 @@ def test_gpu_route_regimes_agree_tp8():
     for lo, hi in ((0, 16), (16, 96), (0, 128)):  # each slice runs in the regime its size picks
         got = v.fn(x[lo:hi], pw, **kw)
         _assert_routes_equal(got, tuple(t[lo:hi] for t in want))
+
+
+def test_route_selection_compiles_once_whatever_the_split_count(monkeypatch):
+    """route:triton's tile regimes split K by a count that follows the shapes (the token count among
+    them); the selection kernel takes the config's bound as its constexpr, so two counts of partials
+    share one compile (serving met a ~1 s compile at each new count). Both route as the reference."""
+    calls, kernel = [], route_mod._route_select
+
+    class Recording:  # records (partials, SPLIT) of each launch, then launches
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((args[8], kw["SPLIT"])) or kernel[grid](*args, **kw)
+
+    monkeypatch.setattr(route_mod, "_route_select", Recording())
+    v = get("route", "triton")
+    for shape in ("e256", "long"):  # tensor-core tiles at 100 tokens: K 32 in 1 partial, K 3000 in 8
+        x, w, kw = _route_case(shape, 100, seed=5)
+        _assert_routes_equal(v.fn(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
+    (split_a, bound_a), (split_b, bound_b) = calls
+    assert (split_a, split_b) == (1, 8) and bound_a == bound_b == route_mod.ROUTE_CONFIGS[0]["tc_split"]

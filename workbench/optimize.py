@@ -344,6 +344,23 @@ def against_previous(previous: dict | None, report: dict) -> dict | None:
             "changed": changed}
 
 
+def _fmt(x) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
+
+
+def _against_previous_lines(previous: dict, locked_ms: float) -> list[str]:
+    lines = ["", "## Against the lock this one replaced", "",
+             f"Locked step: {_fmt(previous['locked_ms'])} ms then (commit {previous.get('git_commit')}), "
+             f"{locked_ms:.3f} ms now."]
+    if not previous["changed"]:  # same choices: the difference is the variants' code, or the device and the run
+        lines[-1] += " No point's locked variant or config changed."
+        return lines
+    return lines + ["Points whose locked variant or config changed:", "",
+                    "| point | was | ms/step | now | ms/step |", "| --- | --- | ---: | --- | ---: |",
+                    *[f"| {c['point']} | {c['was']} | {_fmt(c['was_ms'])} | {c['now']} | {_fmt(c['now_ms'])} |"
+                      for c in previous["changed"]]]
+
+
 def _choice(point: dict) -> str:
     config = point.get("config")
     return point["variant"] + (f" {bench.config_text(config)}" if config else "")
@@ -392,20 +409,11 @@ def report_markdown(r: dict) -> str:
         "| step ms with it reverted | fastest gated candidate of each backend, ms/step |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-
-    def fmt(x):
-        return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
     for p in r["points"]:
         bests = ", ".join(f"{b} {ms:.3f}" for b, ms in (p.get("best_ms_by_backend") or {}).items()) or "-"
-        lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {fmt(p['ms'])} | "
-                     f"{fmt(p['reference_ms'])} | {fmt(p.get('locked_step_ms'))} | {fmt(p.get('floor_ms'))} | "
-                     f"{fmt(p['reverted_ms'])} | {bests} |")
-    previous = r.get("previous")
-    if previous:
-        lines += ["", "## Against the lock this one replaced", "",
-                  f"Locked step: {fmt(previous['locked_ms'])} ms then (commit {previous.get('git_commit')}), "
-                  f"{r['locked_ms']:.3f} ms now. Points whose locked variant or config changed:", "",
-                  "| point | was | ms/step | now | ms/step |", "| --- | --- | ---: | --- | ---: |",
-                  *[f"| {c['point']} | {c['was']} | {fmt(c['was_ms'])} | {c['now']} | {fmt(c['now_ms'])} |"
-                    for c in previous["changed"]]]
+        lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {_fmt(p['ms'])} | "
+                     f"{_fmt(p['reference_ms'])} | {_fmt(p.get('locked_step_ms'))} | {_fmt(p.get('floor_ms'))} | "
+                     f"{_fmt(p['reverted_ms'])} | {bests} |")
+    if r.get("previous"):
+        lines += _against_previous_lines(r["previous"], r["locked_ms"])
     return "\n".join(lines) + "\n"

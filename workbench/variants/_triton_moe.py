@@ -376,7 +376,35 @@ def combine(out: torch.Tensor, weights: torch.Tensor, top_k: int, *, weighted: b
     return y
 
 
-# ---- entry point ---------------------------------------------------------------------------------
+# ---- entry points ----------------------------------------------------------------------------------
+
+def checked_weights(w: dict, variant: str, *, down: bool = True):
+    """(gate, up, down) as the kernels read them: contiguous along their last dim, gate and up with one
+    set of strides (the kernels take one); `down=False`: another library reads down."""
+    wg, wu, wd = w["gate_proj"], w["up_proj"], w["down_proj"]
+    if not (wg.stride(-1) == wu.stride(-1) == 1 and wg.stride() == wu.stride() and (not down or wd.stride(-1) == 1)):
+        raise ValueError(f"{variant} needs weights contiguous along their last dim, gate/up alike")
+    return wg, wu, wd
+
+
+def grouped_gate_up(x, ids, wg, wu, *, block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
+                    pdl: bool = False):
+    """The grouped path's first half: the routed pairs grouped by expert in tiles of `block_m` rows
+    (`align_by_expert`), then gate/up + SwiGLU into those rows (`_gate_up_grouped`). Returns
+    (sorted_pairs, block_expert, act [tiles x block_m, ff] in the model dtype)."""
+    n_experts, ff, hidden = wg.shape
+    sorted_pairs, block_expert = align_by_expert(ids, n_experts, block_m, pdl)
+    n_blocks = block_expert.numel()
+    act = torch.empty(n_blocks * block_m, ff, dtype=x.dtype, device=x.device)
+    grid_n = triton.cdiv(ff, block_n)
+    # FP32 weights (CPU tests, FP32 builds) must not silently drop to TF32 on the tensor cores
+    _gate_up_grouped[(n_blocks * grid_n,)](
+        x, sorted_pairs, block_expert, wg, wu, act, ids.numel(), n_experts, hidden, ff, wg.stride(0), wg.stride(1),
+        TOP_K=ids.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, N_BLOCKS_N=grid_n,
+        PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED, num_warps=num_warps,
+        num_stages=num_stages, **pdl_launch(pdl))
+    return sorted_pairs, block_expert, act
+
 
 def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bool = False):
     """The `experts` contract. `config` is one of the variant's tuning configs; its "path" forces
@@ -384,11 +412,9 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
     are picked by size (a config of only {"pdl": True} keeps that). `rounded`
     (experts:triton_rounded): the grouped path rounds each pair's down projection to the model dtype,
     as the reference rounds each expert's output, and weights the pairs in the combine."""
-    wg, wu, wd = w["gate_proj"], w["up_proj"], w["down_proj"]
+    wg, wu, wd = checked_weights(w, "experts:triton")
     n, top_k = ids.shape
     n_experts, ff, hidden = wg.shape
-    if not (wg.stride(-1) == wu.stride(-1) == wd.stride(-1) == 1 and wg.stride() == wu.stride()):
-        raise ValueError("experts:triton needs weights contiguous along their last dim, gate/up alike")
     x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous().float()
     y = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     n_pairs = n * top_k
@@ -420,15 +446,11 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         return y
 
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    # FP32 weights (CPU tests, FP32 builds) must not silently drop to TF32 on the tensor cores
-    launch.update(PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED)
-    sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm, cfg.get("pdl", False))
+    sorted_pairs, block_expert, act = grouped_gate_up(
+        x, ids, wg, wu, block_m=bm, block_n=bn, block_k=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        pdl=cfg.get("pdl", False))
     n_blocks = block_expert.numel()
-    act = torch.empty(n_blocks * bm, ff, dtype=x.dtype, device=x.device)
-    grid_n = triton.cdiv(ff, bn)
-    _gate_up_grouped[(n_blocks * grid_n,)](
-        x, sorted_pairs, block_expert, wg, wu, act, n_pairs, n_experts, hidden, ff, wg.stride(0), wg.stride(1),
-        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, **launch)
+    launch.update(PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED)
     # per-pair rows: FP32 and weighted, or (rounded) in the model dtype: half the bytes to the combine
     out = torch.empty(n_pairs, hidden, dtype=x.dtype if rounded else torch.float32, device=x.device)
     # the down GEMM (N = hidden, K = ff) may take its own tile, warps and stages: it has one

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
-from workbench.variants._triton_moe import _gate_up_gemv, _swiglu_store
+from workbench.variants._triton_moe import _gate_up_gemv, _swiglu_store, checked_weights
 
 # Registers: a config is only run where each thread's share of the largest tile (bf16 weight elements)
 # stays under this; past it the kernel spills and streams slower (runs/sm90-resources-experts/).
@@ -144,11 +144,9 @@ def elements_per_thread(config: dict, hidden: int, ff: int, top_k: int) -> int:
 
 def fused_experts_rows(x, ids, weights, w, config: dict):
     """The `experts` contract for a few routed pairs (decode); `config` is one of the variant's."""
-    wg, wu, wd = w["gate_proj"], w["up_proj"], w["down_proj"]
+    wg, wu, wd = checked_weights(w, "experts:triton_rows")
     n, top_k = ids.shape
     _, ff, hidden = wg.shape
-    if not (wg.stride(-1) == wu.stride(-1) == wd.stride(-1) == 1 and wg.stride() == wu.stride()):
-        raise ValueError("experts:triton_rows needs weights contiguous along their last dim, gate/up alike")
     x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous().float()
     y = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     if n == 0:

@@ -55,26 +55,17 @@ def routing_of(sorted_pairs: torch.Tensor, block_expert: torch.Tensor, n_pairs: 
 
 
 def _experts_at(x, ids, weights, w, *, tile, BLOCK_N, BLOCK_K, num_warps, num_stages, gemm2_n, cluster_n):
-    import triton
+    from workbench.variants._triton_moe import checked_weights, combine, grouped_gate_up
 
-    from workbench.variants._triton_moe import _INTERPRETED, _gate_up_grouped, align_by_expert, combine
-
-    wg, wu = w["gate_proj"], w["up_proj"]
+    wg, wu, _ = checked_weights(w, "experts:flashinfer_down", down=False)  # FlashInfer reads down as it is
     n, top_k = ids.shape
-    n_experts, ff, hidden = wg.shape
-    if not (wg.stride(-1) == wu.stride(-1) == 1 and wg.stride() == wu.stride()):
-        raise ValueError("experts:flashinfer_down needs gate/up contiguous along their last dim, alike")
+    n_experts = wg.shape[0]
     n_pairs = n * top_k
     if n_pairs == 0:
         return torch.empty_like(x)
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous().float()
-    sorted_pairs, block_expert = align_by_expert(ids, n_experts, tile)
-    act = torch.empty(sorted_pairs.numel(), ff, dtype=x.dtype, device=x.device)
-    grid_n = triton.cdiv(ff, BLOCK_N)
-    _gate_up_grouped[(block_expert.numel() * grid_n,)](
-        x, sorted_pairs, block_expert, wg, wu, act, n_pairs, n_experts, hidden, ff, wg.stride(0), wg.stride(1),
-        TOP_K=top_k, BLOCK_M=tile, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, N_BLOCKS_N=grid_n, PRECISION=None,
-        INTERP=_INTERPRETED, num_warps=num_warps, num_stages=num_stages)
+    sorted_pairs, block_expert, act = grouped_gate_up(x, ids, wg, wu, block_m=tile, block_n=BLOCK_N, block_k=BLOCK_K,
+                                                      num_warps=num_warps, num_stages=num_stages)
     r = routing_of(sorted_pairs, block_expert, n_pairs, n_experts, tile)
     rows = down_rows(act, w["down_proj"], r, weights, top_k, tile=tile, gemm2_n=gemm2_n, cluster_n=cluster_n)
     return combine(rows, weights, top_k, weighted=True, dtype=x.dtype)

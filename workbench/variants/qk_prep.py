@@ -110,40 +110,58 @@ if triton is not None:
         return round_to(x1 * r * w1, dt).to(tl.float32), round_to(x2 * r * w2, dt).to(tl.float32)
 
     @triton.jit
+    def _rotation(pos, theta, ssmax_base, ssmax_exponent, HD: tl.constexpr, HALF: tl.constexpr,
+                  ROPE: tl.constexpr, SSMAX: tl.constexpr):
+        """(cos, sin) [1, HALF] of RoPE at `pos`, or SSMax's factor (as cos, sin 0), in FP32.
+
+        Angles are FP64 as in the reference: at positions near 1M an FP32 angle is off by up to ~0.03
+        rad, while FP64 keeps the error ~1e-9 rad, below FP32 resolution of cos/sin. inv_freq is
+        theta^(-2i/hd) = exp(-(2i/hd) ln theta) in FP64 (within ~1e-15 of the reference's pow). The
+        angle is reduced to [-pi, pi] in FP64 (error ~1e-10 rad at 1M positions) and only then rounded
+        to FP32, so FP32 cos/sin (a few ulp) replace FP64 ones, which cost a one-program decode launch
+        more than the rest of its arithmetic."""
+        cos, sin = 1.0, 0.0
+        if ROPE:
+            i = tl.arange(0, HALF).to(tl.float64)
+            inv_freq = tl.exp(-(i * 2.0 / HD) * tl.log(tl.cast(theta, tl.float64)))
+            angle = pos.to(tl.float64) * inv_freq
+            turns = tl.floor(angle * 0.15915494309189535 + 0.5)  # 1 / (2 pi)
+            # 2 pi as the FP64 value nearest to it plus the remainder, so the reduction keeps ~1e-16 rad
+            r = ((angle - turns * 6.283185307179586) - turns * 2.4492935982947064e-16).to(tl.float32)
+            cos, sin = tl.cos(r)[None, :], tl.sin(r)[None, :]
+        if SSMAX:  # (1 + p/base)^exponent, p 1-based; the base in FP32 as the reference, pow via FP64
+            x = 1.0 + (pos.to(tl.float32) + 1.0) / ssmax_base
+            cos = tl.exp(tl.cast(ssmax_exponent, tl.float64) * tl.log(x.to(tl.float64))).to(tl.float32)
+        return cos, sin
+
+    @triton.jit
     def _qk_prep_kernel(q_ptr, k_ptr, v_ptr, q_w_ptr, k_w_ptr, cache_ptr, slot_ptr, pos_ptr, q_out_ptr,
                         q_stride, k_stride, v_stride, n_heads, n_kv_heads, page_size,
                         c_page, c_kv, c_slot, c_head, eps, theta, ssmax_base, ssmax_exponent,
                         HD: tl.constexpr, HALF: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                         ROPE: tl.constexpr, SSMAX: tl.constexpr, PDL: tl.constexpr = False):
         """Q/K head norms -> round -> RoPE or SSMax -> round, K and V into the paged cache: one token
-        per program, all its heads at once so the token's cos/sin (or SSMax factor) is computed once.
-
-        RoPE angles are FP64 as in the reference: at positions near 1M an FP32 angle is off by up to
-        ~0.03 rad, while FP64 keeps the error ~1e-9 rad, below FP32 resolution of cos/sin. inv_freq is
-        theta^(-2i/hd) = exp(-(2i/hd) ln theta) in FP64 (within ~1e-15 of the reference's pow)."""
+        per program, all its heads at once so the token's cos/sin (or SSMax factor) is computed once
+        (`_rotation`)."""
         t = tl.program_id(0).to(tl.int64)
         half = HD // 2
-        # The norm weights are never written: with PDL they are read while the previous kernel finishes.
+        # The norm weights and the positions are the step's inputs, never written by a kernel of it:
+        # with PDL they are read, and the rotation computed, while the previous kernel finishes.
         qw1, qw2, kw1, kw2 = 0.0, 0.0, 0.0, 0.0
         if PDL:
             qw1, qw2 = _norm_weight(q_w_ptr, HD, HALF)
             kw1, kw2 = _norm_weight(k_w_ptr, HD, HALF)
+            cos, sin = _rotation(tl.load(pos_ptr + t), theta, ssmax_base, ssmax_exponent, HD, HALF, ROPE, SSMAX)
         pdl_enter(PDL)
         q1, q2 = _head_rms_norm(q_ptr, q_stride, q_w_ptr, qw1, qw2, t, n_heads, eps, HD, HEADS, HALF, PDL)
         k1, k2 = _head_rms_norm(k_ptr, k_stride, k_w_ptr, kw1, kw2, t, n_kv_heads, eps, HD, KV_HEADS, HALF, PDL)
-        pos = tl.load(pos_ptr + t)
+        if not PDL:
+            cos, sin = _rotation(tl.load(pos_ptr + t), theta, ssmax_base, ssmax_exponent, HD, HALF, ROPE, SSMAX)
         if ROPE:
-            i = tl.arange(0, HALF).to(tl.float64)
-            inv_freq = tl.exp(-(i * 2.0 / HD) * tl.log(tl.cast(theta, tl.float64)))
-            angle = pos.to(tl.float64) * inv_freq
-            cos = tl.cos(angle).to(tl.float32)[None, :]
-            sin = tl.sin(angle).to(tl.float32)[None, :]
             q1, q2 = q1 * cos - q2 * sin, q2 * cos + q1 * sin
             k1, k2 = k1 * cos - k2 * sin, k2 * cos + k1 * sin
-        if SSMAX:  # (1 + p/base)^exponent, p 1-based; the base in FP32 as the reference, pow via FP64
-            x = 1.0 + (pos.to(tl.float32) + 1.0) / ssmax_base
-            scale = tl.exp(tl.cast(ssmax_exponent, tl.float64) * tl.log(x.to(tl.float64))).to(tl.float32)
-            q1, q2 = q1 * scale, q2 * scale
+        if SSMAX:
+            q1, q2 = q1 * cos, q2 * cos
         dt = q_out_ptr.dtype.element_ty
         h = tl.arange(0, HEADS)[:, None]
         d = tl.arange(0, HALF)[None, :]

@@ -183,8 +183,8 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
         # program acquires them all, selects, and leaves the counter at 0 again.
         tl.debug_barrier()
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) * tl.num_programs(1) - 1:
-            _select(tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT,
-                    N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, ".cg")
+            _select(tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale,
+                    tl.num_programs(1), SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, ".cg")
             tl.atomic_xchg(count_ptr, 0)
 
 
@@ -241,17 +241,17 @@ def _route_mm(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
 
 
 @_jit
-def _route_select(part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: tl.constexpr,
+def _route_select(part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, n_split, SPLIT: tl.constexpr,
                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False):
     """The selection of BLOCK_T tokens per program (`_select`), after any router GEMM."""
     pdl_enter(PDL)
     _select(tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG,
-            scale, SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, "")
+            scale, n_split, SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, "")
 
 
 @_jit
-def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: tl.constexpr,
+def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, n_split, SPLIT: tl.constexpr,
             N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
             BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, CACHE: tl.constexpr):
     """noaux_tc selection for tokens `tok`, fused: sum of the split-K partials -> sigmoid -> + bias
@@ -259,6 +259,9 @@ def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: 
     scores there, renormalised, * scale. Experts sit in a [token, group, member] register tile.
     Selection is iterative arg-max (TOP_K rounds of two reductions): cheaper than a sort at 256
     experts. Ids are written in ascending expert order (the contract leaves the order free).
+    n_split partials are summed, SPLIT (constexpr) at most: a bound fixed by the config and regime, not
+    by the token count, so a new count of split-K partials compiles nothing (runs/serve-sweep-beam-
+    501b-tp8/NOTES.md, session 16: each new count had cost a serving step a compile of ~1 s).
     CACHE: the partials' load cache modifier (".cg", from L2, when other programs of the same kernel
     wrote them)."""
     g = tl.arange(0, BLOCK_G)
@@ -267,7 +270,8 @@ def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, SPLIT: 
     valid = (t3 < N) & (g3 < N_GROUP) & (j3 < EPG)
     logit = tl.zeros((BLOCK_T, BLOCK_G, BLOCK_J), tl.float32)
     for s in tl.static_range(SPLIT):  # unrolled: the loads overlap; fixed order: bitwise reproducible
-        logit += tl.load(part_ptr + (s * N + t3) * E + e3, mask=valid, other=0.0, cache_modifier=CACHE)
+        logit += tl.load(part_ptr + (s * N + t3) * E + e3, mask=valid & (t3 * 0 + s < n_split), other=0.0,
+                         cache_modifier=CACHE)
     score = 1.0 / (1.0 + tl.exp(-logit))
     neg_inf = float("-inf")
     # NaN scores (a broken GEMM upstream) rank lowest: selection still writes top_k in-range ids, so
@@ -371,12 +375,14 @@ def _route_prepare(w):
     return {"weight": weight, "bias": w["bias"].float().contiguous(), "bf16x3": torch.stack([w1, w2, w3])}
 
 
-def _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t):
-    """The selection's arguments, for `_route_select` or the fused `_route_gemv` (keywords: constexprs)."""
+def _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t, max_split=None):
+    """The selection's arguments, for `_route_select` or the fused `_route_gemv` (keywords: constexprs):
+    sizes (E, EPG, scale, partials in `part`), and `max_split` (default: those partials) the bound the
+    kernel compiles for."""
     e = w["weight"].shape[0]
     epg = e // n_group
-    return (w["bias"], ids, weights), (e, epg, float(scale)), dict(
-        SPLIT=part.shape[0], N_GROUP=n_group, TOPK_GROUP=topk_group, TOP_K=top_k, BLOCK_T=block_t,
+    return (w["bias"], ids, weights), (e, epg, float(scale), part.shape[0]), dict(
+        SPLIT=max_split or part.shape[0], N_GROUP=n_group, TOPK_GROUP=topk_group, TOP_K=top_k, BLOCK_T=block_t,
         BLOCK_G=_pow2(n_group), BLOCK_J=_pow2(epg))
 
 
@@ -391,24 +397,26 @@ def _route_gemv_launch(x, w, cfg, select):
     split, per = _split_k(k, block_k, cfg["gemv_split"])
     part = torch.empty((split, n, e), dtype=torch.float32, device=x.device)
     if select is None:  # placeholders for the pointers and sizes the unfused kernel never reads
-        outs, sizes, consts = (part, part, part), (0, 0, 0.0), dict(SPLIT=1, N_GROUP=1, TOPK_GROUP=1, TOP_K=1,
+        outs, sizes, consts = (part, part, part), (0, 0, 0.0, 1), dict(SPLIT=1, N_GROUP=1, TOPK_GROUP=1, TOP_K=1,
                                                                      BLOCK_T=1, BLOCK_G=1, BLOCK_J=1)
         count = part
     else:
         outs, sizes, consts = _select_args(part, w, *select)
         count = arrival_counters(1, x.device, "route")
     _route_gemv[(triton.cdiv(e, cfg["gemv_block_e"]), split)](
-        x, w["weight"], part, n, e, k, per, *outs, count, *sizes[1:], BLOCK_N=block_n, BLOCK_E=cfg["gemv_block_e"],
+        x, w["weight"], part, n, e, k, per, *outs, count, *sizes[1:3], BLOCK_N=block_n, BLOCK_E=cfg["gemv_block_e"],
         BLOCK_K=block_k, FUSED=select is not None, **consts, num_warps=cfg["gemv_warps"], **pdl_launch(cfg.get("pdl")))
     return part
 
 
 def _route_logits(x, w, cfg):
-    """FP32 partial logits [SPLIT, N, E] for the regime N falls in."""
+    """FP32 partial logits [SPLIT, N, E] for the regime N falls in, and the most partials that regime
+    makes at any N (the selection's compile-time bound)."""
     n, k = x.shape
     e = w["weight"].shape[0]
     if n <= ROUTE_GEMV_MAX:
-        return _route_gemv_launch(x, w, cfg, None)
+        part = _route_gemv_launch(x, w, cfg, None)
+        return part, part.shape[0]  # the config's split of K, whatever N
     tc = n > ROUTE_FP32_MAX
     p = "tc_" if tc else "fp32_"
     bm, be, bk = cfg[p + "block_m"], cfg[p + "block_e"], cfg[p + "block_k"]
@@ -420,7 +428,7 @@ def _route_logits(x, w, cfg):
         x, w["bf16x3"] if tc else w["weight"], part, n, e, k, per, BLOCK_M=bm, BLOCK_E=be, BLOCK_K=bk,
         BF16X3=tc, X_PIECES=pieces, DOT=tl.float32 if _interpreting() else tl.bfloat16,
         num_warps=cfg[p + "warps"], num_stages=cfg.get(p + "stages", 2), **pdl_launch(cfg.get("pdl")))
-    return part
+    return part, cfg[p + "split"]
 
 
 def _route_triton_at(cfg):
@@ -437,9 +445,10 @@ def _route_triton_at(cfg):
             block_t = 1 if n == 1 else max(4, _pow2(n))
             _route_gemv_launch(x, w, cfg, (ids, weights, n_group, topk_group, top_k, scale, block_t))
             return ids, weights
-        part = _route_logits(x, w, cfg)
+        part, max_split = _route_logits(x, w, cfg)
         block_t = 1 if n == 1 else max(min(4, cfg["select_tokens"]), min(cfg["select_tokens"], _pow2(n)))
-        outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
+        outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t,
+                                           max_split)
         _route_select[(triton.cdiv(n, block_t),)](
             part, *outs, n, *sizes, **consts, num_warps=max(1, cfg["select_warps"] * block_t // cfg["select_tokens"]),
             **pdl_launch(cfg.get("pdl")))

@@ -15,7 +15,8 @@ Configs:
   (its split-K input), which reads three times the bytes.
 
 At most ROUTE_FP32_MAX tokens (decode, small batches) the GEMMs would be weight-bound on 7.8 MB of BF16
-pieces instead of 5.2 MB of FP32: there it runs route:triton's default config, the same kernels.
+pieces instead of 5.2 MB of FP32: there it runs route:triton's default config, the same kernels; so it
+does for activations other than BF16 (which `supports` declines: the search never times it there).
 """
 
 import torch
@@ -47,7 +48,7 @@ def _at(config=None):
 
     def route_cublas(x, w, *, n_group, topk_group, top_k, scale):
         n = x.shape[0]
-        if n <= ROUTE_FP32_MAX:
+        if n <= ROUTE_FP32_MAX or x.dtype != torch.bfloat16:  # other activations: route:triton splits them too
             return _small(x, w, n_group=n_group, topk_group=topk_group, top_k=top_k, scale=scale)
         x = x.contiguous()
         w1, w2, w3 = w["bf16x3"]

@@ -94,6 +94,28 @@ def test_report_rerenders_from_the_run_folder(run, tmp_path):
         assert f.read() == written
 
 
+def test_the_step_floor_is_the_locked_profiles_sum_of_point_floors(run, tmp_path):
+    """The step's floor and the per-point floors beside it come from one profile, so from one set of
+    measured ceilings (a resumed run's reference profile may be another host start's). A report that
+    summed the reference profile's floors is set right when re-rendered."""
+    import shutil
+
+    from workbench.optimize import rerender
+
+    out, report, _ = run
+    assert report["floor_ms"] == pytest.approx(sum(p["floor_ms"] for p in report["points"]))
+    copy = str(tmp_path / "run")
+    shutil.copytree(out, copy)
+    with open(os.path.join(copy, "report.json")) as f:
+        old = json.load(f)
+    old["floor_ms"], old["fraction_of_floor"] = 2 * report["floor_ms"], 2 * report["fraction_of_floor"]
+    with open(os.path.join(copy, "report.json"), "w") as f:
+        json.dump(old, f)
+    again = rerender(copy)
+    assert again["floor_ms"] == pytest.approx(report["floor_ms"])
+    assert again["fraction_of_floor"] == pytest.approx(report["floor_ms"] / report["locked_ms"])
+
+
 def test_lock_selects_the_variants_in_the_model(run):
     out, report, _ = run
     lock, problems = Lock.load(os.path.join(out, "lock.yaml"))

@@ -182,7 +182,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     _write_json(os.path.join(opts.out_dir, "locked_profile.json"), locked_profile.to_dict())
     in_locked = {pp.point: pp for pp in locked_profile.points}
 
-    floor_us = sum(p.floor_us or 0.0 for p in profile.points)
+    # the step's floor from the locked profile: the per-point floors beside it use the same measured ceilings
+    floor_us = sum(p.floor_us or 0.0 for p in locked_profile.points)
     env = bench.environment()
     selection = {p: final["selection"].get(p, REFERENCE) for p in POINTS}
     entries = {}
@@ -308,10 +309,16 @@ def backend_bests(result) -> dict[str, float]:
 
 def rerender(out_dir: str) -> dict:
     """Rewrite a finished run's report.json / report.md in the current format from its report.json and
-    search/*.json (fields derived from the search results are recomputed); nothing is timed again."""
+    search/*.json (fields derived from the search results, and the step's floor from locked_profile.json,
+    are recomputed); nothing is timed again."""
     path = os.path.join(out_dir, "report.json")
     with open(path) as f:
         report = json.load(f)
+    locked_profile = _read_json(os.path.join(out_dir, "locked_profile.json"))
+    if locked_profile:  # reports before session 18 summed the reference profile's floors (another run's ceilings)
+        floor_us = sum(pp.get("floor_us") or 0.0 for pp in locked_profile["points"])
+        report["floor_ms"] = floor_us / 1e3
+        report["fraction_of_floor"] = floor_us / (report["locked_ms"] * 1e3) if floor_us else None
     for p in report["points"]:
         cached = os.path.join(out_dir, "search", f"{p['point']}.json")
         p["best_ms_by_backend"] = {}  # a point the run did not search

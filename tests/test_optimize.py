@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 
+from workbench import bench
 from workbench import lock as lockmod
 from workbench.lock import Lock, verify
 from workbench.optimize import OptimizeOptions, optimize
@@ -50,6 +51,7 @@ def test_run_writes_every_result_file(run):
                 "torch_compile_ms", "kernels_per_layer", "points"):
         assert key in saved, key
     assert saved["speedup"] == pytest.approx(saved["reference_ms"] / saved["locked_ms"])
+    assert saved["timed_apart"] == []  # every build and baseline timed in this one process
     assert {p["point"] for p in saved["points"]} == set(POINTS)
     searched = [e["point"] for e in events if e["type"] == "point_done"]
     assert sorted(searched) == sorted(POINTS_SEARCHED)
@@ -345,16 +347,27 @@ def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(run, tmp_path, m
     monkeypatch.setattr(gates, "model_gate", lambda model, selection, **kw: gated.append(dict(selection)) or
                         real_gate(model, selection, **kw))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(bench, "PROCESS_ID", "first-command")
     opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
                            out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
     with pytest.raises(TimeoutError):
         optimize(opts)
     assert timed == [{}] and len(gated) == 1  # the chosen set's model gate, then the reference build
     events = []
+    monkeypatch.setattr(bench, "PROCESS_ID", "second-command")
     report = optimize(opts, on_event=events.append)
     assert {"type": "resumed_end_to_end", "builds": 2} in events
     assert {} not in timed[1:] and gated[0] not in gated[1:]  # neither made again
     assert report["locked_ms"] > 0 and os.path.isfile(os.path.join(resumed, "lock.yaml"))
+    # The reference was timed by the first command, every point's torch.compile by the second; the
+    # locked build by the second, or it is the reference (every choice dropped as noise on this CPU).
+    with open(os.path.join(resumed, "end_to_end.json")) as f:
+        locked_by = json.load(f)["final"]["locked"]["process"]
+    apart = ["reference"] if locked_by == "second-command" else ["torch.compile (every point)"]
+    assert report["timed_apart"] == apart
+    with open(os.path.join(resumed, "report.md")) as f:
+        assert "Timed in a process other than the locked build's (a resumed run; their ratios to it pair two " \
+               f"processes): {apart[0]}" in f.read()
 
 
 def test_a_report_from_before_configs_were_recorded_compares_variants_only():

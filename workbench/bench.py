@@ -25,6 +25,7 @@ import platform
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,11 @@ from workbench import registry
 from workbench.gates import op_gate
 from workbench.points import Call, Workload, leaves, map_leaves, spec
 from workbench.quarantine import quarantined
+
+# Names this process in the timings it makes: a resumed run keeps earlier processes' timings, and only
+# timings of one process make a ratio (another process, or another start of the GPU host, runs the same
+# build at another speed).
+PROCESS_ID = uuid.uuid4().hex[:12]
 
 ROW_FIELDS = ("point", "variant", "backend", "shape", "batch", "dtype", "median_us", "p10_us", "p90_us",
               "floor_us", "speedup_vs_reference")  # the design doc's bench.json schema; rows add more

@@ -169,12 +169,12 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     whole = _saved(whole_path, whole_key, lambda saved: saved["modes"]) or {}
     for mode in opts.compile_baselines:
         if mode not in baselines:
-            baselines[mode] = whole.get(mode) or time_compile_baseline(search, mode, results)
+            baselines[mode] = whole.get(mode) or [*time_compile_baseline(search, mode, results), bench.PROCESS_ID]
             _write_json(e2e_path, {"key": e2e_key, "final": final, "compile_baselines": baselines})
             if mode != "points" and mode not in whole:
                 whole[mode] = baselines[mode]
                 _write_json(whole_path, {"key": whole_key, "modes": whole})
-    compiled_us, not_compiled, compile_error = baselines[opts.compile_baselines[0]]
+    compiled_us, not_compiled, compile_error = baselines[opts.compile_baselines[0]][:3]
     search.runner.rebind(final["selection"], final["configs"])
     # where the locked step's time goes, point by point and kernel by kernel, as `workbench profile` says
     locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
@@ -215,7 +215,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "torch_compile_baselines": [
             {"mode": mode, "ms": us / 1e3 if us else None, "speedup": us / final["locked"]["median_us"] if us else None,
              "left_out": left_out, **({"error": error} if error else {})}
-            for mode, (us, left_out, error) in ((m, baselines[m]) for m in opts.compile_baselines)],
+            for mode, (us, left_out, error, *_) in ((m, baselines[m]) for m in opts.compile_baselines)],
+        "timed_apart": timed_apart(final, {m: baselines[m] for m in opts.compile_baselines}),
         "speedup": final["reference"]["median_us"] / final["locked"]["median_us"],
         "speedup_vs_torch_compile": compiled_us / final["locked"]["median_us"] if compiled_us else None,
         "floor_ms": floor_us / 1e3,
@@ -382,6 +383,19 @@ def compile_baselines(r: dict) -> list[dict]:
              **({"error": r["torch_compile_error"]} if r.get("torch_compile_error") else {})}]
 
 
+def timed_apart(final: dict, baselines: dict) -> list[str] | None:
+    """The report's builds not timed in the locked build's process (a resumed run keeps the timings of
+    earlier processes), whose ratios to it pair two processes; None when the locked build's process was
+    not recorded (runs before the stamp). A build whose process was not recorded counts as apart."""
+    locked = final["locked"].get("process")
+    if locked is None:
+        return None
+    processes = {"reference": final["reference"].get("process"),
+                 **{f"{p} reverted": q for p, q in (final.get("reverted_process") or {}).items()},
+                 **{_compile_row(mode): b[3] if len(b) > 3 else None for mode, b in baselines.items()}}
+    return [build for build, process in processes.items() if process != locked]
+
+
 def _compile_row(baseline: str) -> str:
     if baseline == "points":
         return "torch.compile (every point)"
@@ -401,6 +415,9 @@ def report_markdown(r: dict) -> str:
         *[f"| {_compile_row(b['mode'])} | " + (f"{b['ms']:.3f} | {b['speedup']:.2f}x |" if b["ms"] else "failed | |")
           for b in compile_baselines(r)],
         f"| locked | {r['locked_ms']:.3f} | |", "",
+        *([f"Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
+           f"processes): "
+           f"{', '.join(r['timed_apart'])}", ""] if r.get("timed_apart") else []),
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],

@@ -365,7 +365,7 @@ class Search:
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
                    compile_mode: str | None = None) -> dict:
         self.runner.rebind(selection, configs, compile_mode=compile_mode)
-        return bench.time_fn(self.runner, device=self.device, budget_s=STEP_SAMPLES_S)
+        return {**bench.time_fn(self.runner, device=self.device, budget_s=STEP_SAMPLES_S), "process": bench.PROCESS_ID}
 
     def finalize(self, results: dict[str, PointResult], journal: dict | None = None,
                  save: Callable[[], None] = lambda: None) -> dict:
@@ -381,10 +381,11 @@ class Search:
         # A set that is the reference is the reference build: timing it twice would report noise as a speed-up
         locked = recorded.timing(chosen, configs) if chosen else reference
         band = step_band(locked)
-        reverted = {}
+        reverted, reverted_process = {}, {}
         for point in chosen:  # each choice reverted alone, against the whole chosen set
             trial = {p: v for p, v in chosen.items() if p != point}
-            reverted[point] = recorded.timing(trial, _of(configs, trial))["median_us"]
+            timing = recorded.timing(trial, _of(configs, trial))
+            reverted[point], reverted_process[point] = timing["median_us"], timing.get("process")
             self.on_event({"type": "revert", "point": point, "reverted_us": reverted[point],
                            "locked_us": locked["median_us"]})
         # Choices whose reversal is within the step's noise do not help: they go, all together, if the
@@ -402,7 +403,7 @@ class Search:
             raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
-                "reverted_us": reverted, "model_gate": gate.to_dict()}
+                "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict()}
 
 
 def _timing(saved) -> dict:

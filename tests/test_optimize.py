@@ -668,6 +668,21 @@ def test_torch_compile_build_leaves_out_a_point_whose_compile_stalled_in_the_sea
     assert line in report_markdown(report).splitlines()
 
 
+def test_console_summary_names_builds_timed_in_another_process():
+    from rich.console import Console
+
+    from workbench.progress import ConsoleProgress
+
+    report = {"target": "t", "preset": "p", "dtype": "bf16", "gpu": None, "reference_ms": 2.0, "locked_ms": 1.0,
+              "speedup": 2.0, "torch_compile_ms": 1.5, "speedup_vs_torch_compile": 1.5, "points": []}
+    for apart, shown in ((["reference"], True), ([], False), (None, False)):
+        console = Console(record=True, width=200)
+        ConsoleProgress(console).summary({**report, "timed_apart": apart}, "out")
+        text = console.export_text()
+        assert ("timed in a process other than the locked build's (ratios to it pair two processes): reference"
+                in text) == shown, apart
+
+
 def test_whole_step_compile_baseline_runs_the_step_through_torch_compile(monkeypatch):
     """`--compile-baseline MODE`: the whole reference step through torch.compile (a user's baseline);
     the compiler is swapped for Dynamo's eager backend here (the plumbing, not Inductor, is tested)."""

@@ -81,6 +81,9 @@ class ConsoleProgress:
             t.add_row(name, *((f"{b['ms']:.3f}", f"{b['speedup']:.2f}x") if b["ms"] else ("failed", "")))
         t.add_row("locked", f"{r['locked_ms']:.3f}", "")
         self.console.print(t)
+        if r.get("timed_apart"):
+            self.console.print(f"[yellow]timed in a process other than the locked build's[/] (ratios to it pair "
+                               f"two processes): {', '.join(r['timed_apart'])}")
         for b in baselines:
             for point, why in (b.get("left_out") or {}).items():
                 self.console.print(f"torch.compile build: {point} kept at its reference: {why}")

@@ -415,9 +415,8 @@ def report_markdown(r: dict) -> str:
         *[f"| {_compile_row(b['mode'])} | " + (f"{b['ms']:.3f} | {b['speedup']:.2f}x |" if b["ms"] else "failed | |")
           for b in compile_baselines(r)],
         f"| locked | {r['locked_ms']:.3f} | |", "",
-        *([f"Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
-           f"processes): "
-           f"{', '.join(r['timed_apart'])}", ""] if r.get("timed_apart") else []),
+        *(["Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
+           "processes): " + ", ".join(r["timed_apart"]), ""] if r.get("timed_apart") else []),
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],

@@ -359,15 +359,21 @@ def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(run, tmp_path, m
     assert {"type": "resumed_end_to_end", "builds": 2} in events
     assert {} not in timed[1:] and gated[0] not in gated[1:]  # neither made again
     assert report["locked_ms"] > 0 and os.path.isfile(os.path.join(resumed, "lock.yaml"))
-    # The reference was timed by the first command, every point's torch.compile by the second; the
-    # locked build by the second, or it is the reference (every choice dropped as noise on this CPU).
+    # The reference was timed by the first command, every other build by the second. The locked build
+    # is the reference when every choice was dropped as noise on this CPU; a chosen set of one point
+    # reverted is the reference build too (which set this CPU chose varies from run to run).
     with open(os.path.join(resumed, "end_to_end.json")) as f:
-        locked_by = json.load(f)["final"]["locked"]["process"]
-    apart = ["reference"] if locked_by == "second-command" else ["torch.compile (every point)"]
+        final = json.load(f)["final"]
+    reverted = [f"{p} reverted" for p in final["reverted_process"]]
+    first = ["reference"] + (reverted if len(reverted) == 1 else [])
+    second = ([] if len(reverted) == 1 else reverted) + ["torch.compile (every point)"]
+    apart = first if final["locked"]["process"] == "second-command" else second
+    assert [final["reference"]["process"], *final["reverted_process"].values()] == \
+        ["first-command"] + (["first-command"] if len(reverted) == 1 else ["second-command"] * len(reverted))
     assert report["timed_apart"] == apart
     with open(os.path.join(resumed, "report.md")) as f:
         assert "Timed in a process other than the locked build's (a resumed run; their ratios to it pair two " \
-               f"processes): {apart[0]}" in f.read()
+               f"processes): {', '.join(apart)}" in f.read()
 
 
 def test_a_report_from_before_configs_were_recorded_compares_variants_only():

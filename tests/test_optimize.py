@@ -360,13 +360,15 @@ def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(run, tmp_path, m
     assert {} not in timed[1:] and gated[0] not in gated[1:]  # neither made again
     assert report["locked_ms"] > 0 and os.path.isfile(os.path.join(resumed, "lock.yaml"))
     # The reference was timed by the first command, every other build by the second. The locked build
-    # is the reference when every choice was dropped as noise on this CPU; a chosen set of one point
-    # reverted is the reference build too (which set this CPU chose varies from run to run).
+    # is the reference when every choice was dropped as noise on this CPU (the set before the drop is
+    # then the second's); a chosen set of one point reverted is the reference build too (which set
+    # this CPU chose varies from run to run).
     with open(os.path.join(resumed, "end_to_end.json")) as f:
         final = json.load(f)["final"]
     reverted = [f"{p} reverted" for p in final["reverted_process"]]
     first = ["reference"] + (reverted if len(reverted) == 1 else [])
-    second = ([] if len(reverted) == 1 else reverted) + ["torch.compile (every point)"]
+    second = ([] if len(reverted) == 1 else reverted) + \
+        (["the chosen set before the drop"] if final["before_drop"] else []) + ["torch.compile (every point)"]
     apart = first if final["locked"]["process"] == "second-command" else second
     assert [final["reference"]["process"], *final["reverted_process"].values()] == \
         ["first-command"] + (["first-command"] if len(reverted) == 1 else ["second-command"] * len(reverted))
@@ -687,6 +689,16 @@ def test_console_summary_names_builds_timed_in_another_process():
         text = console.export_text()
         assert ("timed in a process other than the locked build's (ratios to it pair two processes): reference"
                 in text) == shown, apart
+    console = Console(record=True, width=200)
+    progress = ConsoleProgress(console)
+    progress.event({"type": "dropped_as_noise", "choices": {"head": "triton"}, "band": 0.01, "before_us": 990.0,
+                    "after_us": 1000.0})
+    progress.summary({**report, "dropped": {"head": "triton"}, "step_band": 0.01, "before_drop_ms": 0.99}, "out")
+    text = console.export_text()
+    assert "dropped as noise (each reverted within 1.0%): head:triton; step 990.0 us with them, 1000.0 us without" \
+        in text
+    assert "Dropped at the end-to-end stage, each reverted within the step's noise band (1.0%): head:triton; the " \
+        "chosen set with them timed 0.990 ms, the locked set without them 1.000 ms." in text
 
 
 def test_whole_step_compile_baseline_runs_the_step_through_torch_compile(monkeypatch):
@@ -921,10 +933,20 @@ def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stay
             "median_us": 3572.0 + sum(us for p, us in saves.items() if p not in selection), **timing}
         return search.finalize({p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves})
 
-    assert finalize({"dense_mlp": 10.0, "head": 10.0, "sample": 10.0})["selection"] == \
-        {"dense_mlp": "triton", "head": "triton", "sample": "triton"}  # 30 us together: kept
+    kept = finalize({"dense_mlp": 10.0, "head": 10.0, "sample": 10.0})
+    assert kept["selection"] == {"dense_mlp": "triton", "head": "triton", "sample": "triton"}  # 30 us together
+    assert kept["dropped"] == {} and kept["before_drop"] is None
     final = finalize({"dense_mlp": 5.0, "head": 5.0, "sample": 5.0, "route": 40.0})
     assert final["selection"] == {"route": "triton"} and final["locked"]["median_us"] == 3587.0
+    # the report keeps what went and the whole chosen set's time before it went
+    assert final["dropped"] == {"dense_mlp": "triton", "head": "triton", "sample": "triton"}
+    assert final["before_drop"]["median_us"] == 3572.0 and final["band"] == step_band(timing)
+    from workbench.optimize import dropped_line
+    line = dropped_line({"dropped": final["dropped"], "step_band": final["band"], "locked_ms": 3.587,
+                         "before_drop_ms": 3.572})
+    assert line == ("Dropped at the end-to-end stage, each reverted within the step's noise band (0.5%): "
+                    "dense_mlp:triton, head:triton, sample:triton; the chosen set with them timed 3.572 ms, "
+                    "the locked set without them 3.587 ms.")
 
 
 def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, monkeypatch):

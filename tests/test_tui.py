@@ -202,6 +202,21 @@ def test_session_applies_pause_and_skip_asked_before_the_search_exists():
     assert [m.event["type"] for m in posted] == ["stage"]
 
 
+def test_search_view_notes_the_end_to_end_stage():
+    """The search view's line under the table follows the end-to-end stage's events (no app needed:
+    `handle` only sets state and redraws)."""
+    from types import SimpleNamespace
+
+    from workbench.tui.search_view import SearchView
+
+    view = SimpleNamespace(note="", _draw=lambda: None)
+    SearchView.handle(view, {"type": "revert", "point": "head", "locked_us": 2500.0, "reverted_us": 2510.0})
+    assert view.note == "end to end: locked step 2.500 ms, 2.510 ms with head reverted"
+    SearchView.handle(view, {"type": "dropped_as_noise", "choices": {"head": "triton", "sample": "triton"},
+                             "band": 0.01, "before_us": 2500.0, "after_us": 2520.0})
+    assert view.note == "end to end: dropped as noise head, sample: step 2.500 ms with them, 2.520 ms without"
+
+
 def test_a_later_run_resumes_finished_points_and_searches_the_skipped_one(session, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 

@@ -217,6 +217,10 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
              "left_out": left_out, **({"error": error} if error else {})}
             for mode, (us, left_out, error, *_) in ((m, baselines[m]) for m in opts.compile_baselines)],
         "timed_apart": timed_apart(final, {m: baselines[m] for m in opts.compile_baselines}),
+        # choices the end-to-end rule dropped as noise, and the chosen set's step time before it did
+        "dropped": final.get("dropped") or {},
+        "before_drop_ms": final["before_drop"]["median_us"] / 1e3 if final.get("before_drop") else None,
+        "step_band": final.get("band"),
         "speedup": final["reference"]["median_us"] / final["locked"]["median_us"],
         "speedup_vs_torch_compile": compiled_us / final["locked"]["median_us"] if compiled_us else None,
         "floor_ms": floor_us / 1e3,
@@ -392,8 +396,21 @@ def timed_apart(final: dict, baselines: dict) -> list[str] | None:
         return None
     processes = {"reference": final["reference"].get("process"),
                  **{f"{p} reverted": q for p, q in (final.get("reverted_process") or {}).items()},
+                 **({"the chosen set before the drop": final["before_drop"].get("process")}
+                    if final.get("before_drop") else {}),
                  **{_compile_row(mode): b[3] if len(b) > 3 else None for mode, b in baselines.items()}}
     return [build for build, process in processes.items() if process != locked]
+
+
+def dropped_line(r: dict) -> str:
+    """The choices the end-to-end rule dropped: each reverted within the step's noise band, and the set
+    without them timed within it too."""
+    choices = ", ".join(f"{p}:{v}" for p, v in r["dropped"].items())
+    band = f" ({100 * r['step_band']:.1f}%)" if r.get("step_band") is not None else ""
+    before = (f"; the chosen set with them timed {r['before_drop_ms']:.3f} ms, the locked set without them "
+              f"{r['locked_ms']:.3f} ms" if r.get("before_drop_ms") else "")
+    return (f"Dropped at the end-to-end stage, each reverted within the step's noise band{band}: "
+            f"{choices}{before}.")
 
 
 def _compile_row(baseline: str) -> str:
@@ -417,6 +434,7 @@ def report_markdown(r: dict) -> str:
         f"| locked | {r['locked_ms']:.3f} | |", "",
         *(["Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
            "processes): " + ", ".join(r["timed_apart"]), ""] if r.get("timed_apart") else []),
+        *([dropped_line(r), ""] if r.get("dropped") else []),
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],

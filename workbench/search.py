@@ -392,10 +392,14 @@ class Search:
         # set without them still times within that noise. Dropped one by one against the shrinking
         # set, each drop's noise added up (prefill-8x2k, session 10: four drops, 289.0 -> 299.0 ms).
         idle = [p for p in chosen if reverted[p] <= locked["median_us"] * (1 + band)]
+        dropped, before_drop = {}, None
         if idle:
             kept = {p: v for p, v in chosen.items() if p not in idle}
             without = recorded.timing(kept, _of(configs, kept)) if kept else reference
             if without["median_us"] <= locked["median_us"] * (1 + band):
+                dropped, before_drop = {p: chosen[p] for p in idle}, locked
+                self.on_event({"type": "dropped_as_noise", "choices": dropped, "band": band,
+                               "before_us": locked["median_us"], "after_us": without["median_us"]})
                 chosen, configs, locked = kept, _of(configs, kept), without
         if gate is None or chosen != gated:  # the set changed since it passed: gate what is locked
             gate = recorded.gate(chosen, configs)
@@ -403,7 +407,8 @@ class Search:
             raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
-                "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict()}
+                "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict(),
+                "band": band, "dropped": dropped, "before_drop": before_drop}
 
 
 def _timing(saved) -> dict:

@@ -108,3 +108,28 @@ def test_optimize_report_says_where_the_locked_step_idled():
     assert "device idle" not in report_markdown({**report, "locked_idle": None})
     md = report_markdown({**report, "locked_idle": device_idle(_stalled_trace())})
     assert "In the locked step's profile (eager, under the profiler): device idle 0.175 ms" in md
+
+
+def test_short_names_drop_return_types_parameters_and_long_template_lists():
+    """Names as the H200's profiler recorded them (runs/bench-attention-tp8/session19-splits/): a
+    templated ATen kernel's name runs to hundreds of characters and wrapped a bench table over 17 lines."""
+    from workbench import bench
+    from workbench.profiler.trace import short_name
+
+    aten = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+            "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::"
+            "operator()() const::{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, ...)::{lambda(int)#1}>(int, "
+            "at::native::gpu_kernel_impl_nocast<...>)")
+    assert short_name(aten) == "at::native::elementwise_kernel<...>"
+    assert short_name("void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, "
+                      "long, long, bool)") == "at::native::vectorized_gather_kernel<16, long>"
+    assert short_name("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_nn_align1>(cutlass_80_simt_sgemm_"
+                      "64x64_8x5_nn_align1::Params)") == "cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_nn_align1>"
+    assert short_name("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+                      "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)") == \
+        "at::native::(anonymous namespace)::cunn_SoftMaxForward<...>"
+    for whole in ("_decode_kernel", "Memcpy DtoD (Device -> Device)", "void cut<short(int",
+                  "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_cublas"):
+        assert short_name(whole) == whole  # not demangled C++, or cut short: kept whole
+    assert bench.top_kernels([{"kernel": aten, "launches": 2.0, "us": 19.28}]) == \
+        [("at::native::elementwise_kernel<...>", "2", "19.28")]

@@ -590,9 +590,12 @@ def _list_kernels(row: dict, v: registry.Variant, config, call: Call, device) ->
 
 
 def top_kernels(kernels: list[dict], top: int = 10) -> list[tuple[str, str, str]]:
-    """(kernel, launches, us) cells of the `top` kernels by time, then one row summing the rest."""
+    """(kernel, launches, us) cells of the `top` kernels by time, then one row summing the rest; C++
+    kernel names shortened (bench.json keeps them whole)."""
+    from workbench.profiler.trace import short_name
+
     rest = kernels[top:]
-    rows = [(k["kernel"], k["launches"], k["us"]) for k in kernels[:top]]
+    rows = [(short_name(k["kernel"]), k["launches"], k["us"]) for k in kernels[:top]]
     if rest:
         rows.append((f"{len(rest)} more", sum(k["launches"] for k in rest), sum(k["us"] for k in rest)))
     return [(name, f"{launches:g}", f"{us:.2f}") for name, launches, us in rows]

@@ -66,3 +66,36 @@ def summarize(events: list[dict], config) -> dict:
             "idle": device_idle(events),
             "kernels_per_layer": {k: statistics.median(v) for k, v in sorted(per_layer.items())},
             "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}
+
+
+
+ANONYMOUS = "(anonymous namespace)"
+
+
+def short_name(kernel: str, template_chars: int = 64) -> str:
+    """A CUDA C++ kernel's name for a table, as Nsight Systems shortens it but keeping short template
+    lists: `void at::native::elementwise_kernel<128, 4, ...lambdas...>(int, ...)` reads
+    `at::native::elementwise_kernel<...>`, while `cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_nn_align1>`
+    keeps its informative argument. The return type and the parameter list go. Names that are not
+    demangled C++ (Triton's, cuBLAS's, memcpys) are kept whole, and results files keep every full name."""
+    if not kernel.startswith("void "):
+        return kernel
+    name = kernel[5:].replace(ANONYMOUS, "\0")  # its parentheses are no parameter list
+    out, stack, start = [], [], 0
+    for i, ch in enumerate(name):
+        if ch in "<(":
+            if not stack:
+                out.append(name[start:i])
+                start = i
+            stack.append(ch)
+        elif stack and (ch, stack[-1]) in ((">", "<"), (")", "(")):
+            stack.pop()
+            if not stack:
+                group = name[start:i + 1]
+                if group[0] == "<":  # a parameter list "(...)" is dropped
+                    whole = len(group) + (len(ANONYMOUS) - 1) * group.count("\0")
+                    out.append(group if whole <= template_chars else "<...>")
+                start = i + 1
+    if stack:  # unbalanced (a name cut short): keep it as it was
+        return kernel
+    return ("".join(out) + name[start:]).replace("\0", ANONYMOUS).strip()

@@ -18,6 +18,7 @@ from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from workbench.profiler import Profile
+from workbench.profiler.trace import short_name
 from workbench.registry import REFERENCE, variants
 from workbench.search import PointResult
 from workbench.tui.style import bar, candidate_status, num, percent, styled
@@ -133,7 +134,7 @@ class ProfileView(Vertical):
         kt = self.query_one("#point-kernels", DataTable)
         kt.clear()
         for name, count, us in (prof.top_kernels if prof else []):
-            kt.add_row(name, str(count), num(us))
+            kt.add_row(short_name(name), str(count), num(us))
 
     # ---- keys ---------------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -68,7 +68,6 @@ def summarize(events: list[dict], config) -> dict:
             "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}
 
 
-
 ANONYMOUS = "(anonymous namespace)"
 
 
@@ -93,8 +92,8 @@ def short_name(kernel: str, template_chars: int = 64) -> str:
             if not stack:
                 group = name[start:i + 1]
                 if group[0] == "<":  # a parameter list "(...)" is dropped
-                    whole = len(group) + (len(ANONYMOUS) - 1) * group.count("\0")
-                    out.append(group if whole <= template_chars else "<...>")
+                    shown = len(group.replace("\0", ANONYMOUS)) <= template_chars
+                    out.append(group if shown else "<...>")
                 start = i + 1
     if stack:  # unbalanced (a name cut short): keep it as it was
         return kernel

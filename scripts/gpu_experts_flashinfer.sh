@@ -3,10 +3,10 @@
 # VARIANTS (default flashinfer_down) at every config op-gated and timed beside COMPARE (default
 # experts:triton_rounded) at every config (eager calls, as the prefill step runs; one bench run, so the
 # ratios share a process; the bench gets BENCH_S seconds, default 300), with the kernels of one call of
-# each; then the prefill lock's whole step against the same
-# build with experts swapped to the first of VARIANTS at each config (scripts/gpu_step_swap.py, one
-# process); then, in the time left of SECONDS, the GPU tests. Needs a GPU bundle with flashinfer and
-# the CUTLASS DSL (and quack, for experts:quack) sourced first.
+# each; then the prefill lock's whole step against the same build with experts swapped to the first of
+# VARIANTS at each config (scripts/gpu_step_swap.py, one process); then, in the time left of SECONDS,
+# the GPU tests. Needs a GPU bundle with flashinfer and the CUTLASS DSL (and quack, for experts:quack)
+# sourced first.
 # Usage (repository root): bash scripts/gpu_experts_flashinfer.sh OUTDIR [SECONDS, default 570] [VARIANTS...]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,103 @@
+"""Would holding each MoE layer's gate and up in one [experts, 2 x ff, hidden] weight pay at prefill?
+Times, at one layer's 8 x 2K shapes on the GPU, the gate/up half of `experts` three ways, in one process:
+- quack's fused gated GEMM (`gemm_act`, SwiGLU epilogue) over a [gate; up] weight (`concat_layout`),
+  gathering the pairs' rows (`A_idx`) in expert groups (`cu_seqlens_m`): reads the gathered rows once;
+- experts:quack's path: two grouped GEMMs (gate, up), each gathering the rows, then the SwiGLU kernel;
+- experts:triton_rounded's grouping + `_gate_up_grouped` at the prefill lock's tiles (the lock's gate/up).
+The concatenated weight is built once here; holding it in the model is the change this probe prices.
+The fused epilogue takes the SwiGLU from FP32 accumulators (gate and up are not rounded to the model
+dtype first): its largest difference from the two-GEMM path is reported beside the times.
+
+    python3 scripts/gpu_quack_gated_probe.py [--tokens 16384] [--out FILE]
+
+Needs quack-kernels and the CUTLASS DSL (a GPU bundle) and a Hopper GPU. Writes the timings as JSON.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from beam_model.config import BeamConfig  # noqa: E402
+from workbench import bench  # noqa: E402
+from workbench.variants import experts__quack as quack_moe  # noqa: E402
+
+# The gated epilogue needs N tiles in multiples of 32 (quack's own config list for "gated").
+GATED_TILES = [(128, 160, True, 2), (128, 192, True, 2), (128, 128, True, 2), (256, 160, False, 2)]
+TRITON_LOCK = dict(block_m=128, block_n=64, block_k=64, num_warps=8, num_stages=3)  # the prefill lock's
+
+
+def _inputs(tokens: int, c: BeamConfig, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    e, h, f, k = c.n_routed_experts, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok
+    x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
+    ids = torch.rand(tokens, e, device="cuda", generator=g).topk(k, dim=-1).indices
+    gate_up = (torch.randn(e, 2 * f, h, device="cuda", generator=g) / h ** 0.5).to(torch.bfloat16)
+    return x, ids, gate_up
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=8 * 2048)
+    ap.add_argument("--preset", default="beam-501b-tp8")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    from quack.gemm_config import GemmConfig
+    from quack.gemm_interface import gemm_act
+
+    from workbench.variants._triton_moe import grouped_gate_up
+    from workbench.variants._triton_moe_grouped_mm import swiglu
+
+    c = BeamConfig.from_preset(args.preset)
+    f = c.moe_intermediate_size
+    x, ids, gate_up = _inputs(args.tokens, c)
+    gate, up = gate_up[:, :f], gate_up[:, f:]  # views: [gate; up] per expert, as the model would hold them
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    cu = quack_moe.expert_bounds(flat[order], c.n_routed_experts)
+    rows = (order // ids.shape[1]).to(torch.int32)
+
+    def fused(tile):
+        m, n, pingpong, cluster_m = tile
+        cfg = GemmConfig(tile_m=m, tile_n=n, pingpong=pingpong, cluster_m=cluster_m, cluster_n=1,
+                         is_dynamic_persistent=False, device_capacity=9)
+        return lambda: gemm_act(x, gate_up.transpose(1, 2), activation="swiglu", cu_seqlens_m=cu, A_idx=rows,
+                                store_preact=False, concat_layout=("B",), tuned=False, config=cfg)[1]
+
+    def two_gemms():
+        tile = quack_moe.CONFIGS[0]
+        gu = (tile["gu_m"], tile["gu_n"], tile["gu_pingpong"], tile["gu_cluster_m"])
+        return swiglu(quack_moe.grouped_gemm(x, gate, cu, gu, rows),
+                      quack_moe.grouped_gemm(x, up, cu, gu, rows))
+
+    def triton_lock():
+        return grouped_gate_up(x, ids.int(), gate, up, **TRITON_LOCK)[2]
+
+    results = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "tokens": args.tokens,
+               "preset": args.preset, "timings": {}}
+    baseline = two_gemms()
+    for label, fn in [*[(f"quack gated {t}", fused(t)) for t in GATED_TILES],
+                      ("quack two GEMMs + swiglu", two_gemms), ("triton _gate_up_grouped (lock)", triton_lock)]:
+        try:
+            out = fn()
+            timing = bench.time_fn(fn, device="cuda", budget_s=3.0)
+            entry = {"median_us": timing["median_us"], "spread": timing.get("spread")}
+            if out.shape == baseline.shape:  # the Triton path's rows are tile-padded, not in this order
+                diff = (out.float() - baseline.float()).abs().max().item()
+                entry["max_abs_diff_vs_two_gemms"] = diff
+        except Exception as e:  # a config quack cannot build here: say so and go on
+            entry = {"error": f"{type(e).__name__}: {e}"[:500]}
+        results["timings"][label] = entry
+        print(label, entry, flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,13 +9,13 @@ combine through the op gate. Planted faults (gate packed first, a tile limit one
 are rejected. The `gpu` test runs the real kernels."""
 
 import dataclasses
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.variant_helpers import assert_every_config_passes, failures, stand_in_flashinfer
+from tests.variant_helpers import (assert_every_config_passes, failures, prefill_workloads, stand_in_flashinfer,
+                                   with_config)
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__flashinfer as fi_moe
@@ -162,8 +162,7 @@ def test_supports_names_why_it_declines(monkeypatch):
     assert v.supports(PREFILL) is True
     assert "prefill sizes" in v.supports(Workload("beam-501b-tp8", batch=64))
     assert "bf16 or fp16" in v.supports(PREFILL.with_(dtype="fp32"))
-    odd = types.SimpleNamespace(config=dataclasses.replace(PREFILL.config, moe_intermediate_size=48), dtype="bf16",
-                                tokens=4096)
+    odd = with_config(PREFILL, moe_intermediate_size=48)
     assert "multiple of 32" in v.supports(odd)
     hybrid = registry.get("experts", "flashinfer_down")  # no interleave: ff need only make 16-byte rows
     assert hybrid.supports(odd) is True and hybrid.supports(PREFILL) is True
@@ -176,6 +175,4 @@ def test_supports_names_why_it_declines(monkeypatch):
 @pytest.mark.parametrize("name", ["flashinfer", "flashinfer_down"])
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_every_config_passes_the_op_gate(name, preset):
-    workloads = [Workload(preset, batch=2, tokens_per_seq=512, context=512),
-                 Workload(preset, batch=1, tokens_per_seq=2048, context=2048)]
-    assert_every_config_passes(registry.get("experts", name), workloads, device="cuda", seeds=(0, 1))
+    assert_every_config_passes(registry.get("experts", name), prefill_workloads(preset), device="cuda", seeds=(0, 1))

@@ -3,13 +3,11 @@ documented contract (FP32 in, int32 ids and FP32 weights written in place, launc
 checks the adapter: argument order, the FP32 router GEMM, int64 ids, and the supports limits. The
 `gpu` test runs the op gate with the real kernel at beam-tiny and beam-501b-tp8 shapes."""
 
-import dataclasses
-import types
 
 import pytest
 import torch
 
-from tests.variant_helpers import failures, stand_in_flashinfer
+from tests.variant_helpers import failures, stand_in_flashinfer, with_config
 from workbench import gates, registry
 from workbench.points import Workload, spec
 
@@ -49,10 +47,10 @@ def test_adapter_matches_the_reference(stand_in, batch):
 def test_supports_names_the_kernel_limits():
     v = registry.get("route", "flashinfer")
     assert v.supports(Workload("beam-501b-tp8")) is True and v.supports(Workload("beam-tiny")) is True
-    tiny = Workload("beam-tiny").config
+    tiny = Workload("beam-tiny", dtype="bf16")
     for changes, words in ((dict(num_experts_per_tok=9, topk_group=4), "at most 8"),
                            (dict(n_routed_experts=512, n_group=8), "32 experts per group")):
-        verdict = v.supports(types.SimpleNamespace(config=dataclasses.replace(tiny, **changes), dtype="bf16"))
+        verdict = v.supports(with_config(tiny, **changes))
         assert isinstance(verdict, str) and words in verdict
 
 

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from tests.variant_helpers import assert_every_config_passes, failures
+from tests.variant_helpers import assert_every_config_passes, failures, prefill_workloads, with_config
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__quack as quack_moe
@@ -92,8 +92,7 @@ def test_supports_names_why_it_declines(monkeypatch):
     assert v.supports(prefill) is True
     assert "prefill sizes" in v.supports(Workload("beam-501b-tp8", batch=64))
     assert "bf16 or fp16" in v.supports(prefill.with_(dtype="fp32"))
-    odd = types.SimpleNamespace(config=dataclasses.replace(prefill.config, moe_intermediate_size=36), dtype="bf16",
-                                tokens=4096)
+    odd = with_config(prefill, moe_intermediate_size=36)
     assert "multiples of 8" in v.supports(odd)
 
 
@@ -102,6 +101,4 @@ def test_supports_names_why_it_declines(monkeypatch):
                     reason="needs quack, the CUTLASS DSL and a CUDA GPU")
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_every_config_passes_the_op_gate(preset):
-    workloads = [Workload(preset, batch=2, tokens_per_seq=512, context=512),
-                 Workload(preset, batch=1, tokens_per_seq=2048, context=2048)]
-    assert_every_config_passes(registry.get("experts", "quack"), workloads, device="cuda", seeds=(0, 1))
+    assert_every_config_passes(registry.get("experts", "quack"), prefill_workloads(preset), device="cuda", seeds=(0, 1))

@@ -44,6 +44,20 @@ def assert_every_config_passes(v, workloads, **gate_kw) -> None:
     assert ran, f"no config of {v.qualname} runs at {[wl.label() for wl in workloads]}"
 
 
+def with_config(wl, **changes):
+    """`wl` as a variant's `supports` reads it, with config fields changed: a shape no preset has (a
+    Workload takes its config from its preset)."""
+    return types.SimpleNamespace(config=dataclasses.replace(wl.config, **changes), dtype=wl.dtype, tokens=wl.tokens)
+
+
+def prefill_workloads(preset: str) -> list:
+    """The two prefill layouts the GPU tests of prefill-only variants gate at: 2 x 512 and 1 x 2048 tokens."""
+    from workbench.points import Workload
+
+    return [Workload(preset, batch=2, tokens_per_seq=512, context=512),
+            Workload(preset, batch=1, tokens_per_seq=2048, context=2048)]
+
+
 def on_gpu_unless_quarantined(point: str, name: str):
     """Skip marker for a variant's GPU tests: they need CUDA, and wait while the variant is quarantined
     there (it hangs or fails; `workbench check POINT:NAME --device cuda` runs it regardless)."""

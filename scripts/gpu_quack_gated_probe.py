@@ -3,10 +3,13 @@ Times, at one layer's 8 x 2K shapes on the GPU, the gate/up half of `experts` th
 - quack's fused gated GEMM (`gemm_act`, SwiGLU epilogue) over a [gate; up] weight (`concat_layout`),
   gathering the pairs' rows (`A_idx`) in expert groups (`cu_seqlens_m`): reads the gathered rows once;
 - experts:quack's path: two grouped GEMMs (gate, up), each gathering the rows, then the SwiGLU kernel;
-- experts:triton_rounded's grouping + `_gate_up_grouped` at the prefill lock's tiles (the lock's gate/up).
+- experts:triton_rounded's grouping + `_gate_up_grouped` at the prefill lock's tiles (the lock's gate/up);
+and whole experts calls: the prefill lock's experts:flashinfer_down against the gated GEMM followed by
+experts:quack's down GEMM and combine.
 The concatenated weight is built once here; holding it in the model is the change this probe prices.
 The fused epilogue takes the SwiGLU from FP32 accumulators (gate and up are not rounded to the model
-dtype first): its largest difference from the two-GEMM path is reported beside the times.
+dtype first): its largest difference from the two-GEMM path (and the whole call's from the lock's) is
+reported beside the times.
 
     python3 scripts/gpu_quack_gated_probe.py [--tokens 16384] [--out FILE]
 
@@ -37,7 +40,9 @@ def _inputs(tokens: int, c: BeamConfig, seed: int = 0):
     x = torch.randn(tokens, h, device="cuda", generator=g).to(torch.bfloat16)
     ids = torch.rand(tokens, e, device="cuda", generator=g).topk(k, dim=-1).indices
     gate_up = (torch.randn(e, 2 * f, h, device="cuda", generator=g) / h ** 0.5).to(torch.bfloat16)
-    return x, ids, gate_up
+    down = (torch.randn(e, h, f, device="cuda", generator=g) / f ** 0.5).to(torch.bfloat16)
+    weights = torch.rand(tokens, k, device="cuda", generator=g)
+    return x, ids, gate_up, down, weights / weights.sum(-1, keepdim=True)
 
 
 def main():
@@ -51,11 +56,12 @@ def main():
     from quack.gemm_interface import gemm_act
 
     from workbench.variants._triton_moe import grouped_gate_up
-    from workbench.variants._triton_moe_grouped_mm import swiglu
+    from workbench.variants._triton_moe_grouped_mm import combine_sorted, swiglu
+    from workbench.variants.experts__flashinfer_down import experts_flashinfer_down
 
     c = BeamConfig.from_preset(args.preset)
     f = c.moe_intermediate_size
-    x, ids, gate_up = _inputs(args.tokens, c)
+    x, ids, gate_up, down, weights = _inputs(args.tokens, c)
     gate, up = gate_up[:, :f], gate_up[:, f:]  # views: [gate; up] per expert, as the model would hold them
     flat = ids.flatten()
     order = flat.argsort(stable=True)
@@ -78,19 +84,38 @@ def main():
     def triton_lock():
         return grouped_gate_up(x, ids.int(), gate, up, **TRITON_LOCK)[2]
 
+    # Whole experts calls: the prefill lock's, and the gated GEMM + experts:quack's down and combine.
+    w = {"gate_proj": gate, "up_proj": up, "down_proj": down}
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(order.numel(), device=order.device)
+    down_tile = (128, 256, False, 1)
+
+    def lock_experts():
+        return experts_flashinfer_down(x, ids, weights, w)
+
+    def fused_experts(tile):
+        act = fused(tile)
+        return lambda: combine_sorted(quack_moe.grouped_gemm(act(), down, cu, down_tile), pos, weights, ids.shape[1])
+
     results = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "tokens": args.tokens,
                "preset": args.preset, "timings": {}}
-    baseline = None  # the two-GEMM path's output, timed first, the others compared with it
+    baselines = {}  # by output shape: the first path of that shape (the two GEMMs, the lock's experts)
     for label, fn in [("quack two GEMMs + swiglu", two_gemms), ("triton _gate_up_grouped (lock)", triton_lock),
-                      *[(f"quack gated {t}", fused(t)) for t in GATED_TILES]]:
+                      *[(f"quack gated {t}", fused(t)) for t in GATED_TILES],
+                      ("experts:flashinfer_down (the prefill lock's experts)", lock_experts),
+                      *[(f"quack gated {t} + quack down {down_tile} + combine", fused_experts(t))
+                        for t in GATED_TILES[:2]]]:
         try:
             out = fn()
             timing = bench.time_fn(fn, device="cuda", budget_s=3.0)
             entry = {"median_us": timing["median_us"], "spread": timing.get("spread")}
-            if fn is two_gemms:
-                baseline = out
-            elif baseline is not None and out.shape == baseline.shape:  # the Triton path's rows are tile-padded, not in this order
-                entry["max_abs_diff_vs_two_gemms"] = (out.float() - baseline.float()).abs().max().item()
+            if fn is triton_lock:
+                pass  # its rows are tile-padded, in another order
+            elif out.shape not in baselines:
+                baselines[out.shape] = label, out
+            else:
+                base_label, base = baselines[out.shape]
+                entry[f"max_abs_diff_vs {base_label}"] = (out.float() - base.float()).abs().max().item()
         except Exception as e:  # a config quack cannot build here: say so and go on
             entry = {"error": f"{type(e).__name__}: {e}"[:500]}
         results["timings"][label] = entry

@@ -1,9 +1,12 @@
-"""`experts:quack` without the library. A stand-in of quack's grouped GEMM follows its documented
-contract (`gemm_tuned.fn(A, B, out, cu_seqlens_m=, A_idx=, config=)`: B [groups, K, N] with K
-contiguous, rows [cu_seqlens_m[e], cu_seqlens_m[e + 1]) of `out` use group e's B, row r reads A's row
-A_idx[r] when given, FP32 accumulation rounded to out's dtype) and drives the adapter, its grouping
-and experts:grouped_mm's SwiGLU and combine through the op gate. Planted faults (group bounds one
-row late, gate and up swapped) are rejected. The `gpu` test runs the real kernels."""
+"""`experts:quack` and `experts:quack_gated` without the library. Stand-ins of quack's grouped GEMM
+and gated GEMM follow their documented contracts (`gemm_tuned.fn(A, B, out, cu_seqlens_m=, A_idx=,
+config=)`: B [groups, K, N] with K contiguous, rows [cu_seqlens_m[e], cu_seqlens_m[e + 1]) of `out`
+use group e's B, row r reads A's row A_idx[r] when given, FP32 accumulation rounded to out's dtype;
+`gemm_act(..., activation="swiglu", concat_layout=("B",))`: B's N columns are [gate; up], the output
+silu(gate) * up from the FP32 accumulators) and drive the adapters, their grouping, the weight-layout
+transform and experts:grouped_mm's SwiGLU and combine through the op gate. Planted faults (group
+bounds one row late, gate and up swapped, a layout transform that loses a half) are rejected. The
+`gpu` tests run the real kernels."""
 
 import dataclasses
 import sys
@@ -16,12 +19,13 @@ from tests.variant_helpers import assert_every_config_passes, failures, prefill_
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants import experts__quack as quack_moe
+from workbench.variants import experts__quack_gated as gated_moe
 
 SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
 
 
 def _grouped_gemm(A, B, out, *, cu_seqlens_m, A_idx=None, config):
-    assert B.mT.is_contiguous() and out.is_contiguous() and config.cluster_n == 1
+    assert B.stride(-2) == 1 and out.is_contiguous() and config.cluster_n == 1  # K contiguous, any group stride
     assert cu_seqlens_m.dtype == torch.int32 and cu_seqlens_m.numel() == B.shape[0] + 1
     assert A_idx is None or (A_idx.dtype == torch.int32 and A_idx.numel() == out.shape[0])
     assert int(cu_seqlens_m[-1]) == out.shape[0]
@@ -32,6 +36,14 @@ def _grouped_gemm(A, B, out, *, cu_seqlens_m, A_idx=None, config):
         out[rows] = (a.float() @ B[e].float()).to(out.dtype)
 
 
+def _gemm_act(A, B, *, activation, cu_seqlens_m, A_idx, store_preact, concat_layout, tuned, config):
+    assert (activation, store_preact, concat_layout, tuned) == ("swiglu", False, ("B",), False)
+    ff = B.shape[-1] // 2
+    pre = torch.empty((A_idx.numel(), 2 * ff), dtype=torch.float32)
+    _grouped_gemm(A.float(), B, pre, cu_seqlens_m=cu_seqlens_m, A_idx=A_idx, config=config)
+    return None, (torch.nn.functional.silu(pre[:, :ff]) * pre[:, ff:]).to(A.dtype)
+
+
 @pytest.fixture
 def stand_in(monkeypatch):
     """quack's modules the adapter imports, holding the stand-in; MIN_TOKENS lowered (the interpreted
@@ -39,12 +51,14 @@ def stand_in(monkeypatch):
     quack = types.ModuleType("quack")
     interface = types.ModuleType("quack.gemm_interface")
     interface.gemm_tuned = types.SimpleNamespace(fn=_grouped_gemm)
+    interface.gemm_act = _gemm_act
     config = types.ModuleType("quack.gemm_config")
     config.GemmConfig = lambda **kw: types.SimpleNamespace(**kw)
     for name, module in (("quack", quack), ("quack.gemm_interface", interface), ("quack.gemm_config", config)):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(quack_moe, "_quack_installed", lambda: True)
     monkeypatch.setattr(quack_moe, "MIN_TOKENS", SMALL.tokens)
+    monkeypatch.setattr(gated_moe, "_dsl_keyable", lambda: True)
     quack_moe._gemm_config.cache_clear()
     yield
     quack_moe._gemm_config.cache_clear()
@@ -96,9 +110,102 @@ def test_supports_names_why_it_declines(monkeypatch):
     assert "multiples of 8" in v.supports(odd)
 
 
+# ---- experts:quack_gated
+
+def test_gated_every_config_passes_the_op_gate_through_the_stand_in(stand_in):
+    assert_every_config_passes(_on_cpu(registry.get("experts", "quack_gated")), [SMALL], device="cpu", seeds=(0,))
+
+
+def test_gated_gate_rejects_group_bounds_one_row_late(stand_in, monkeypatch):
+    real = quack_moe.expert_bounds
+    monkeypatch.setattr(quack_moe, "expert_bounds",
+                        lambda ids, n: torch.cat([real(ids, n)[:1], (real(ids, n)[1:-1] + 1).clamp(max=ids.numel()),
+                                                  real(ids, n)[-1:]]))
+    report = _gate(registry.get("experts", "quack_gated"))
+    assert not report.passed and any(c.name == "accuracy" for c in report.failures), failures(report)
+
+
+def _halves_swapped(w):
+    return {**w, "gate_up": torch.cat([w["up_proj"], w["gate_proj"]], dim=1)}
+
+
+def _up_lost(w):
+    """Re-points up at gate's half: the model's up_proj no longer holds up (the variant's own gate_up
+    is right; the reference, run on the weights as prepared, is what disagrees)."""
+    out = gated_moe.gate_up_in_one(w)
+    e, f, h = w["up_proj"].shape
+    w["up_proj"].set_(out["gate_up"].untyped_storage(), 0, (e, f, h), out["gate_up"].stride())
+    return out
+
+
+@pytest.mark.parametrize("layout", [_halves_swapped, _up_lost])
+def test_gated_gate_rejects_a_wrong_layout_transform(stand_in, layout):
+    report = _gate(dataclasses.replace(registry.get("experts", "quack_gated"), prepare=layout))
+    assert not report.passed and any(c.name == "accuracy" for c in report.failures), failures(report)
+
+
+def test_gate_up_in_one_holds_the_weights_once_and_keeps_their_values():
+    g = torch.Generator().manual_seed(0)
+    gate, up, down = (torch.randn(4, 6, 8, generator=g) for _ in range(3))
+    w = {"gate_proj": torch.nn.Parameter(gate.clone(), requires_grad=False), "up_proj": up.clone(), "down_proj": down}
+    old = w["gate_proj"].data_ptr()
+    out = gated_moe.gate_up_in_one(w)
+    assert torch.equal(w["gate_proj"], gate) and torch.equal(w["up_proj"], up)  # the model's tensors, re-pointed
+    assert torch.equal(out["gate_up"], torch.cat([gate, up], dim=1)) and out["down_proj"] is down
+    merged = out["gate_up"].data_ptr()
+    assert {w["gate_proj"].data_ptr(), w["up_proj"].data_ptr() - 6 * 8 * 4} == {merged} != {old}
+    again = gated_moe.gate_up_in_one(out)  # idempotent: the layout is found, nothing copied
+    assert again["gate_up"].data_ptr() == merged and torch.equal(again["gate_up"], out["gate_up"])
+
+
+def test_gate_up_in_one_on_a_model_leaves_its_outputs_unchanged():
+    from beam_model.model import BeamForCausalLM
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    before = model(ids)
+    experts = [layer.mlp.experts for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    for e in experts:
+        gated_moe.gate_up_in_one({"gate_proj": e.gate_proj, "up_proj": e.up_proj, "down_proj": e.down_proj})
+        assert gated_moe._halves_of_one(e.gate_proj, e.up_proj) is not None
+    assert experts
+    model.set_variants()  # the reference reads the strided halves
+    assert torch.equal(model(ids), before)
+
+
+def test_gated_supports_names_why_it_declines(monkeypatch):
+    v = registry.get("experts", "quack_gated")
+    monkeypatch.setattr(quack_moe, "_quack_installed", lambda: True)
+    prefill = Workload("beam-501b-tp8", batch=8, tokens_per_seq=2048, context=2048, dtype="bf16")
+    monkeypatch.setattr(gated_moe, "_dsl_keyable", lambda: False)
+    assert "site-packages" in v.supports(prefill)
+    monkeypatch.setattr(gated_moe, "_dsl_keyable", lambda: True)
+    assert v.supports(prefill) is True
+    assert "prefill sizes" in v.supports(Workload("beam-501b-tp8", batch=64))
+
+
+_GPU = pytest.mark.skipif(not registry.backend_available("cute")[0] or not quack_moe._quack_installed(),
+                          reason="needs quack, the CUTLASS DSL and a CUDA GPU")
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not registry.backend_available("cute")[0] or not quack_moe._quack_installed(),
-                    reason="needs quack, the CUTLASS DSL and a CUDA GPU")
+@_GPU
+@pytest.mark.parametrize("name", ["quack", "quack_gated"])
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_every_config_passes_the_op_gate(preset):
-    assert_every_config_passes(registry.get("experts", "quack"), prefill_workloads(preset), device="cuda", seeds=(0, 1))
+def test_gpu_every_config_passes_the_op_gate(name, preset):
+    v = registry.get("experts", name)
+    if v.unsupported(prefill_workloads(preset)[0], "cuda"):
+        pytest.skip(v.unsupported(prefill_workloads(preset)[0], "cuda"))
+    assert_every_config_passes(v, prefill_workloads(preset), device="cuda", seeds=(0, 1))
+
+
+@pytest.mark.gpu
+@_GPU
+def test_gpu_quack_reads_gate_and_up_held_in_one():
+    """After experts:quack_gated's layout transform (the model keeps it when the search moves on) the
+    other grouped variants read gate_proj and up_proj as strided halves."""
+    v = registry.get("experts", "quack")
+    wl = prefill_workloads("beam-501b-tp8")[1]
+    relaid = dataclasses.replace(v, prepare=lambda w: {**gated_moe.gate_up_in_one(w), "gate_up": None})
+    report = gates.op_gate(relaid, [wl], device="cuda", seeds=(0,))
+    assert report.passed, failures(report)

@@ -129,6 +129,23 @@ def test_lock_selects_the_variants_in_the_model(run):
     assert model.ops.selection == lock.selection
 
 
+def test_the_gate_evidence_locked_is_the_chosen_configs():
+    from workbench.search import CandidateResult, PointResult
+
+    def gated(block):
+        return CandidateResult("boundary", "triton", "triton", {"block": block}, True,
+                               gate={"subject": f"boundary:triton {{'block': {block}}}", "passed": True})
+
+    r = PointResult("boundary", "triton", {"block": 8}, 10.0, 5.0, 0.02, [gated(4), gated(8)])
+    assert r.candidate("triton", {"block": 8}).gate["subject"].endswith("{'block': 8}")
+    assert r.candidate("triton", {"block": 16}) is None and r.candidate("torch", None) is None
+    lock, _ = Lock.load(os.path.join(os.path.dirname(__file__), "..", "runs", "optimize-prefill-8x2k-beam-501b-tp8",
+                                     "lock.yaml"))
+    for point, entry in lock.points.items():  # the committed lock's evidence names each locked config
+        if entry.get("config"):
+            assert str(entry["config"]) in entry["gate"]["subject"], point
+
+
 def test_lock_verifies(run):
     out, _, _ = run
     result = verify(os.path.join(out, "lock.yaml"), run_gates=True)

@@ -189,7 +189,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     entries = {}
     for point in POINTS:
         r = results.get(point)
-        cand = next((c for c in r.candidates if c.variant == selection[point]), None) if r else None
+        cand = r.candidate(selection[point], final["configs"].get(point)) if r else None
         timing = {"step_us": r.choice_us if selection[point] != REFERENCE else r.reference_us,
                   "reference_us": r.reference_us, "noise_band": r.band} if r else {}
         entries[point] = Lock.entry(point, selection[point], config=final["configs"].get(point), timing=timing,

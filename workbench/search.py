@@ -83,6 +83,11 @@ class PointResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def candidate(self, variant: str, config: dict | None) -> CandidateResult | None:
+        """The candidate of `variant` at `config`: each config of a variant is gated and timed apart."""
+        return next((c for c in self.candidates if c.variant == variant and (c.config or None) == (config or None)),
+                    None)
+
     @classmethod
     def from_dict(cls, d: dict) -> "PointResult":
         return cls(**{**d, "candidates": [CandidateResult(**c) for c in d["candidates"]]})

@@ -140,7 +140,18 @@ def one_vector_wrong():
     return boundary
 
 
-# name -> (point, factory, the check that must fail)
+def prepare_scales_in_place():
+    """The reference, behind a weight-layout transform that folds a factor into the model's own down
+    weight (in place) instead of a copy: every output still matches the reference, which reads the
+    same weights, but the model's other readers now see a doubled weight."""
+    def prepare(w):
+        w["down_proj"].mul_(2)
+        return w
+    return _ref("dense_mlp"), prepare
+
+
+# name -> (point, factory, the check that must fail); a factory returns the variant's function, or
+# (function, weight-layout transform)
 PLANTED = {
     "window_off_by_one": ("attention", window_off_by_one, "accuracy"),
     "bias_in_weights": ("route", bias_in_weights, "route_weights"),
@@ -156,9 +167,12 @@ PLANTED = {
     "ignores_top_p": ("sample", ignores_top_p, "support"),
     "one_group_score": ("route", one_group_score, "route_ids"),
     "one_vector_wrong": ("boundary", one_vector_wrong, "accuracy"),
+    "prepare_scales_in_place": ("dense_mlp", prepare_scales_in_place, "inputs_unchanged"),
 }
 
 
 def planted(name: str) -> Variant:
     point, factory, _ = PLANTED[name]
-    return Variant(point, f"planted_{name}", "torch", factory())
+    made = factory()
+    fn, prepare = made if isinstance(made, tuple) else (made, None)
+    return Variant(point, f"planted_{name}", "torch", fn, prepare=prepare)

@@ -153,7 +153,8 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 # Raised whenever a check is added or tightened: a search result cached under an older version has
 # its choice gated again before it is reused (workbench.search). 2: each output's worst element.
-GATE_VERSION = 2
+# 3: inputs are compared with their values before the weight-layout transform, not after it.
+GATE_VERSION = 3
 
 # An element may be off by ELEMENT_FACTOR x the point's tolerance of (its size + the output's RMS). The
 # relative error is a norm over the whole output: at 16K x 5120 one wrong 16-byte vector, or a token row
@@ -288,6 +289,10 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
     tol = point_spec.tolerance[wl.dtype]
     hp = _hp_dtype(device, wl.dtype)
     inplace = [k for k in point_spec.inplace if isinstance(call.kwargs.get(k), torch.Tensor)]
+    # Snapshot of every input before the weight-layout transform, which may re-lay the weights it is
+    # given in place (experts:quack_gated) but must keep their values: the model's other readers see them.
+    inputs = named_leaves(call.args, "args") + named_leaves(call.kwargs, "kwargs")
+    before = [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in inputs]
     try:
         weights = variant.prepare_weights(call.args[call.weights_arg]) if call.weights_arg is not None else None
     except Exception as e:
@@ -305,11 +310,10 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
     except Exception as e:
         check("reference", False, detail="the reference failed on these inputs: " + _error_text(e))
         return checks
-    # Snapshot of every input, the weights as the candidate gets them included.
-    inputs = named_leaves(call.args, "args") + named_leaves(call.kwargs, "kwargs")
-    if call.weights_arg is not None and weights is not call.args[call.weights_arg]:
-        inputs += named_leaves(weights, "prepared weights")
-    before = [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in inputs]
+    if call.weights_arg is not None and weights is not call.args[call.weights_arg]:  # as the candidate gets them
+        prepared = named_leaves(weights, "prepared weights")
+        inputs += prepared
+        before += [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in prepared]
     pre_inplace = {k: call.kwargs[k].clone() for k in inplace}
 
     def restore():  # in-place args back to their pre-call state, generators rewound

@@ -1,8 +1,9 @@
 """Would holding each MoE layer's gate and up in one [experts, 2 x ff, hidden] weight pay at prefill?
-Times, at one layer's 8 x 2K shapes on the GPU, the gate/up half of `experts` three ways, in one process:
+Times, at one layer's 8 x 2K shapes on the GPU, the gate/up half of `experts` several ways, in one process:
 - quack's fused gated GEMM (`gemm_act`, SwiGLU epilogue) over a [gate; up] weight (`concat_layout`),
   gathering the pairs' rows (`A_idx`) in expert groups (`cu_seqlens_m`): reads the gathered rows once;
 - experts:quack's path: two grouped GEMMs (gate, up), each gathering the rows, then the SwiGLU kernel;
+- the gated GEMM on rows gathered into expert order first (`index_select`), so it loads A by TMA;
 - experts:triton_rounded's grouping + `_gate_up_grouped` at the prefill lock's tiles (the lock's gate/up);
 and whole experts calls: the prefill lock's experts:flashinfer_down against the gated GEMM followed by
 experts:quack's down GEMM and combine.
@@ -11,7 +12,7 @@ The fused epilogue takes the SwiGLU from FP32 accumulators (gate and up are not 
 dtype first): its largest difference from the two-GEMM path (and the whole call's from the lock's) is
 reported beside the times.
 
-    python3 scripts/gpu_quack_gated_probe.py [--tokens 16384] [--out FILE]
+    python3 scripts/gpu_quack_gated_probe.py [--tokens 16384] [--out FILE] [--only LABEL_PART ...]
 
 Needs quack-kernels and the CUTLASS DSL (a GPU bundle) and a Hopper GPU. Writes the timings as JSON.
 """
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=8 * 2048)
     ap.add_argument("--preset", default="beam-501b-tp8")
     ap.add_argument("--out")
+    ap.add_argument("--only", nargs="*", help="run just the paths whose label holds one of these strings")
     args = ap.parse_args()
 
     from quack.gemm_config import GemmConfig
@@ -68,12 +70,19 @@ def main():
     cu = quack_moe.expert_bounds(flat[order], c.n_routed_experts)
     rows = (order // ids.shape[1]).to(torch.int32)
 
-    def fused(tile):
+    def fused(tile, a=None):
+        """The gated GEMM gathering x's rows, or on `a`, rows already in expert order (TMA loads)."""
         m, n, pingpong, cluster_m = tile
         cfg = GemmConfig(tile_m=m, tile_n=n, pingpong=pingpong, cluster_m=cluster_m, cluster_n=1,
                          is_dynamic_persistent=False, device_capacity=9)
-        return lambda: gemm_act(x, gate_up.transpose(1, 2), activation="swiglu", cu_seqlens_m=cu, A_idx=rows,
-                                store_preact=False, concat_layout=("B",), tuned=False, config=cfg)[1]
+        return lambda: gemm_act(x if a is None else a, gate_up.transpose(1, 2), activation="swiglu",
+                                cu_seqlens_m=cu, A_idx=rows if a is None else None, store_preact=False,
+                                concat_layout=("B",), tuned=False, config=cfg)[1]
+
+    def gather():
+        return x.index_select(0, rows)
+
+    gathered = gather()
 
     def two_gemms():
         tile = quack_moe.CONFIGS[0]
@@ -93,9 +102,11 @@ def main():
     def lock_experts():
         return experts_flashinfer_down(x, ids, weights, w)
 
-    def fused_experts(tile):
-        act = fused(tile)
-        return lambda: combine_sorted(quack_moe.grouped_gemm(act(), down, cu, down_tile), pos, weights, ids.shape[1])
+    def fused_experts(tile, pre_gather=False):
+        def call():
+            act = fused(tile, gather() if pre_gather else None)()
+            return combine_sorted(quack_moe.grouped_gemm(act, down, cu, down_tile), pos, weights, ids.shape[1])
+        return call
 
     results = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "tokens": args.tokens,
                "preset": args.preset, "timings": {}}
@@ -104,7 +115,13 @@ def main():
                       *[(f"quack gated {t}", fused(t)) for t in GATED_TILES],
                       ("experts:flashinfer_down (the prefill lock's experts)", lock_experts),
                       *[(f"quack gated {t} + quack down {down_tile} + combine", fused_experts(t))
+                        for t in GATED_TILES[:2]],
+                      ("gather the pairs' rows (index_select)", gather),
+                      *[(f"quack gated {t} on pre-gathered rows", fused(t, gathered)) for t in GATED_TILES],
+                      *[(f"gather + quack gated {t} + quack down {down_tile} + combine", fused_experts(t, True))
                         for t in GATED_TILES[:2]]]:
+        if args.only and not any(o in label for o in args.only):
+            continue
         try:
             out = fn()
             timing = bench.time_fn(fn, device="cuda", budget_s=3.0)

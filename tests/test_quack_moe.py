@@ -173,6 +173,22 @@ def test_gate_up_in_one_on_a_model_leaves_its_outputs_unchanged():
     assert torch.equal(model(ids), before)
 
 
+def test_the_other_experts_variants_read_gate_and_up_held_in_one():
+    """The model keeps quack_gated's layout when a search moves on to another variant: each experts
+    variant that runs here passes the op gate on gate and up as strided halves of one storage."""
+    ran = []
+    for name, v in registry.variants("experts").items():
+        runs = [wl for wl in (SMALL, Workload("beam-tiny", batch=2, dtype="bf16")) if not v.unsupported(wl, "cpu")]
+        if name.startswith("quack") or name == "torch_compile" or not runs:
+            continue
+        relaid = dataclasses.replace(v, prepare=lambda w: {k: t for k, t in gated_moe.gate_up_in_one(w).items()
+                                                           if k != "gate_up"})
+        report = gates.op_gate(relaid, runs, device="cpu", seeds=(0,))
+        assert report.passed, (name, failures(report))
+        ran.append(name)
+    assert "torch" in ran and "triton_rows" in ran, ran
+
+
 def test_gated_supports_names_why_it_declines(monkeypatch):
     v = registry.get("experts", "quack_gated")
     monkeypatch.setattr(quack_moe, "_quack_installed", lambda: True)

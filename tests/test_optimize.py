@@ -139,11 +139,11 @@ def test_the_gate_evidence_locked_is_the_chosen_configs():
     r = PointResult("boundary", "triton", {"block": 8}, 10.0, 5.0, 0.02, [gated(4), gated(8)])
     assert r.candidate("triton", {"block": 8}).gate["subject"].endswith("{'block': 8}")
     assert r.candidate("triton", {"block": 16}) is None and r.candidate("torch", None) is None
-    lock, _ = Lock.load(os.path.join(os.path.dirname(__file__), "..", "runs", "optimize-prefill-8x2k-beam-501b-tp8",
-                                     "lock.yaml"))
-    for point, entry in lock.points.items():  # the committed lock's evidence names each locked config
-        if entry.get("config"):
-            assert str(entry["config"]) in entry["gate"]["subject"], point
+    for run_dir in ("optimize-decode-b1-beam-501b-tp8", "optimize-prefill-8x2k-beam-501b-tp8"):
+        lock, _ = Lock.load(os.path.join(os.path.dirname(__file__), "..", "runs", run_dir, "lock.yaml"))
+        for point, entry in lock.points.items():  # the committed locks' evidence names each locked config
+            if entry.get("config"):
+                assert str(entry["config"]) in entry["gate"]["subject"], (run_dir, point)
 
 
 def test_lock_verifies(run):

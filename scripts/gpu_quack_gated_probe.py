@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from beam_model.config import BeamConfig  # noqa: E402
 from workbench import bench  # noqa: E402
 from workbench.variants import experts__quack as quack_moe  # noqa: E402
+from workbench.variants import experts__quack_gated as gated_moe  # noqa: E402
 
 # The gated epilogue needs N tiles in multiples of 32 (quack's own config list for "gated").
 GATED_TILES = [(128, 160, True, 2), (128, 192, True, 2), (128, 128, True, 2), (256, 160, False, 2)]
@@ -54,9 +55,6 @@ def main():
     ap.add_argument("--only", nargs="*", help="run just the paths whose label holds one of these strings")
     args = ap.parse_args()
 
-    from quack.gemm_config import GemmConfig
-    from quack.gemm_interface import gemm_act
-
     from workbench.variants._triton_moe import grouped_gate_up
     from workbench.variants._triton_moe_grouped_mm import combine_sorted, swiglu
     from workbench.variants.experts__flashinfer_down import experts_flashinfer_down
@@ -71,13 +69,9 @@ def main():
     rows = (order // ids.shape[1]).to(torch.int32)
 
     def fused(tile, a=None):
-        """The gated GEMM gathering x's rows, or on `a`, rows already in expert order (TMA loads)."""
-        m, n, pingpong, cluster_m = tile
-        cfg = GemmConfig(tile_m=m, tile_n=n, pingpong=pingpong, cluster_m=cluster_m, cluster_n=1,
-                         is_dynamic_persistent=False, device_capacity=9)
-        return lambda: gemm_act(x if a is None else a, gate_up.transpose(1, 2), activation="swiglu",
-                                cu_seqlens_m=cu, A_idx=rows if a is None else None, store_preact=False,
-                                concat_layout=("B",), tuned=False, config=cfg)[1]
+        """experts:quack_gated's gated GEMM gathering x's rows, or on `a`, rows already in expert order
+        (TMA loads)."""
+        return lambda: gated_moe.gated_gemm(x if a is None else a, gate_up, cu, rows if a is None else None, tile)
 
     def gather():
         return x.index_select(0, rows)

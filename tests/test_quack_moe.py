@@ -76,7 +76,8 @@ def test_every_config_passes_the_op_gate_through_the_stand_in(stand_in):
     assert_every_config_passes(_on_cpu(registry.get("experts", "quack")), [SMALL], device="cpu", seeds=(0,))
 
 
-def test_gate_rejects_group_bounds_one_row_late(stand_in, monkeypatch):
+@pytest.mark.parametrize("name", ["quack", "quack_gated"])
+def test_gate_rejects_group_bounds_one_row_late(stand_in, monkeypatch, name):
     real = quack_moe.expert_bounds
 
     def late(sorted_ids, n_experts):
@@ -84,7 +85,7 @@ def test_gate_rejects_group_bounds_one_row_late(stand_in, monkeypatch):
         return torch.cat([bounds[:1], (bounds[1:-1] + 1).clamp(max=bounds[-1]), bounds[-1:]])
 
     monkeypatch.setattr(quack_moe, "expert_bounds", late)
-    report = _gate(registry.get("experts", "quack"))
+    report = _gate(registry.get("experts", name))
     assert not report.passed and any(c.name == "accuracy" for c in report.failures), failures(report)
 
 
@@ -114,15 +115,6 @@ def test_supports_names_why_it_declines(monkeypatch):
 
 def test_gated_every_config_passes_the_op_gate_through_the_stand_in(stand_in):
     assert_every_config_passes(_on_cpu(registry.get("experts", "quack_gated")), [SMALL], device="cpu", seeds=(0,))
-
-
-def test_gated_gate_rejects_group_bounds_one_row_late(stand_in, monkeypatch):
-    real = quack_moe.expert_bounds
-    monkeypatch.setattr(quack_moe, "expert_bounds",
-                        lambda ids, n: torch.cat([real(ids, n)[:1], (real(ids, n)[1:-1] + 1).clamp(max=ids.numel()),
-                                                  real(ids, n)[-1:]]))
-    report = _gate(registry.get("experts", "quack_gated"))
-    assert not report.passed and any(c.name == "accuracy" for c in report.failures), failures(report)
 
 
 def _halves_swapped(w):
@@ -173,6 +165,12 @@ def test_gate_up_in_one_on_a_model_leaves_its_outputs_unchanged():
     assert torch.equal(model(ids), before)
 
 
+def _on_relaid_weights(v):
+    """`v` reading gate and up as experts:quack_gated's transform leaves them in the model."""
+    return dataclasses.replace(v, prepare=lambda w: {k: t for k, t in gated_moe.gate_up_in_one(w).items()
+                                                     if k != "gate_up"})
+
+
 def test_the_other_experts_variants_read_gate_and_up_held_in_one():
     """The model keeps quack_gated's layout when a search moves on to another variant: each experts
     variant that runs here passes the op gate on gate and up as strided halves of one storage."""
@@ -181,9 +179,7 @@ def test_the_other_experts_variants_read_gate_and_up_held_in_one():
         runs = [wl for wl in (SMALL, Workload("beam-tiny", batch=2, dtype="bf16")) if not v.unsupported(wl, "cpu")]
         if name.startswith("quack") or name == "torch_compile" or not runs:
             continue
-        relaid = dataclasses.replace(v, prepare=lambda w: {k: t for k, t in gated_moe.gate_up_in_one(w).items()
-                                                           if k != "gate_up"})
-        report = gates.op_gate(relaid, runs, device="cpu", seeds=(0,))
+        report = gates.op_gate(_on_relaid_weights(v), runs, device="cpu", seeds=(0,))
         assert report.passed, (name, failures(report))
         ran.append(name)
     assert "torch" in ran and "triton_rows" in ran, ran
@@ -210,8 +206,9 @@ _GPU = pytest.mark.skipif(not registry.backend_available("cute")[0] or not quack
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
 def test_gpu_every_config_passes_the_op_gate(name, preset):
     v = registry.get("experts", name)
-    if v.unsupported(prefill_workloads(preset)[0], "cuda"):
-        pytest.skip(v.unsupported(prefill_workloads(preset)[0], "cuda"))
+    why = v.unsupported(prefill_workloads(preset)[0], "cuda")
+    if why:
+        pytest.skip(why)
     assert_every_config_passes(v, prefill_workloads(preset), device="cuda", seeds=(0, 1))
 
 
@@ -220,8 +217,6 @@ def test_gpu_every_config_passes_the_op_gate(name, preset):
 def test_gpu_quack_reads_gate_and_up_held_in_one():
     """After experts:quack_gated's layout transform (the model keeps it when the search moves on) the
     other grouped variants read gate_proj and up_proj as strided halves."""
-    v = registry.get("experts", "quack")
-    wl = prefill_workloads("beam-501b-tp8")[1]
-    relaid = dataclasses.replace(v, prepare=lambda w: {**gated_moe.gate_up_in_one(w), "gate_up": None})
-    report = gates.op_gate(relaid, [wl], device="cuda", seeds=(0,))
+    report = gates.op_gate(_on_relaid_weights(registry.get("experts", "quack")), prefill_workloads("beam-501b-tp8")[1:],
+                           device="cuda", seeds=(0,))
     assert report.passed, failures(report)

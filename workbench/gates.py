@@ -266,6 +266,11 @@ def op_gate(variant: Variant, workloads, *, device="cpu", seeds=(0, 1, 2), captu
     return report
 
 
+def _snapshot(leaves) -> list:
+    """A copy of each named leaf: tensors cloned, generators' states."""
+    return [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in leaves]
+
+
 def _invoke(variant: Variant, call: Call, weights) -> list:
     with _poisoned(), torch.no_grad():
         return _outputs(variant.fn(*call.with_weights(weights).args, **call.kwargs))
@@ -292,7 +297,7 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
     # Snapshot of every input before the weight-layout transform, which may re-lay the weights it is
     # given in place (experts:quack_gated) but must keep their values: the model's other readers see them.
     inputs = named_leaves(call.args, "args") + named_leaves(call.kwargs, "kwargs")
-    before = [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in inputs]
+    before = _snapshot(inputs)
     try:
         weights = variant.prepare_weights(call.args[call.weights_arg]) if call.weights_arg is not None else None
     except Exception as e:
@@ -313,7 +318,7 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
     if call.weights_arg is not None and weights is not call.args[call.weights_arg]:  # as the candidate gets them
         prepared = named_leaves(weights, "prepared weights")
         inputs += prepared
-        before += [t.clone() if isinstance(t, torch.Tensor) else t.get_state() for _, t in prepared]
+        before += _snapshot(prepared)
     pre_inplace = {k: call.kwargs[k].clone() for k in inplace}
 
     def restore():  # in-place args back to their pre-call state, generators rewound

@@ -1,5 +1,7 @@
 """Would holding each MoE layer's gate and up in one [experts, 2 x ff, hidden] weight pay at prefill?
 Times, at one layer's 8 x 2K shapes on the GPU, the gate/up half of `experts` several ways, in one process:
+- the grouping of the routed pairs by expert: experts:quack's `sort_pairs` against an argsort of the
+  int64 ids;
 - quack's fused gated GEMM (`gemm_act`, SwiGLU epilogue) over a [gate; up] weight (`concat_layout`),
   gathering the pairs' rows (`A_idx`) in expert groups (`cu_seqlens_m`): reads the gathered rows once;
 - experts:quack's path: two grouped GEMMs (gate, up), each gathering the rows, then the SwiGLU kernel;
@@ -63,10 +65,16 @@ def main():
     f = c.moe_intermediate_size
     x, ids, gate_up, down, weights = _inputs(args.tokens, c)
     gate, up = gate_up[:, :f], gate_up[:, f:]  # views: [gate; up] per expert, as the model would hold them
-    flat = ids.flatten()
-    order = flat.argsort(stable=True)
-    cu = quack_moe.expert_bounds(flat[order], c.n_routed_experts)
-    rows = (order // ids.shape[1]).to(torch.int32)
+    cu, rows, pos = quack_moe.sort_pairs(ids, c.n_routed_experts)
+
+    def group_int64():
+        """The grouping as sessions 20-21 did it: argsort on the int64 ids (eight radix passes)."""
+        flat = ids.flatten()
+        order = flat.argsort(stable=True)
+        quack_moe.expert_bounds(flat[order], c.n_routed_experts)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        return (order // ids.shape[1]).to(torch.int32)
 
     def fused(tile, a=None):
         """experts:quack_gated's gated GEMM gathering x's rows, or on `a`, rows already in expert order
@@ -89,8 +97,6 @@ def main():
 
     # Whole experts calls: the prefill lock's, and the gated GEMM + experts:quack's down and combine.
     w = {"gate_proj": gate, "up_proj": up, "down_proj": down}
-    pos = torch.empty_like(order)
-    pos[order] = torch.arange(order.numel(), device=order.device)
     down_tile = (128, 256, False, 1)
 
     def lock_experts():
@@ -105,7 +111,9 @@ def main():
     results = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "tokens": args.tokens,
                "preset": args.preset, "timings": {}}
     baselines = {}  # by output shape: the first path of that shape (the two GEMMs, the lock's experts)
-    for label, fn in [("quack two GEMMs + swiglu", two_gemms), ("triton _gate_up_grouped (lock)", triton_lock),
+    for label, fn in [("group pairs: int64 argsort", group_int64),
+                      ("group pairs: sort_pairs", lambda: quack_moe.sort_pairs(ids, c.n_routed_experts)[1]),
+                      ("quack two GEMMs + swiglu", two_gemms), ("triton _gate_up_grouped (lock)", triton_lock),
                       *[(f"quack gated {t}", fused(t)) for t in GATED_TILES],
                       ("experts:flashinfer_down (the prefill lock's experts)", lock_experts),
                       *[(f"quack gated {t} + quack down {down_tile} + combine", fused_experts(t))

@@ -89,6 +89,19 @@ def test_gate_rejects_group_bounds_one_row_late(stand_in, monkeypatch, name):
     assert not report.passed and any(c.name == "accuracy" for c in report.failures), failures(report)
 
 
+@pytest.mark.parametrize("n_experts", [16, 300])  # a uint8 and an int16 sort key
+def test_sort_pairs_is_a_stable_sort_by_expert(n_experts):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.rand(97, n_experts, generator=g).topk(4, dim=-1).indices
+    ids[:5] = torch.arange(n_experts - 4, n_experts)  # the highest ids, beyond any narrower key
+    cu, tokens, pos = quack_moe.sort_pairs(ids, n_experts)
+    order = ids.flatten().argsort(stable=True)  # the int64 sort it replaces
+    assert cu.dtype == tokens.dtype == torch.int32 and pos.dtype == torch.int64
+    assert torch.equal(cu, torch.searchsorted(ids.flatten()[order], torch.arange(n_experts + 1), out_int32=True))
+    assert torch.equal(tokens, (order // 4).int())
+    assert torch.equal(order[pos], torch.arange(ids.numel()))
+
+
 def test_gate_rejects_gate_and_up_swapped(stand_in, monkeypatch):
     from workbench.variants import _triton_moe_grouped_mm as kernels
 

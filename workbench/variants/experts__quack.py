@@ -5,13 +5,13 @@ group per expert (`cu_seqlens_m`), with experts:grouped_mm's SwiGLU and combine 
 Gate and up are two GEMMs that each read every pair's input row through its token index (`A_idx`:
 quack's gather of A, cp.async row loads) instead of a gathered copy; so the weights stay as the model
 holds them, gate and up apart. quack's fused gated GEMM (and FlashInfer's GEMM1) wants one [gate; up]
-weight, which a TP8 rank has no room to hold beside the model's and which a per-call repack makes
-slower (runs/bench-experts-prefill-tp8/README.md, session 14). Down is a third grouped GEMM over the
+weight: a TP8 rank has no room for a copy beside the model's, and a per-call repack is slower
+(runs/bench-experts-prefill-tp8/README.md, session 14); experts:quack_gated re-lays gate and up in place. Down is a third grouped GEMM over the
 activations, already in expert order.
 
 The rounding is the reference's: gate, up and each pair's down projection in the model dtype, the
 activation FP32 rounded once, the combine FP32 rounded once (experts:grouped_mm's, kernel for kernel).
-Grouping is on the device (argsort, searchsorted: no host sync).
+Grouping is on the device (`sort_pairs`: argsort, searchsorted: no host sync).
 
 Prefill sizes only (>= MIN_TOKENS tokens): an expert's rows are padded to whole M tiles inside the
 kernel, mostly padding at decode, where experts:triton_rows reads only the selected rows. Needs the
@@ -89,6 +89,22 @@ def expert_bounds(sorted_ids: torch.Tensor, n_experts: int) -> torch.Tensor:
     return torch.searchsorted(sorted_ids, experts, out_int32=True)
 
 
+def sort_pairs(ids: torch.Tensor, n_experts: int):
+    """The routed pairs (pair = token * top_k + k) in expert order, stably (an expert's pairs keep pair
+    order), on the device with no host sync. Returns cu_seqlens [n_experts + 1] int32 (expert e's pairs
+    are sorted rows [cu_seqlens[e], cu_seqlens[e + 1])), tokens [pairs] int32 (each sorted row's token:
+    the GEMMs' A_idx) and pos [pairs] int64 (the sorted row each pair went to: the combine's).
+    The sort key is the narrowest integer type that holds every expert id: torch's CUDA radix sort makes
+    a pass per key byte, eight for the int64 ids that route returns, one for uint8."""
+    flat = ids.flatten()
+    key = flat.to(torch.uint8 if n_experts <= 256 else torch.int16 if n_experts <= 2 ** 15 else torch.int32)
+    order = key.argsort(stable=True)
+    cu_seqlens = expert_bounds(flat[order], n_experts)
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(order.numel(), device=order.device)
+    return cu_seqlens, (order // ids.shape[1]).to(torch.int32), pos
+
+
 def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, down_m, down_n, down_pingpong,
                 down_cluster_m):
     from workbench.variants._triton_moe_grouped_mm import combine_sorted, swiglu
@@ -96,16 +112,12 @@ def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, do
     n, top_k = ids.shape
     if n == 0:
         return torch.empty_like(x)
-    x, flat = x.contiguous(), ids.flatten()
-    order = flat.argsort(stable=True)  # pair indices sorted by expert
-    cu_seqlens = expert_bounds(flat[order], w["gate_proj"].shape[0])
-    tokens = (order // top_k).to(torch.int32)
+    x = x.contiguous()
+    cu_seqlens, tokens, pos = sort_pairs(ids, w["gate_proj"].shape[0])
     gate_up = (gu_m, gu_n, gu_pingpong, gu_cluster_m)
     act = swiglu(grouped_gemm(x, w["gate_proj"], cu_seqlens, gate_up, tokens),
                  grouped_gemm(x, w["up_proj"], cu_seqlens, gate_up, tokens))
     down = grouped_gemm(act, w["down_proj"], cu_seqlens, (down_m, down_n, down_pingpong, down_cluster_m))
-    pos = torch.empty_like(order)
-    pos[order] = torch.arange(order.numel(), device=order.device)
     return combine_sorted(down, pos, weights.contiguous().float(), top_k)
 
 

@@ -105,14 +105,9 @@ def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, do
     n, top_k = ids.shape
     if n == 0:
         return torch.empty_like(x)
-    x, flat = x.contiguous(), ids.flatten()
-    order = flat.argsort(stable=True)  # pair indices sorted by expert
-    cu_seqlens = quack_moe.expert_bounds(flat[order], w["gate_up"].shape[0])
-    act = gated_gemm(x, w["gate_up"], cu_seqlens, (order // top_k).to(torch.int32),
-                     (gu_m, gu_n, gu_pingpong, gu_cluster_m))
+    cu_seqlens, tokens, pos = quack_moe.sort_pairs(ids, w["gate_up"].shape[0])
+    act = gated_gemm(x.contiguous(), w["gate_up"], cu_seqlens, tokens, (gu_m, gu_n, gu_pingpong, gu_cluster_m))
     down = quack_moe.grouped_gemm(act, w["down_proj"], cu_seqlens, (down_m, down_n, down_pingpong, down_cluster_m))
-    pos = torch.empty_like(order)
-    pos[order] = torch.arange(order.numel(), device=order.device)
     return combine_sorted(down, pos, weights.contiguous().float(), top_k)
 
 

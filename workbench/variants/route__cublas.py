@@ -10,9 +10,13 @@ Why: in the prefill lock's profile `_route_mm` (route:triton's tile kernel for t
 
 Configs:
 - chain: the second and third GEMM add the running FP32 sum in their epilogue (`addmm`, beta 1): one
-  [N, E] FP32 result, the smallest pieces first; the selection reads it once.
-- split: three GEMMs into [3, N, E] partials (w3, w2, w1), summed in that order by the selection
-  (its split-K input), which reads three times the bytes.
+  [N, E] FP32 result, the smallest pieces first; the selection reads it once. Else split: three GEMMs
+  into [3, N, E] partials (w3, w2, w1), summed in that order by the selection (its split-K input),
+  which reads three times the bytes.
+- select_tokens, select_warps: tokens per program of the selection and its warps. The prefill lock's
+  profile of session 21 has the selection at ~63 us a layer, for 50 MB of partials (~12 us of
+  bandwidth): it is latency-bound in its 2 * top_k + 2 * topk_group + 5 reductions, so fewer tokens per
+  program (down to one warp per token, all shuffles) are tried beside route:triton's 4 tokens x 4 warps.
 
 At most ROUTE_FP32_MAX tokens (decode, small batches) the GEMMs would be weight-bound on 7.8 MB of BF16
 pieces instead of 5.2 MB of FP32: there it runs route:triton's default config, the same kernels; so it
@@ -26,7 +30,8 @@ from workbench.variants.route import (
     ROUTE_CONFIGS, ROUTE_FP32_MAX, _pow2, _route_prepare, _route_select, _route_triton_at, _select_args, triton,
 )
 
-CONFIGS = [dict(chain=True), dict(chain=False)]
+CONFIGS = [dict(chain=True, select_tokens=4, select_warps=4),
+           *[dict(chain=False, select_tokens=t, select_warps=w) for t, w in ((4, 4), (1, 1), (2, 2), (4, 2), (8, 4))]]
 
 _small = _route_triton_at(ROUTE_CONFIGS[0])
 
@@ -43,8 +48,8 @@ def _mm_f32(x, w, *, acc=None, out=None):
 
 
 def _at(config=None):
-    chain = (config or CONFIGS[0])["chain"]
-    select = ROUTE_CONFIGS[0]
+    config = config or CONFIGS[0]
+    chain, select_tokens, select_warps = config["chain"], config["select_tokens"], config["select_warps"]
 
     def route_cublas(x, w, *, n_group, topk_group, top_k, scale):
         n = x.shape[0]
@@ -60,10 +65,9 @@ def _at(config=None):
                 _mm_f32(x, piece, out=part[s])
         ids = torch.empty((n, top_k), dtype=torch.int64, device=x.device)
         weights = torch.empty((n, top_k), dtype=torch.float32, device=x.device)
-        block_t = max(4, min(select["select_tokens"], _pow2(n)))
+        block_t = min(select_tokens, _pow2(n))
         outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
-        _route_select[(triton.cdiv(n, block_t),)](
-            part, *outs, n, *sizes, **consts, num_warps=max(1, select["select_warps"] * block_t // select["select_tokens"]))
+        _route_select[(triton.cdiv(n, block_t),)](part, *outs, n, *sizes, **consts, num_warps=select_warps)
         return ids, weights
 
     return route_cublas

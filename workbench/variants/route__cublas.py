@@ -30,8 +30,10 @@ from workbench.variants.route import (
     ROUTE_CONFIGS, ROUTE_FP32_MAX, _pow2, _route_prepare, _route_select, _route_triton_at, _select_args, triton,
 )
 
+# No select_tokens 2: at 2 tokens a program the selection gave NaN weights on the H200 under Triton 3.6
+# (passing interpreted), as in route.py's note; the op gate rejected it there (session 22).
 CONFIGS = [dict(chain=True, select_tokens=4, select_warps=4),
-           *[dict(chain=False, select_tokens=t, select_warps=w) for t, w in ((4, 4), (1, 1), (2, 2), (4, 2), (8, 4))]]
+           *[dict(chain=False, select_tokens=t, select_warps=w) for t, w in ((4, 4), (1, 1), (1, 2), (4, 2), (8, 4))]]
 
 _small = _route_triton_at(ROUTE_CONFIGS[0])
 

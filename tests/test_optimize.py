@@ -1203,3 +1203,14 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
         fn=reference_importing_kernels, source_file=real_get(point, name).source_file))
     key = key_after()[0]
     assert key_after(kernels)[0] != key
+
+
+def test_report_says_when_the_files_are_not_the_commit():
+    """The GPU host's copy of the tree carries a stale .git: its commit alone would name other code."""
+    from workbench.optimize import code_line
+
+    clean = code_line({"git_commit": "abc", "git_dirty": False, "git_tree": "t1"})
+    assert clean == "commit abc (files: git tree t1)"
+    dirty = code_line({"git_commit": "abc", "git_dirty": True, "git_tree": "t2"})
+    assert dirty == "commit abc, files changed since (files: git tree t2)"
+    assert code_line({"git_commit": None}) == "commit None"

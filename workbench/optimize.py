@@ -419,14 +419,23 @@ def _compile_row(baseline: str) -> str:
     return f"torch.compile of the whole reference step ({baseline})"
 
 
+def code_line(env: dict) -> str:
+    """Which code ran: the commit, and when the files differed from it (uncommitted edits, or a copy of
+    the tree whose .git is older than its files, as on the GPU host) the tree they hash to, the name
+    that then identifies them."""
+    line = f"commit {env.get('git_commit')}"
+    if env.get("git_dirty"):
+        line += ", files changed since"
+    return line + (f" (files: git tree {env['git_tree']})" if env.get("git_tree") else "")
+
+
 def report_markdown(r: dict) -> str:
     idle = idle_line(r.get("locked_idle"))
     lines = [
         f"# optimize {r['target']} on {r['preset']} ({r['dtype']})", "",
         f"Command: `{r['command']}`", "",
         f"Device: {r['gpu'] or 'cpu'}; torch {r['environment'].get('torch')}, "
-        f"triton {r['environment'].get('triton')}; commit {r['environment'].get('git_commit')}"
-        + (f" (files: git tree {r['environment']['git_tree']})" if r["environment"].get("git_tree") else ""), "",
+        f"triton {r['environment'].get('triton')}; {code_line(r['environment'])}", "",
         "| build | step ms | speed-up of locked |", "| --- | ---: | ---: |",
         f"| reference | {r['reference_ms']:.3f} | {r['speedup']:.2f}x |",
         *[f"| {_compile_row(b['mode'])} | " + (f"{b['ms']:.3f} | {b['speedup']:.2f}x |" if b["ms"] else "failed | |")

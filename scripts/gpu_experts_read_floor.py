@@ -1,7 +1,8 @@
 """How close is the decode lock's `experts` to a kernel that only reads what it must?
 At batch 1 on beam-501b-tp8 a MoE layer's experts read 8 experts' gate, up and down (~79 MB, the
-bytes floor of the point). This times, in one process on the GPU, under CUDA graphs of back-to-back
-calls that each route to other experts (so the weights come from HBM, not L2):
+bytes floor of the point). This times, in one process on the GPU, with the workbench's timer
+(`bench.time_call`: CUDA graphs of calls back to back), calls that each route to other experts (so the
+weights come from HBM, not L2):
 - `experts:triton_rows` at the decode lock's config (its two GEMV kernels, with PDL);
 - a read-only Triton kernel over the same 8 experts' gate/up and down rows, one launch and two
   (gate/up, then down, as the GEMVs are split): what streaming those bytes costs with no math.
@@ -24,6 +25,7 @@ import triton.language as tl  # noqa: E402
 
 from beam_model.config import BeamConfig  # noqa: E402
 from workbench import bench, registry  # noqa: E402
+from workbench.points import Call  # noqa: E402
 
 LOCK_CONFIG = dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=2, DOWN_WARPS=4, DOWN_STEPS=4, pdl=True)  # the decode lock's
 
@@ -49,32 +51,10 @@ def read_experts(ids, w, out, chunk_bytes=65536, block=4096, warps=8):
     _read_rows[grid](ids, w, out, rows, row, w.stride(0), CHUNK_ROWS=chunk_rows, BLOCK=block, num_warps=warps)
 
 
-def graph_time_us(calls, reps=20):
-    """Median replay time of one graph of `calls` (closures) back to back, per call."""
-    for c in calls[:2]:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out")
-    ap.add_argument("--calls", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=64, help="routed id sets cycled through")
     args = ap.parse_args()
     c = BeamConfig.from_preset("beam-501b-tp8")
     e, h, f, k = c.n_routed_experts, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok
@@ -90,25 +70,28 @@ def main():
 
     variant = registry.get("experts", "triton_rows")
     fn, prepared = variant.at(LOCK_CONFIG), variant.prepare_weights(w)
-    paths = {
-        "experts:triton_rows (the decode lock's config)": [lambda i=i: fn(x, i, weights, prepared) for i in ids],
-        "read gate/up and down in one launch each (two kernels)": [
-            lambda i=i: (read_experts(i, gate_up, out), read_experts(i, w["down_proj"], out)) for i in ids],
-        "read gate/up only": [lambda i=i: read_experts(i, gate_up, out) for i in ids],
-        "read down only": [lambda i=i: read_experts(i, w["down_proj"], out) for i in ids],
+    paths = {  # each takes one call's routed ids
+        "experts:triton_rows (the decode lock's config)": lambda i: fn(x, i, weights, prepared),
+        "read gate/up and down in one launch each (two kernels)":
+            lambda i: (read_experts(i, gate_up, out), read_experts(i, w["down_proj"], out)),
+        "read gate/up only": lambda i: read_experts(i, gate_up, out),
+        "read down only": lambda i: read_experts(i, w["down_proj"], out),
     }
     for chunk, block, warps in ((16384, 2048, 4), (32768, 4096, 4), (32768, 4096, 8), (131072, 8192, 8),
                                 (262144, 8192, 16)):
-        paths[f"read both, {chunk // 1024} KB a program, BLOCK {block}, {warps} warps"] = [
-            lambda i=i, a=(chunk, block, warps): (read_experts(i, gate_up, out, *a), read_experts(i, w["down_proj"], out, *a))
-            for i in ids]
+        paths[f"read both, {chunk // 1024} KB a program, BLOCK {block}, {warps} warps"] = \
+            lambda i, a=(chunk, block, warps): (read_experts(i, gate_up, out, *a), read_experts(i, w["down_proj"], out, *a))
     moved = k * (3 * f * h) * 2
     ceilings = bench.measure_device_ceilings("cuda")
-    result = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "calls_per_graph": args.calls,
-              "bytes_per_call": moved, "ceilings": ceilings, "timings_us": {}}
-    for label, calls in paths.items():
-        result["timings_us"][label] = graph_time_us(calls)
-        print(f"{label}: {result['timings_us'][label]:.2f} us", flush=True)
+    result = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "id_sets": args.calls,
+              "bytes_per_call": moved, "ceilings": ceilings, "timings": {}}
+    for label, path in paths.items():
+        # One copy per id set, so the rotation cycles through them all: each call reads other experts.
+        t = bench.time_call(path, lambda j: Call((ids[j],)), device="cuda", touched_bytes=moved,
+                            rotate_bytes=moved * len(ids))
+        result["timings"][label] = {"median_us": t.median_us, "spread": t.spread, "graph": t.graph,
+                                   "graph_error": t.graph_error}
+        print(f"{label}: {t.median_us:.2f} us (spread {t.spread:.3f}, graph {t.graph})", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -418,6 +418,61 @@ def test_graph_decode_emulation_script_replays_the_runners_graph_inputs():
     assert "2 emulated graph replays" in proc.stdout and "prompt of   70 tokens" in proc.stdout
 
 
+def _emulated_graph_engine(model, monkeypatch):
+    """An Engine whose decode "graphs" are scripts/graph_decode_emulation.py's: `ModelRunner`'s graph
+    buffers, metadata and draw, each replay an eager step then the graph's `_draw`."""
+    import importlib.util
+    import os
+
+    from server.engine import llm_engine
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "graph_decode_emulation.py")
+    spec = importlib.util.spec_from_file_location("graph_decode_emulation", path)
+    emulation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emulation)
+    monkeypatch.setattr(llm_engine, "ModelRunner", emulation._emulated_runner)
+    engine = Engine(model, ByteTokenizer(), num_pages=64, cuda_graphs=True, max_num_seqs=4)
+    monkeypatch.undo()
+    steps = []  # (kind, drew eagerly) of each step
+    masked = engine.runner._masked
+    engine.runner._masked = lambda logits: steps.append("eager draw") or masked(logits)
+    engine.step_observer = lambda kind, *_: steps.append(kind)
+    return engine, steps
+
+
+def _eager_draw_steps(steps):
+    """The kinds of the steps that drew their tokens outside the graph."""
+    return [kind for drew, kind in zip(steps, steps[1:]) if drew == "eager draw"]
+
+
+def test_graph_decode_draws_in_the_graph_with_each_rows_settings(model, monkeypatch):
+    """A graphed decode step's tokens are the graph's draw (no sampling launched after it) at each row's
+    own settings from the graph inputs: top_k 1 or a tiny top_p at temperature 1 give the greedy tokens,
+    as the eager engine's do; a seeded request (its own generator) and logprobs are drawn eagerly."""
+    ps = prompts([5, 70, 20])
+    eager = Engine(model, ByteTokenizer(), num_pages=64).generate(ps, GREEDY)
+    engine, steps = _emulated_graph_engine(model, monkeypatch)
+    narrow = [SamplingParams(max_tokens=GREEDY.max_tokens, temperature=1.0, top_k=1, ignore_eos=True),
+              SamplingParams(max_tokens=GREEDY.max_tokens, temperature=1.0, top_p=1e-6, ignore_eos=True), GREEDY]
+    assert engine.generate(ps, narrow) == eager
+    assert steps.count("decode") >= GREEDY.max_tokens - 1 and "decode" not in _eager_draw_steps(steps)
+    sampled = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
+    out = engine.generate(ps, sampled)
+    assert all(len(o) == 8 and max(o) < engine.runner.vocab_limit for o in out) and out != eager
+
+    steps.clear()
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=7, ignore_eos=True)
+    alone = Engine(model, ByteTokenizer(), num_pages=64).generate([ps[0]], seeded)[0]
+    assert engine.generate(ps, [seeded, sampled, GREEDY])[0] == alone
+    # the seeded row's 7 decode steps draw outside the graph, the greedy row's 12 after it in the graph
+    assert _eager_draw_steps(steps).count("decode") == 7 and steps.count("decode") == GREEDY.max_tokens - 1
+    steps.clear()
+    with_logprobs = SamplingParams(max_tokens=4, temperature=0.0, logprobs=True, top_logprobs=2, ignore_eos=True)
+    assert engine.generate([ps[1]], with_logprobs)[0] == eager[1][:4]
+    assert _eager_draw_steps(steps).count("decode") == 3
+
+
 def test_first_use_signature_names_constexprs_and_divisible_arguments():
     """The hook's arguments as Triton 3.4-3.9 pass them: argument types by name, constexprs and
     attributes by argument index. Anything else falls back to Triton's repr."""

@@ -1,7 +1,7 @@
 """The serving engine on CUDA (run with `-m gpu`): decode steps replayed from CUDA graphs give the
-same greedy tokens as eager steps (FP32), each replay equals an eager step on its inputs bit for bit
-with every attention backend (BF16), padded graph rows never touch live pages, and the KV pools are
-sized from free device memory.
+same greedy tokens as eager steps (FP32) and draw their tokens inside the graph, each replay equals an
+eager step on its inputs bit for bit with every attention backend (BF16), padded graph rows never touch
+live pages, and the KV pools are sized from free device memory.
 """
 
 import pytest
@@ -48,6 +48,35 @@ def test_graph_decode_equals_eager(model):
     assert steps and all(device is not None and 0 < device < seconds for seconds, device in steps)
 
 
+def test_graph_decode_draws_tokens_inside_the_graph(model):
+    """Each decode replay draws its rows' tokens inside the graph: no sampling launched after it, each
+    row at its own settings (top_k 1 at temperature 1 gives the greedy tokens), and the engine's
+    generator moves on with every replay (the graph registered it), so draws do not repeat."""
+    tok = ByteTokenizer()
+    ps = prompts([3, 70, 130])
+    eager = Engine(model, tok, num_pages=64, cuda_graphs=False).generate(ps, GREEDY)
+    engine = Engine(model, tok, num_pages=64, cuda_graphs=True, max_num_seqs=4)
+    runner = engine.runner
+    assert all(c.ids is not None for c in runner.graphs.values())
+    eager_draws, offsets = [], []
+    masked = runner._masked
+    runner._masked = lambda logits: eager_draws.append(logits.shape[0]) or masked(logits)
+    replay = runner._replay
+
+    def replay_noting_the_generator(*a):
+        offsets.append(runner.generator.get_offset())
+        return replay(*a)
+
+    runner._replay = replay_noting_the_generator
+    top1 = SamplingParams(max_tokens=GREEDY.max_tokens, temperature=1.0, top_k=1, ignore_eos=True)
+    assert engine.generate(ps, [top1, GREEDY, top1]) == eager
+    prefills = len(eager_draws)
+    sampled = engine.generate(ps, SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True))
+    assert all(len(o) == 16 and max(o) < runner.vocab_limit for o in sampled) and sampled != [e[:16] for e in eager]
+    assert len(eager_draws) <= prefills + len(ps)  # the prompts' steps only
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+
+
 def test_pools_sized_from_free_memory(model):
     free_before, total = torch.cuda.mem_get_info()
     eng = Engine(model, ByteTokenizer(), gpu_memory_utilization=0.3, cuda_graphs=False)
@@ -82,13 +111,13 @@ def test_graph_replay_equals_an_eager_step_on_its_inputs(attention):
     replay = runner._replay
 
     def replay_then_step(size, *args):
-        logits = replay(size, *args).clone()
-        _, _, meta = runner.graphs[size]
+        captured = replay(size, *args)
+        logits, meta = captured.logits[:len(args[0])].clone(), captured.meta
         with torch.inference_mode():  # writes the same K/V to the same slots again
             eager = runner.model.step(runner._inputs.ids[:size], runner.cache, meta)[:logits.shape[0]]
         checked.append(size)
         assert torch.equal(logits, eager), (attention, size, (logits.float() - eager.float()).abs().max().item())
-        return logits
+        return captured
 
     runner._replay = replay_then_step
     out = engine.generate(prompts([3, 70, 130, 17, 64, 700, 33]), GREEDY)  # across pages, past the window

@@ -3,16 +3,21 @@
 
 Owns the KV storage (`PagedKVCache`, used as storage only: pages are the block manager's) and,
 on CUDA with `cuda_graphs=True`, one captured graph per decode batch size: a decode step is padded
-to the next captured size, padded tokens write to the reserved page 0 and read nothing live. Prefill
-or mixed steps, and decode steps wider than the captured page tables, run eagerly. The CPU never
-uses graphs. Must never change a sequence's tokens, pages or progress: the engine applies the
+to the next captured size, padded tokens write to the reserved page 0 and read nothing live. The
+graph also draws each row's token (the `sample` op on the engine's generator, each row's settings
+from the graph's inputs), so a decode step launches once and waits once; rows that need more (a
+seeded request's own generator, a logits hook) are drawn again eagerly from the graph's logits.
+Prefill or mixed steps, and decode steps wider than the captured page tables, run eagerly. The CPU
+never uses graphs. Must never change a sequence's tokens, pages or progress: the engine applies the
 results (the one thing it sets is a seeded request's generator, on first use).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +30,17 @@ from server.engine.output import TokenLogprob
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 # The reference experts group tokens by expert (a host sync, not capturable) above 256 tokens.
 MAX_GRAPH_BATCH = 256
+
+log = logging.getLogger(__name__)
+
+
+class Captured(NamedTuple):
+    """One decode batch size's graph: its logits [size, vocab] FP32, its metadata (alive as long as
+    the graph) and the ids it draws [size] (None when drawing could not be captured)."""
+    graph: object
+    logits: torch.Tensor
+    meta: StepMetadata
+    ids: torch.Tensor | None
 
 
 class ModelRunner:
@@ -40,7 +56,8 @@ class ModelRunner:
         self.vocab_limit = vocab_limit if vocab_limit is not None else model.config.vocab_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # unseeded requests
         self.logits_hook = logits_hook  # test-only: see server/engine/testing.py
-        self.graphs: dict[int, tuple] = {}
+        self.graphs: dict[int, Captured] = {}
+        self._past_vocab_mask = None
         self.last_prepare_seconds = 0.0  # host time of the last run before its forward was launched
         # GPU time of the last run from its forward's launch to its sampled tokens' copy (CUDA events;
         # None on the CPU, and for a run that samples nothing, which is not waited for)
@@ -63,19 +80,28 @@ class ModelRunner:
         ids = [t for s, c, n in zip(seqs, starts, counts) for t in s.token_ids[c:c + n]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
         rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
-        params = self._sampling_params([seqs[i] for i in rows]) if rows else None
         graph = self._graph_for(pages) if all(n == 1 for n in counts) else None
-        if graph is not None:
-            logits = self._replay(graph, ids, pages, starts, started)
+        drawn = None
+        if graph is not None:  # one token a row
+            captured = self._replay(graph, ids, pages, starts, [s.params for s in seqs], started)
+            b, x = len(seqs), self._inputs
+            logits, params = captured.logits[:b], (x.temperature[:b], x.top_k[:b], x.top_p[:b])
+            if captured.ids is not None and self.logits_hook is None:
+                drawn = captured.ids[:b]
+            if len(rows) < b:  # a prompt fed a token at a time samples at its last one only
+                pick = torch.tensor(rows, device=self.device)
+                logits, params = logits[pick], tuple(t[pick] for t in params)
+                drawn = None if drawn is None else drawn[pick]
         else:
+            params = self._sampling_params([seqs[i] for i in rows]) if rows else None
             step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
             ids = torch.tensor(ids, device=self.device)
             self.last_prepare_seconds = time.perf_counter() - started
             self._mark(0)
-            logits = self.model.step(ids, self.cache, step)
+            logits = self.model.step(ids, self.cache, step)[rows]
         results: list[TokenLogprob | None] = [None] * len(seqs)
         if rows:
-            for i, r in zip(rows, self._sample([seqs[i] for i in rows], logits[rows], params)):
+            for i, r in zip(rows, self._sample([seqs[i] for i in rows], logits, params, drawn)):
                 results[i] = r
         return results
 
@@ -91,19 +117,38 @@ class ModelRunner:
         # pinned (the caching host allocator keeps each block until its copy is done) and asynchronous
         return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in host)
 
-    def _sample(self, seqs: list, logits: torch.Tensor, params) -> list[TokenLogprob]:
-        logits = logits.float()  # a copy (indexing above), so in-place edits never touch graph outputs
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """FP32 logits with the ids past the tokenizer's at -inf, a copy the logits hook may edit (never
+        a graph's output)."""
+        logits = logits.float()
         if self.vocab_limit < logits.shape[-1]:
-            logits[:, self.vocab_limit:] = float("-inf")
+            return logits.masked_fill(self._past_vocab(logits), float("-inf"))
+        return logits.clone()
+
+    def _past_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[vocab] bool: the ids past the tokenizer's, made once (before any capture: at the warm-up)."""
+        if self._past_vocab_mask is None or self._past_vocab_mask.shape[0] != logits.shape[-1]:
+            self._past_vocab_mask = torch.arange(logits.shape[-1], device=logits.device) >= self.vocab_limit
+        return self._past_vocab_mask
+
+    def _sample(self, seqs: list, logits: torch.Tensor, params, drawn=None) -> list[TokenLogprob]:
+        """The tokens of `seqs` from their logits rows. `drawn`: ids a graph already drew for every row
+        from the engine's generator, used for every row that draws from it (not a seeded one)."""
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs]
+        dev, n = self.device, len(seqs)
+        seeded = [i for i, s in enumerate(seqs) if s.params.seed is not None and not s.params.greedy]
+        if drawn is not None and not seeded and not want:  # the usual graphed step: nothing left to launch
+            return self._results(seqs, drawn, logits, want)
+        logits = self._masked(logits)
         if self.logits_hook is not None:
             self.logits_hook(seqs, logits)
-        dev, n = self.device, len(seqs)
         temperature, top_k, top_p = params
         sample = self.model.ops.sample
         ids = torch.empty(n, dtype=torch.int64, device=dev)
-        seeded = [i for i, s in enumerate(seqs) if s.params.seed is not None and not s.params.greedy]
         shared = sorted(set(range(n)) - set(seeded))
-        if len(shared) == n:  # the usual step: every row draws from the engine's generator, no gather
+        if drawn is not None:
+            ids.copy_(drawn)
+        elif len(shared) == n:  # the usual eager step: every row draws from the engine's generator, no gather
             ids = sample(logits, temperature, top_k, top_p, generator=self.generator)
         elif shared:  # greedy and unseeded rows: one batched draw from the engine's generator
             idx = torch.tensor(shared, device=dev)
@@ -114,12 +159,15 @@ class ModelRunner:
                 s.generator = torch.Generator(device=dev).manual_seed(s.params.seed)
             ids[i:i + 1] = sample(logits[i:i + 1], temperature[i:i + 1], top_k[i:i + 1], top_p[i:i + 1],
                                   generator=s.generator)
+        return self._results(seqs, ids, logits, want)
+
+    def _results(self, seqs: list, ids: torch.Tensor, logits: torch.Tensor, want: list[int]) -> list[TokenLogprob]:
+        """Each row's token and, for the rows in `want`, its logprobs from `logits` (masked)."""
         self._mark(1)
         chosen = ids.tolist()  # waits for the forward and the draw
         if self._events is not None:
             self.last_device_seconds = self._events[0].elapsed_time(self._events[1]) / 1e3
         out = [TokenLogprob(t, 0.0) for t in chosen]
-        want = [i for i, s in enumerate(seqs) if s.params.logprobs]
         if want:
             lp = logits[want].log_softmax(-1)
             k = max(seqs[i].params.top_logprobs for i in want)
@@ -137,21 +185,46 @@ class ModelRunner:
         self._inputs = GraphInputs(big, max_pages, GROUPS, dev)  # what `_replay` refills
         self._qstart = torch.arange(big + 1, dtype=torch.int32, device=dev)
         self._last = torch.arange(big, dtype=torch.int64, device=dev)
-        pool = None
+        pool, draw = None, hasattr(torch.cuda.CUDAGraph, "register_generator_state")  # torch >= 2.5
         with torch.inference_mode():
             for b in sorted(sizes, reverse=True):  # largest first so the others share its memory pool
                 meta = self._graph_metadata(b)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):  # warm-up outside capture (lazy inits, autotuning)
-                    self.model.step(self._inputs.ids[:b], self.cache, meta)
+                    logits = self.model.step(self._inputs.ids[:b], self.cache, meta)
+                    if draw:
+                        self._draw(logits, b)
                 torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model.step(self._inputs.ids[:b], self.cache, meta)
-                pool = graph.pool()
-                self.graphs[b] = (graph, out, meta)  # the metadata lives as long as its graph
+                try:
+                    captured = self._capture_one(b, meta, pool, draw)
+                except Exception as e:  # noqa: BLE001 - a sampler that cannot be captured: draw eagerly
+                    if not draw:
+                        raise
+                    log.warning("decode graphs draw tokens outside the graph: capturing the sample op failed "
+                                "(%s: %s)", type(e).__name__, e)
+                    draw = False
+                    captured = self._capture_one(b, meta, pool, draw)
+                pool = captured.graph.pool()
+                self.graphs[b] = captured
         torch.cuda.synchronize()
+
+    def _capture_one(self, b: int, meta: StepMetadata, pool, draw: bool) -> Captured:
+        graph = torch.cuda.CUDAGraph()
+        if draw:  # each replay advances the engine's generator past the draws it made
+            graph.register_generator_state(self.generator)
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self.model.step(self._inputs.ids[:b], self.cache, meta)
+            ids = self._draw(logits, b) if draw else None
+        return Captured(graph, logits, meta, ids)
+
+    def _draw(self, logits: torch.Tensor, b: int) -> torch.Tensor:
+        """Each of the `b` rows' token from the engine's generator at the row's settings in the graph's
+        inputs (as `_sample` draws an unseeded row)."""
+        x = self._inputs
+        if self.vocab_limit < logits.shape[-1]:  # out of place: the graph's logits stay the model's
+            logits = logits.masked_fill(self._past_vocab(logits), float("-inf"))
+        return self.model.ops.sample(logits, x.temperature[:b], x.top_k[:b], x.top_p[:b], generator=self.generator)
 
     def _graph_metadata(self, b: int) -> StepMetadata:
         x = self._inputs
@@ -168,17 +241,18 @@ class ModelRunner:
             return None
         return min(size for size in self.graphs if size >= b)
 
-    def _replay(self, size: int, ids: list[int], pages, starts: list[int], started: float) -> torch.Tensor:
-        b = len(ids)
-        lens = self._inputs.fill(size, ids, starts, pages, self.page_size)
-        graph, out, meta = self.graphs[size]
+    def _replay(self, size: int, ids: list[int], pages, starts: list[int], params: list, started: float) -> Captured:
+        """Refill the graph's inputs (`params`: each row's SamplingParams) and replay it."""
+        sampling = [(p.temperature, p.top_k, p.top_p) for p in params]
+        lens = self._inputs.fill(size, ids, starts, pages, self.page_size, sampling)
+        captured = self.graphs[size]
         for g in GROUPS:  # host copies of the layout, for variants that plan on the host
-            meta.groups[g].seq_lens_host[:] = lens
-        self.model.replan(meta)
+            captured.meta.groups[g].seq_lens_host[:] = lens
+        self.model.replan(captured.meta)
         self.last_prepare_seconds = time.perf_counter() - started
         self._mark(0)
-        graph.replay()
-        return out[:b]
+        captured.graph.replay()
+        return captured
 
     def _mark(self, i: int) -> None:
         """Record device-time event `i` (0: forward launched, 1: tokens drawn) on the current stream."""

@@ -2,8 +2,7 @@
 engine runs once eagerly and once with its CUDA-graph path emulated (the graph buffers and metadata
 `ModelRunner._capture` builds: page tables as wide as the longest graphed sequence, the batch padded
 to a captured size; each "replay" an eager `model.step` on them and the graph's draw), fed the eager
-run's tokens. Prints,
-per prompt, the largest logit difference at each output token.
+run's tokens. Prints, per prompt, the largest logit difference at each output token.
 
 With the reference attention, FP32 steps differ by ~1e-5 (the padded batch changes the GEMMs'
 blocking); BF16 steps by ~0.2 and, where a near-tied expert choice flips, by O(1): why the GPU test

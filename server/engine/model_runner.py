@@ -88,34 +88,37 @@ class ModelRunner:
             logits, params = captured.logits[:b], (x.temperature[:b], x.top_k[:b], x.top_p[:b])
             if captured.ids is not None and self.logits_hook is None:
                 drawn = captured.ids[:b]
-            if len(rows) < b:  # a prompt fed a token at a time samples at its last one only
-                pick = torch.tensor(rows, device=self.device)
+            if rows and len(rows) < b:  # a prompt fed a token at a time samples at its last one only
+                pick = self._to_device(rows, torch.int64)
                 logits, params = logits[pick], tuple(t[pick] for t in params)
                 drawn = None if drawn is None else drawn[pick]
         else:
             params = self._sampling_params([seqs[i] for i in rows]) if rows else None
+            pick = self._to_device(rows, torch.int64) if rows and len(rows) < len(seqs) else None
             step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
             ids = torch.tensor(ids, device=self.device)
             self.last_prepare_seconds = time.perf_counter() - started
             self._mark(0)
-            logits = self.model.step(ids, self.cache, step)[rows]
+            logits = self.model.step(ids, self.cache, step)
+            logits = logits if pick is None else logits[pick]
         results: list[TokenLogprob | None] = [None] * len(seqs)
         if rows:
             for i, r in zip(rows, self._sample([seqs[i] for i in rows], logits, params, drawn)):
                 results[i] = r
         return results
 
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """`values` on the device without waiting: a copy from pageable memory waits for everything
+        queued on the stream (the forward), leaving the device idle until the host launches what follows.
+        Pinned instead (the caching host allocator keeps each block until its copy is done)."""
+        t = torch.tensor(values, dtype=dtype)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
     def _sampling_params(self, seqs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each sampled row's temperature, top_k and top_p on the device, copied before the forward is
-        launched and without waiting: made after it, from pageable memory, each copy would wait for the
-        whole forward and leave the device idle between the sampling's small launches."""
-        host = (torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32),
-                torch.tensor([s.params.top_k for s in seqs], dtype=torch.int64),
-                torch.tensor([s.params.top_p for s in seqs], dtype=torch.float32))
-        if self.device.type != "cuda":
-            return host
-        # pinned (the caching host allocator keeps each block until its copy is done) and asynchronous
-        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in host)
+        """Each sampled row's temperature, top_k and top_p on the device (copied before the forward)."""
+        return (self._to_device([s.params.temperature for s in seqs], torch.float32),
+                self._to_device([s.params.top_k for s in seqs], torch.int64),
+                self._to_device([s.params.top_p for s in seqs], torch.float32))
 
     def _masked(self, logits: torch.Tensor) -> torch.Tensor:
         """FP32 logits with the ids past the tokenizer's at -inf, a copy the logits hook may edit (never
@@ -151,7 +154,7 @@ class ModelRunner:
         elif len(shared) == n:  # the usual eager step: every row draws from the engine's generator, no gather
             ids = sample(logits, temperature, top_k, top_p, generator=self.generator)
         elif shared:  # greedy and unseeded rows: one batched draw from the engine's generator
-            idx = torch.tensor(shared, device=dev)
+            idx = self._to_device(shared, torch.int64)
             ids[idx] = sample(logits[idx], temperature[idx], top_k[idx], top_p[idx], generator=self.generator)
         for i in seeded:  # a row of its own with its own generator: reproducible whatever the batch
             s = seqs[i]

@@ -6,7 +6,7 @@ on CUDA with `cuda_graphs=True`, one captured graph per decode batch size: a dec
 to the next captured size, padded tokens write to the reserved page 0 and read nothing live. The
 graph also draws each row's token (the `sample` op on the engine's generator, each row's settings
 from the graph's inputs), so a decode step launches once and waits once; rows that need more (a
-seeded request's own generator, a logits hook) are drawn again eagerly from the graph's logits.
+seeded request's own generator, logprobs, a logits hook) are drawn eagerly from the graph's logits.
 Prefill or mixed steps, and decode steps wider than the captured page tables, run eagerly. The CPU
 never uses graphs. Must never change a sequence's tokens, pages or progress: the engine applies the
 results (the one thing it sets is a seeded request's generator, on first use).

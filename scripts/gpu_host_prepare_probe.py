@@ -2,8 +2,9 @@
 
 An Engine on a lock's variants (no HTTP), one request decoding --steps tokens after a --prompt-tokens
 prompt. Each decode step's `ModelRunner.run` is split, by timers around its parts:
-- host, before the graph's launch: `_sampling_params` (the sampled rows' settings to the device),
-  `GraphInputs.fill` (tokens, positions, page tables), `model.replan` (host plans), the rest;
+- host, before the graph's launch: `_sampling_params` (the sampled rows' settings to the device; since
+  the graphs draw, only eager steps call it), `GraphInputs.fill` (tokens, positions, page tables,
+  settings), `model.replan` (host plans), the rest;
 - the device's time from the launch to the drawn tokens (CUDA events, `last_device_seconds`), and
   of it the graph alone (an event after its replay);
 - after the launch on the host: `_sample` (its launches and the wait for the tokens).

@@ -57,7 +57,10 @@ class ModelRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # unseeded requests
         self.logits_hook = logits_hook  # test-only: see server/engine/testing.py
         self.graphs: dict[int, Captured] = {}
-        self._past_vocab_mask = None
+        # [vocab] bool: the ids past the tokenizer's, masked before every draw; None when there are none
+        vocab = model.config.vocab_size
+        past = torch.arange(vocab, device=self.device) >= self.vocab_limit
+        self._past_vocab = past if self.vocab_limit < vocab else None
         self.last_prepare_seconds = 0.0  # host time of the last run before its forward was launched
         # GPU time of the last run from its forward's launch to its sampled tokens' copy (CUDA events;
         # None on the CPU, and for a run that samples nothing, which is not waited for)
@@ -120,19 +123,15 @@ class ModelRunner:
                 self._to_device([s.params.top_k for s in seqs], torch.int64),
                 self._to_device([s.params.top_p for s in seqs], torch.float32))
 
-    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
-        """FP32 logits with the ids past the tokenizer's at -inf, a copy the logits hook may edit (never
-        a graph's output)."""
-        logits = logits.float()
-        if self.vocab_limit < logits.shape[-1]:
-            return logits.masked_fill(self._past_vocab(logits), float("-inf"))
-        return logits.clone()
+    def _in_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` with the ids past the tokenizer's at -inf, out of place (a graph's output stays the
+        model's); `logits` itself when there are none."""
+        return logits if self._past_vocab is None else logits.masked_fill(self._past_vocab, float("-inf"))
 
-    def _past_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[vocab] bool: the ids past the tokenizer's, made once (before any capture: at the warm-up)."""
-        if self._past_vocab_mask is None or self._past_vocab_mask.shape[0] != logits.shape[-1]:
-            self._past_vocab_mask = torch.arange(logits.shape[-1], device=logits.device) >= self.vocab_limit
-        return self._past_vocab_mask
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """FP32 `_in_vocab` logits, a copy the logits hook may edit (never a graph's output)."""
+        masked = self._in_vocab(logits.float())
+        return masked.clone() if masked is logits else masked
 
     def _sample(self, seqs: list, logits: torch.Tensor, params, drawn=None) -> list[TokenLogprob]:
         """The tokens of `seqs` from their logits rows. `drawn`: ids a graph already drew for every row
@@ -225,9 +224,8 @@ class ModelRunner:
         """Each of the `b` rows' token from the engine's generator at the row's settings in the graph's
         inputs (as `_sample` draws an unseeded row)."""
         x = self._inputs
-        if self.vocab_limit < logits.shape[-1]:  # out of place: the graph's logits stay the model's
-            logits = logits.masked_fill(self._past_vocab(logits), float("-inf"))
-        return self.model.ops.sample(logits, x.temperature[:b], x.top_k[:b], x.top_p[:b], generator=self.generator)
+        return self.model.ops.sample(self._in_vocab(logits), x.temperature[:b], x.top_k[:b], x.top_p[:b],
+                                     generator=self.generator)
 
     def _graph_metadata(self, b: int) -> StepMetadata:
         x = self._inputs

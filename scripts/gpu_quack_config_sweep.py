@@ -7,7 +7,9 @@ quack's dynamic persistent scheduler, its tile swizzle, the K tile, other tiles.
 output is compared with the lock's (max abs difference: the same products in the same order give 0),
 its first call (JIT build included) timed apart from its run time.
 
-    python3 scripts/gpu_quack_config_sweep.py --out FILE [--budget-s 480] [--only gated|down]
+    python3 scripts/gpu_quack_config_sweep.py --out FILE [--budget-s 480] [--only gated|down [--changes JSON]]
+
+`--changes '[{"tile_n": 192}, ...]'` times those changes (after the lock's settings) instead of TRIES.
 
 Needs quack-kernels and the CUTLASS DSL imported from a site-packages folder (`scripts/gpu_site.sh`)
 and a Hopper GPU. Writes the JSON after every setting, so a run stopped by its budget keeps what it
@@ -30,7 +32,7 @@ from workbench import bench  # noqa: E402
 from workbench.variants import experts__quack as quack_moe  # noqa: E402
 from workbench.variants import experts__quack_gated as gated_moe  # noqa: E402
 
-# The prefill lock's settings of each GEMM (experts:quack_gated CONFIGS[0]; `_gemm_config`'s fixed fields).
+# The settings of each GEMM in the prefill lock of session 22 (experts:quack_gated config 0 then).
 LOCK = {
     "gated": dict(tile_m=128, tile_n=160, pingpong=True, cluster_m=2, is_dynamic_persistent=False),
     "down": dict(tile_m=128, tile_n=256, pingpong=False, cluster_m=1, is_dynamic_persistent=False),
@@ -54,7 +56,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=480.0, help="start no new setting after this long")
     ap.add_argument("--only", choices=sorted(TRIES))
+    ap.add_argument("--changes", type=json.loads, help="with --only: a JSON list of changes to time instead")
     args = ap.parse_args()
+    if args.changes is not None:
+        if not args.only:
+            ap.error("--changes needs --only (the GEMM they change)")
+        TRIES[args.only] = [{}, *args.changes]
 
     from quack.gemm_config import GemmConfig
     from quack.gemm_interface import gemm_act, gemm_tuned

@@ -64,11 +64,13 @@ def _supports(wl):
 
 
 @functools.cache
-def _gemm_config(m, n, pingpong, cluster_m):
+def _gemm_config(m, n, pingpong, cluster_m, dynamic=False):
+    """quack's config of one GEMM: the tile, pingpong, the CTA cluster along M, and (`dynamic`) its dynamic
+    persistent scheduler (CTAs take tiles from an atomic counter rather than in a fixed stride)."""
     from quack.gemm_config import GemmConfig
 
     return GemmConfig(tile_m=m, tile_n=n, pingpong=pingpong, cluster_m=cluster_m, cluster_n=1,
-                      is_dynamic_persistent=False, device_capacity=9)
+                      is_dynamic_persistent=dynamic, device_capacity=9)
 
 
 def grouped_gemm(a, w, cu_seqlens, config, a_idx=None):

@@ -1,15 +1,15 @@
 """Which of quack's GEMM settings run experts:quack_gated's two GEMMs fastest at one MoE layer's 8 x 2K
-prefill shapes? The prefill lock's experts (session 22) spend ~1.9 ms a layer in the gated GEMM (~57% of
-the measured BF16 matmul rate) and ~0.9 ms in the down GEMM; the variant's configs only ever varied the
+prefill shapes? The prefill lock of session 22 spent ~1.9 ms a layer in the gated GEMM (~57% of the
+measured BF16 matmul rate) and ~0.9 ms in the down GEMM; the variant's configs only ever varied the
 tile, pingpong and the CTA cluster. This times, in one process on rows routed as the probe routes
-them (`gpu_quack_gated_probe._inputs`), each GEMM at the lock's settings and at settings never tried:
-quack's dynamic persistent scheduler, its tile swizzle, the K tile, other tiles. Each setting's
-output is compared with the lock's (max abs difference: the same products in the same order give 0),
-its first call (JIT build included) timed apart from its run time.
+them (`gpu_quack_gated_probe._inputs`), each GEMM at BASE (the variant's config 0 before this sweep)
+and at changes to it never tried: quack's dynamic persistent scheduler, its tile swizzle, the K tile,
+other tiles. Each setting's output is compared with BASE's (max abs difference: the same products in
+the same order give 0), its first call (JIT build included) timed apart from its run time.
 
     python3 scripts/gpu_quack_config_sweep.py --out FILE [--budget-s 480] [--only gated|down [--changes JSON]]
 
-`--changes '[{"tile_n": 192}, ...]'` times those changes (after the lock's settings) instead of TRIES.
+`--changes '[{"tile_n": 192}, ...]'` times those changes (after BASE) instead of TRIES.
 
 Needs quack-kernels and the CUTLASS DSL imported from a site-packages folder (`scripts/gpu_site.sh`)
 and a Hopper GPU. Writes the JSON after every setting, so a run stopped by its budget keeps what it
@@ -32,12 +32,13 @@ from workbench import bench  # noqa: E402
 from workbench.variants import experts__quack as quack_moe  # noqa: E402
 from workbench.variants import experts__quack_gated as gated_moe  # noqa: E402
 
-# The settings of each GEMM in the prefill lock of session 22 (experts:quack_gated config 0 then).
-LOCK = {
+# Each GEMM's settings in experts:quack_gated's config 0 before this sweep (the prefill lock of session 22
+# had its config 2: the same gated GEMM, the down GEMM at 128 x 192 pingpong in 2-CTA clusters).
+BASE = {
     "gated": dict(tile_m=128, tile_n=160, pingpong=True, cluster_m=2, is_dynamic_persistent=False),
     "down": dict(tile_m=128, tile_n=256, pingpong=False, cluster_m=1, is_dynamic_persistent=False),
 }
-# Changes to the lock's settings, first the scheduler's (no new tile), then other tiles.
+# Changes to BASE, first the scheduler's (no new tile), then other tiles.
 TRIES = {
     "gated": [dict(), dict(is_dynamic_persistent=True), dict(max_swizzle_size=1), dict(max_swizzle_size=4),
               dict(max_swizzle_size=16), dict(tile_k=128), dict(pingpong=False), dict(cluster_m=1),
@@ -83,7 +84,7 @@ def main():
         return down_gemm
 
     results = {"command": " ".join(sys.argv), "environment": bench.environment("cuda"), "tokens": args.tokens,
-               "preset": args.preset, "lock": LOCK, "timings": []}
+               "preset": args.preset, "base": BASE, "timings": []}
     start = time.monotonic()
     for kind in [args.only] if args.only else list(TRIES):
         base = None
@@ -93,7 +94,7 @@ def main():
                 break
             entry = {"gemm": kind, "change": change}
             try:
-                fn = gemm(kind, GemmConfig(**{**LOCK[kind], **change, "cluster_n": 1, "device_capacity": 9}))
+                fn = gemm(kind, GemmConfig(**{**BASE[kind], **change, "cluster_n": 1, "device_capacity": 9}))
                 t0 = time.monotonic()
                 out = fn()
                 torch.cuda.synchronize()
@@ -102,7 +103,7 @@ def main():
                 entry.update(median_us=timing["median_us"], spread=timing.get("spread"))
                 if base is None:
                     base = out.clone()
-                entry["max_abs_diff_vs_lock"] = (out.float() - base.float()).abs().max().item()
+                entry["max_abs_diff_vs_base"] = (out.float() - base.float()).abs().max().item()
             except Exception as e:  # a setting quack cannot build or run here: say so and go on
                 entry["error"] = f"{type(e).__name__}: {e}"[:400]
             results["timings"].append(entry)

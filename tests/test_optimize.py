@@ -512,6 +512,23 @@ def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
     assert untouched._fingerprint("qkvg_proj") == every._fingerprint("qkvg_proj")  # filters nothing here
 
 
+@pytest.mark.parametrize("named, says", [(["torch", "flashinfer"], "'flashinfer' package, which is not installed"),
+                                         (["torch", "trition"], "unknown backend(s) 'trition'")])
+def test_optimize_refuses_backends_it_cannot_search(tmp_path, monkeypatch, capsys, named, says):
+    """Asked for a backend that cannot run here, optimize stops before it writes anything, naming it;
+    it does not search and lock a build without it."""
+    from workbench import cli, registry
+
+    def available(b):  # flashinfer missing, wherever the test runs
+        return (False, f"backend {b!r} needs the 'flashinfer' package, which is not installed") \
+            if b == "flashinfer" else registry.backend_available(b)
+    monkeypatch.setattr("workbench.optimize.backend_available", available)
+    out = tmp_path / "run"
+    assert cli.main(["optimize", "--preset", "beam-tiny", "--device", "cpu", "--out", str(out),
+                     "--backends", *named]) == 2
+    assert says in " ".join(capsys.readouterr().err.split()) and not out.exists()
+
+
 class _ProcessDied(BaseException):
     """Stands in for the end of a process: escapes the gates' `except Exception`, as os._exit would."""
 

@@ -23,7 +23,7 @@ from workbench.lock import Lock, module_key, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
-from workbench.registry import POINTS, REFERENCE, _compiled, get
+from workbench.registry import BACKENDS, POINTS, REFERENCE, _compiled, backend_available, get
 from workbench.search import FINALIZE_RULE, PointResult, Search
 from workbench.targets import StepRunner, for_device, get_target
 
@@ -99,7 +99,25 @@ def _write_json(path: str, obj) -> None:
     os.replace(path + ".tmp", path)
 
 
+def check_backends(backends: tuple[str, ...] | None) -> None:
+    """Backends named for the search must all be able to run here. One that cannot (a library missing,
+    no GPU) would have its variants skipped one by one and its locked choices dropped at the end-to-end
+    stage, and a re-lock would write over the lock a build without them (a prefill-8x2k run on a host
+    missing half its GPU bundle locked 859.6 ms over 254.3)."""
+    if not backends:
+        return
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown backend(s) {', '.join(map(repr, unknown))} in --backends; "
+                         f"backends: {', '.join(BACKENDS)}")
+    missing = [reason for ok, reason in map(backend_available, backends) if not ok]
+    if missing:
+        raise ValueError("--backends names backends that cannot run here: " + "; ".join(missing)
+                         + ". Install them, or leave them out of --backends")
+
+
 def optimize(opts: OptimizeOptions, on_event=None) -> dict:
+    check_backends(opts.backends)  # before anything is written to the run folder
     on_event = on_event or (lambda e: None)
     started = time.monotonic()
     os.makedirs(opts.out_dir, exist_ok=True)

@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
                    help="start no new point's search after this long; the same command resumes the run")
     p.add_argument("--backends", nargs="+", metavar="B",
                    help="try only these backends' candidates, e.g. triton (default: all; the torch.compile "
-                        "baseline of the report is timed regardless)")
+                        "baseline of the report is timed regardless); one that cannot run here stops the run "
+                        "before it starts")
     p.add_argument("--candidate-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="end the run when one candidate's gate + timing takes longer (a hung kernel or JIT build); "
                         "the same command resumes and skips it (default: %(default)s; 0: no limit)")

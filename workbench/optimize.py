@@ -102,8 +102,8 @@ def _write_json(path: str, obj) -> None:
 def check_backends(backends: tuple[str, ...] | None) -> None:
     """Backends named for the search must all be able to run here. One that cannot (a library missing,
     no GPU) would have its variants skipped one by one and its locked choices dropped at the end-to-end
-    stage, and a re-lock would write over the lock a build without them (a prefill-8x2k run on a host
-    missing half its GPU bundle locked 859.6 ms over 254.3)."""
+    stage, and a re-lock would write over the lock a build without them (a prefill-8x2k re-lock on a
+    host missing half its GPU bundle: runs/optimize-prefill-8x2k-beam-501b-tp8/logs/28z-*.log)."""
     if not backends:
         return
     unknown = [b for b in backends if b not in BACKENDS]

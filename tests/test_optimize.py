@@ -513,7 +513,7 @@ def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
 
 
 @pytest.mark.parametrize("named, says", [(["torch", "flashinfer"], "'flashinfer' package, which is not installed"),
-                                         (["torch", "trition"], "unknown backend(s) 'trition'")])
+                                         (["torch", "trition"], "unknown backend 'trition'")])
 def test_optimize_refuses_backends_it_cannot_search(tmp_path, monkeypatch, capsys, named, says):
     """Asked for a backend that cannot run here, optimize stops before it writes anything, naming it;
     it does not search and lock a build without it."""

@@ -23,7 +23,7 @@ from workbench.lock import Lock, module_key, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
-from workbench.registry import BACKENDS, POINTS, REFERENCE, _compiled, backend_available, get
+from workbench.registry import POINTS, REFERENCE, _compiled, backend_available, get
 from workbench.search import FINALIZE_RULE, PointResult, Search
 from workbench.targets import StepRunner, for_device, get_target
 
@@ -100,17 +100,12 @@ def _write_json(path: str, obj) -> None:
 
 
 def check_backends(backends: tuple[str, ...] | None) -> None:
-    """Backends named for the search must all be able to run here. One that cannot (a library missing,
-    no GPU) would have its variants skipped one by one and its locked choices dropped at the end-to-end
-    stage, and a re-lock would write over the lock a build without them (a prefill-8x2k re-lock on a
-    host missing half its GPU bundle: runs/optimize-prefill-8x2k-beam-501b-tp8/logs/28z-*.log)."""
-    if not backends:
-        return
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown backend(s) {', '.join(map(repr, unknown))} in --backends; "
-                         f"backends: {', '.join(BACKENDS)}")
-    missing = [reason for ok, reason in map(backend_available, backends) if not ok]
+    """Backends named for the search must all be able to run here. One that cannot (an unknown name, a
+    library missing, no GPU) would have its variants skipped one by one and its locked choices dropped
+    at the end-to-end stage, and a re-lock would write over the lock a build without them (a
+    prefill-8x2k re-lock on a host missing half its GPU bundle:
+    runs/optimize-prefill-8x2k-beam-501b-tp8/logs/28z-*.log)."""
+    missing = [reason for ok, reason in map(backend_available, backends or ()) if not ok]
     if missing:
         raise ValueError("--backends names backends that cannot run here: " + "; ".join(missing)
                          + ". Install them, or leave them out of --backends")

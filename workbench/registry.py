@@ -186,7 +186,9 @@ GPU_BACKENDS = ("triton", "flashinfer", "cute")
 
 
 def backend_available(backend: str) -> tuple[bool, str]:
-    """Whether a backend can run here (its library is installed, and a GPU where it needs one)."""
+    """Whether a backend can run here (a known name, its library installed, and a GPU where it needs one)."""
+    if backend not in BACKENDS:
+        return False, f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}"
     module = _BACKEND_MODULES.get(backend)
     if module is not None and importlib.util.find_spec(module) is None:
         return False, f"backend {backend!r} needs the {module!r} package, which is not installed"

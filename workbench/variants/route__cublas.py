@@ -4,9 +4,9 @@ split of the weight, then route:triton's selection kernel.
 The split (`route._route_prepare`) is W = w1 + w2 + w3, each BF16; with BF16 activations every product
 x_k * w_jk is exact in FP32, so three BF16 GEMMs with FP32 accumulation and FP32 output
 (`torch.mm(..., out_dtype=torch.float32)`) sum the same products as an FP32 GEMM, in another order.
-Why: in the prefill lock's profile `_route_mm` (route:triton's tile kernel for this split) runs at about
-60% of the H200's BF16 tensor-core rate (`runs/optimize-prefill-8x2k-beam-501b-tp8/locked_profile.json`:
-13.2 ms a step for 49 x 129 GFLOP), and cuBLAS's Hopper kernels are the field's best at these shapes.
+Why: in session 15's prefill lock `_route_mm` (route:triton's tile kernel for this split) ran at about
+60% of the H200's BF16 tensor-core rate (13.2 ms a step for 49 x 129 GFLOP in that lock's profile), and
+cuBLAS's Hopper kernels are the field's best at these shapes (runs/bench-route-prefill-tp8/README.md).
 
 Configs:
 - chain: the second and third GEMM add the running FP32 sum in their epilogue (`addmm`, beta 1): one

@@ -2,7 +2,7 @@
 
 CPU: the GEMMs run as FP32 matmuls of the same exact BF16 products (no out_dtype kernels on the CPU) and
 the selection kernel under the Triton interpreter, so these check the plumbing: the pieces, their order,
-the chain's running sum, the split's partials and the hand-over to route:triton at small sizes. `gpu`:
+the chain's running sum, the split's and the batched GEMM's partials and the hand-over to route:triton at small sizes. `gpu`:
 the op gate with cuBLAS at beam-501b-tp8 shapes.
 """
 
@@ -50,6 +50,16 @@ def test_op_gate_rejects_a_chain_that_drops_its_running_sum(monkeypatch):
     real = mod._mm_f32
     monkeypatch.setattr(mod, "_mm_f32", lambda x, w, *, acc=None, out=None: real(x, w, out=out))
     report = gates.op_gate(get("route", "cublas"), [PREFILL], seeds=(0,))
+    assert not report.passed
+    assert {c.name for c in report.failures} & {"route_ids", "route_weights"}, failures(report)
+
+
+def test_op_gate_rejects_batched_partials_that_lose_a_piece(monkeypatch):
+    """Planted fault: a batched GEMM that keeps only x @ w1 (W to 8 bits), the others zeroed."""
+    real = mod._bmm_f32
+    monkeypatch.setattr(mod, "_bmm_f32", lambda x, pieces: real(x, pieces) * torch.tensor([1.0, 0, 0])[:, None, None])
+    batched = next(c for c in mod.CONFIGS if c["gemms"] == "batched")
+    report = gates.op_gate(get("route", "cublas"), [PREFILL], seeds=(0,), config=batched)
     assert not report.passed
     assert {c.name for c in report.failures} & {"route_ids", "route_weights"}, failures(report)
 

@@ -9,10 +9,13 @@ Why: in session 15's prefill lock `_route_mm` (route:triton's tile kernel for th
 cuBLAS's Hopper kernels are the field's best at these shapes (runs/bench-route-prefill-tp8/README.md).
 
 Configs:
-- chain: the second and third GEMM add the running FP32 sum in their epilogue (`addmm`, beta 1): one
-  [N, E] FP32 result, the smallest pieces first; the selection reads it once. Else split: three GEMMs
-  into [3, N, E] partials (w3, w2, w1), summed in that order by the selection (its split-K input),
-  which reads three times the bytes.
+- gemms: how the three products are made. "chain": the second and third GEMM add the running FP32
+  sum in their epilogue (`addmm`, beta 1): one [N, E] FP32 result, the smallest pieces first; the
+  selection reads it once. "split": three GEMMs into [3, N, E] partials (w3, w2, w1), summed in that
+  order by the selection (its split-K input), which reads three times the bytes. "batched": the same
+  partials from one batched GEMM (`bmm`, x broadcast over the pieces) in the pieces' own order (w1, w2,
+  w3): one launch instead of three, and the ~1-wave tail of each N-256 GEMM (128 tiles of 128 x 256 on
+  132 SMs) becomes one 3-wave grid. The order only moves FP32 rounding, as any GEMM's K order does.
 - select_tokens, select_warps: tokens per program of the selection and its warps. The prefill lock's
   profile of session 21 has the selection at ~63 us a layer, for 50 MB of partials (~12 us of
   bandwidth): it is latency-bound in its 2 * top_k + 2 * topk_group + 5 reductions, so fewer tokens per
@@ -32,8 +35,9 @@ from workbench.variants.route import (
 
 # No select_tokens 2: at 2 tokens a program the selection gave NaN weights on the H200 under Triton 3.6
 # (passing interpreted), as in route.py's note; the op gate rejected it there (session 22).
-CONFIGS = [dict(chain=True, select_tokens=4, select_warps=4),
-           *[dict(chain=False, select_tokens=t, select_warps=w) for t, w in ((4, 4), (1, 1), (1, 2), (4, 2), (8, 4))]]
+CONFIGS = [dict(gemms="chain", select_tokens=4, select_warps=4),
+           *[dict(gemms=g, select_tokens=t, select_warps=w) for g in ("split", "batched")
+             for t, w in ((4, 4), (1, 1), (1, 2), (4, 2), (8, 4))]]
 
 _small = _route_triton_at(ROUTE_CONFIGS[0])
 
@@ -49,9 +53,16 @@ def _mm_f32(x, w, *, acc=None, out=None):
     return res if out is None else out.copy_(res)
 
 
+def _bmm_f32(x, pieces):
+    """[3, N, E] partials x @ piece^T, one batched GEMM (x broadcast: batch stride 0, no copy)."""
+    if x.is_cuda:
+        return torch.bmm(x.expand(pieces.shape[0], -1, -1), pieces.transpose(1, 2), out_dtype=torch.float32)
+    return x.float()[None] @ pieces.float().transpose(1, 2)
+
+
 def _at(config=None):
     config = config or CONFIGS[0]
-    chain, select_tokens, select_warps = config["chain"], config["select_tokens"], config["select_warps"]
+    gemms, select_tokens, select_warps = config["gemms"], config["select_tokens"], config["select_warps"]
 
     def route_cublas(x, w, *, n_group, topk_group, top_k, scale):
         n = x.shape[0]
@@ -59,8 +70,10 @@ def _at(config=None):
             return _small(x, w, n_group=n_group, topk_group=topk_group, top_k=top_k, scale=scale)
         x = x.contiguous()
         w1, w2, w3 = w["bf16x3"]
-        if chain:
+        if gemms == "chain":
             part = _mm_f32(x, w1, acc=_mm_f32(x, w2, acc=_mm_f32(x, w3)))[None]
+        elif gemms == "batched":
+            part = _bmm_f32(x, w["bf16x3"])
         else:
             part = torch.empty((3, n, w1.shape[0]), dtype=torch.float32, device=x.device)
             for s, piece in enumerate((w3, w2, w1)):
@@ -78,7 +91,7 @@ def _at(config=None):
 def _supports(wl):
     if wl.dtype != "bf16":
         return f"route:cublas splits only the weight: its products are exact for BF16 activations, not {wl.dtype}"
-    if not hasattr(torch.ops.aten.addmm, "dtype"):
+    if not (hasattr(torch.ops.aten.addmm, "dtype") and hasattr(torch.ops.aten.bmm, "dtype")):
         return f"route:cublas needs matmuls with out_dtype (torch >= 2.8), not torch {torch.__version__}"
     return True
 

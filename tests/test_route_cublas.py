@@ -2,8 +2,8 @@
 
 CPU: the GEMMs run as FP32 matmuls of the same exact BF16 products (no out_dtype kernels on the CPU) and
 the selection kernel under the Triton interpreter, so these check the plumbing: the pieces, their order,
-the chain's running sum, the split's and the batched GEMM's partials and the hand-over to route:triton at small sizes. `gpu`:
-the op gate with cuBLAS at beam-501b-tp8 shapes.
+the chain's running sum, the split's and the batched GEMM's partials and the hand-over to route:triton
+at small sizes. `gpu`: the op gate with cuBLAS at beam-501b-tp8 shapes.
 """
 
 import dataclasses

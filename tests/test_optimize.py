@@ -359,8 +359,15 @@ def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(run, tmp_path, m
             raise TimeoutError("the command's time limit")
 
     monkeypatch.setattr(optmod, "_write_json", write)
-    monkeypatch.setattr(optmod.Search, "time_build", lambda self, selection, configs=None, **kw:
-                        timed.append(dict(selection)) or real_time(self, selection, configs, **kw))
+
+    def time_build(self, selection, configs=None, **kw):
+        # builds timed alone: a paired timing's rounds (their own budget, one journal entry) time the
+        # reference build again when every choice is within the noise
+        if "budget_s" not in kw:
+            timed.append(dict(selection))
+        return real_time(self, selection, configs, **kw)
+
+    monkeypatch.setattr(optmod.Search, "time_build", time_build)
     monkeypatch.setattr(gates, "model_gate", lambda model, selection, **kw: gated.append(dict(selection)) or
                         real_gate(model, selection, **kw))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -727,10 +734,14 @@ def test_console_summary_names_builds_timed_in_another_process():
     progress = ConsoleProgress(console)
     progress.event({"type": "dropped_as_noise", "choices": {"head": "triton"}, "band": 0.01, "before_us": 990.0,
                     "after_us": 1000.0})
+    progress.event({"type": "paired", "choices": {"head": "triton"}, "gain": 0.001, "band": 0.005,
+                    "rounds": [[990.0, 991.0]] * 10, "kept": False})
     progress.summary({**report, "dropped": {"head": "triton"}, "step_band": 0.01, "before_drop_ms": 0.99}, "out")
     text = console.export_text()
     assert "dropped as noise (each reverted within 1.0%): head:triton; step 990.0 us with them, 1000.0 us without" \
         in text
+    assert "each reverted within the noise: head:triton; without them the step is +0.10% slower in 10 paired " \
+        "rounds (band 0.50%): to be dropped" in text
     assert "Dropped at the end-to-end stage, each reverted within the step's noise band (1.0%): head:triton; the " \
         "chosen set with them timed 0.990 ms, the locked set without them 1.000 ms." in text
 
@@ -924,9 +935,12 @@ def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(
     """The H200 decode re-lock dropped `dense_mlp`, whose reversal slowed a 3.57 ms step by 1.3% at a
     0.25% spread over 50 reps (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md): the op-level 2%
     minimum is not a whole step's noise. The step's band comes from its spread and reps: the same
-    1.3% from 6 reps with a 5% spread is noise, and a 0.06% gain is noise at any spread."""
+    1.3% from 6 reps with a 5% spread is within it, and then the paired timing decides: noise when its
+    rounds scatter as widely; a 0.06% gain is noise at any spread."""
+    import random
+
     from workbench import gates
-    from workbench.search import MIN_STEP_BAND, PointResult, Search, step_band
+    from workbench.search import MIN_STEP_BAND, PAIRED_ROUND_S, PointResult, Search, step_band
 
     class Passing:
         passed = True
@@ -938,14 +952,22 @@ def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(
     search = Search(_tiny_runner(), calls={}, out_dir=str(tmp_path))
     saves = {"dense_mlp": 48.0, "head": 2.0}  # us of the step each choice saves
     spread = {"spread": 0.0025, "reps": 50}
-    search.time_build = lambda selection, configs=None, **kw: {
-        "median_us": 3572.0 + sum(us for p, us in saves.items() if p not in selection), **spread}
+    scatter = random.Random(0)
+
+    def time_build(selection, configs=None, budget_s=None, **kw):
+        us = 3572.0 + sum(us for p, us in saves.items() if p not in selection)
+        if budget_s == PAIRED_ROUND_S:  # a paired round scatters as the step's spread says
+            us *= 1 + scatter.gauss(0.0, spread["spread"] / 2.56)
+        return {"median_us": us, **spread}
+
+    search.time_build = time_build
     results = {p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves}
     assert step_band(spread) == MIN_STEP_BAND
     assert search.finalize(results)["selection"] == {"dense_mlp": "triton"}
     spread.update(spread=0.05, reps=6)
     assert step_band(spread) > 48.0 / 3572.0
-    assert search.finalize(results)["selection"] == {}
+    final = search.finalize(results)
+    assert final["selection"] == {} and final["paired"]["band"] > 50.0 / 3572.0
 
 
 def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stays_within_it(tmp_path, monkeypatch):
@@ -975,12 +997,79 @@ def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stay
     # the report keeps what went and the whole chosen set's time before it went
     assert final["dropped"] == {"dense_mlp": "triton", "head": "triton", "sample": "triton"}
     assert final["before_drop"]["median_us"] == 3572.0 and final["band"] == step_band(timing)
-    from workbench.optimize import dropped_line
-    line = dropped_line({"dropped": final["dropped"], "step_band": final["band"], "locked_ms": 3.587,
-                         "before_drop_ms": 3.572})
+    # the paired timing of the set with and without them (15 us of 3572, under its 0.5% floor) decided it
+    assert final["paired"]["gain"] == pytest.approx(15.0 / 3572.0) and not final["paired"]["kept"]
+    assert kept["paired"]["gain"] == pytest.approx(30.0 / 3572.0) and kept["paired"]["kept"]
+    from workbench.optimize import noise_line
+    line = noise_line({"dropped": final["dropped"], "step_band": final["band"], "locked_ms": 3.587,
+                       "before_drop_ms": 3.572, "paired": final["paired"]})
     assert line == ("Dropped at the end-to-end stage, each reverted within the step's noise band (0.5%): "
-                    "dense_mlp:triton, head:triton, sample:triton; the chosen set with them timed 3.572 ms, "
+                    "dense_mlp:triton, head:triton, sample:triton; in a paired timing (10 alternating rounds) the "
+                    "set without them was +0.42% slower, band 0.50%; the chosen set with them timed 3.572 ms, "
                     "the locked set without them 3.587 ms.")
+    assert noise_line({"dropped": {}, "step_band": kept["band"], "paired": kept["paired"]}) == (
+        "Kept at the end-to-end stage, each reverted within the step's noise band (0.5%): dense_mlp:triton, "
+        "head:triton, sample:triton; in a paired timing (10 alternating rounds) the set without them was +0.84% "
+        "slower, band 0.50%.")
+    assert noise_line({"dropped": {}, "paired": None}) is None
+
+
+def test_a_paired_timing_keeps_choices_worth_more_together_than_its_band_when_builds_timed_apart_drift(
+        tmp_path, monkeypatch):
+    """Session 25's prefill lock: four choices each reverted within the step's 1.8% band, and the set
+    without them timed 236.905 ms against 234.627 ms with them, also within the band, so they were
+    dropped (runs/optimize-prefill-8x2k-beam-501b-tp8/end_to_end.json). Builds timed minutes apart
+    carry the device's drift; rule 3 decides the drop by the two builds timed in alternating rounds,
+    whose ratios cancel a steady drift. Here every timing runs 0.1% slower than the one before: the
+    choices, worth 1.2% of the step together, stay; worth 0.3%, they still go."""
+    from workbench import gates
+    from workbench.search import PAIRED_ROUNDS, PointResult, Search
+
+    passing = gates.GateReport("model", "set", [gates.CheckResult("logits", "prefill", True, 0.0, 1.0)])
+    monkeypatch.setattr(gates, "model_gate", lambda *a, **kw: passing)
+    search = Search(_tiny_runner(), calls={}, out_dir=str(tmp_path))
+    calls = []
+
+    def finalize(saves):
+        def time_build(selection, configs=None, **kw):
+            calls.append(sorted(selection))
+            us = 234600.0 + sum(s for p, s in saves.items() if p not in selection)
+            return {"median_us": us * (1 + 0.001 * len(calls)), "spread": 0.045, "reps": 26}
+
+        calls.clear()
+        search.time_build = time_build
+        return search.finalize({p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves})
+
+    saves = {"experts": 2e6, "qkvg_proj": 2000.0, "dense_mlp": 900.0}
+    final = finalize(saves)
+    assert final["band"] > 0.018 and final["paired"]["choices"] == {"qkvg_proj": "triton", "dense_mlp": "triton"}
+    assert final["selection"] == {p: "triton" for p in saves} and final["dropped"] == {}
+    assert final["paired"]["kept"] and final["paired"]["gain"] == pytest.approx(2900.0 / 234600.0, rel=0.1)
+    # the paired rounds alternate which build goes first: with, without; without, with; ...
+    paired = calls[-2 * PAIRED_ROUNDS:]
+    with_them, without = sorted(saves), ["experts"]
+    assert paired[:4] == [with_them, without, without, with_them] and len(final["paired"]["rounds"]) == PAIRED_ROUNDS
+    assert final["locked"]["median_us"] < 234600.0 * 1.01  # the chosen set's own timing, not a paired round's
+
+    final = finalize({"experts": 2e6, "qkvg_proj": 400.0, "dense_mlp": 300.0})
+    assert final["selection"] == {"experts": "triton"} and not final["paired"]["kept"]
+    assert final["dropped"] == {"qkvg_proj": "triton", "dense_mlp": "triton"}
+
+
+def test_paired_gain_and_its_band():
+    """The paired rule's numbers: the median of the rounds' ratios and three standard errors of it,
+    within [MIN_STEP_BAND, MAX_BAND]; one wild round moves the median little but widens the band."""
+    from workbench.search import MAX_BAND, MIN_STEP_BAND, paired_gain
+
+    steady = paired_gain([[100.0, 101.0]] * 10)
+    assert steady["gain"] == pytest.approx(0.01) and steady["band"] == MIN_STEP_BAND
+    rounds = [[100.0, 101.0 + (0.4 if i % 2 else -0.4)] for i in range(10)]
+    noisy = paired_gain(rounds)
+    sd = 0.4 / 100 * (10 / 9) ** 0.5
+    assert noisy["gain"] == pytest.approx(0.01) and noisy["band"] == pytest.approx(3 * 1.25 * sd / 10 ** 0.5)
+    wild = paired_gain([[100.0, 101.0]] * 9 + [[100.0, 160.0]])
+    assert wild["gain"] == pytest.approx(0.01) and wild["band"] == MAX_BAND
+    assert paired_gain([[100.0, 101.0]])["band"] == MAX_BAND  # one round has no spread to trust
 
 
 def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, monkeypatch):
@@ -989,7 +1078,7 @@ def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, mon
     build's timing and gate is journaled as it is made: a finalize ended midway and resumed times only
     the builds it had not made, and decides as one uninterrupted run does."""
     from workbench import gates
-    from workbench.search import PointResult, Search
+    from workbench.search import PAIRED_ROUNDS, PointResult, Search
 
     gated = []
     passing = gates.GateReport("model", "set", [gates.CheckResult("logits", "prefill", True, float("nan"), 1.0)])
@@ -1009,8 +1098,10 @@ def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, mon
     results = {p: PointResult(p, "triton", {"BLOCK": 64}, 10.0, 5.0, 0.02, []) for p in saves}
     whole = search.finalize(results)
     builds = list(timed)
-    # reference, all three, each reverted; the set without head is the head-reverted build, not timed twice
-    assert whole["selection"] == {"dense_mlp": "triton", "route": "triton"} and len(builds) == 5
+    # reference, all three, each reverted, then the paired rounds of the set with and without head; the
+    # set without head is the head-reverted build, not timed again
+    assert whole["selection"] == {"dense_mlp": "triton", "route": "triton"}
+    assert len(builds) == 5 + 2 * PAIRED_ROUNDS
 
     journal, saves_made = {}, []
     timed.clear(), gated.clear()
@@ -1035,6 +1126,13 @@ def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(tmp_path, mon
     again = search.finalize(results, journal=broken)
     assert timed == builds[:2] + builds[3:] and gated == [1, 1]
     assert again["selection"] == whole["selection"]
+    # so is a paired timing cut short; the journal's builds are reused around it
+    done = json.loads(json.dumps(broken))
+    paired_key = next(k for k in done if k.startswith('["paired"'))
+    done[paired_key]["rounds"] = done[paired_key]["rounds"][:3]
+    timed.clear()
+    assert search.finalize(results, journal=done)["paired"]["rounds"] == whole["paired"]["rounds"]
+    assert timed == builds[5:]
 
 
 def _noisy_search(tmp_path, reference_us: list[float]):

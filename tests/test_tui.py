@@ -215,6 +215,9 @@ def test_search_view_notes_the_end_to_end_stage():
     SearchView.handle(view, {"type": "dropped_as_noise", "choices": {"head": "triton", "sample": "triton"},
                              "band": 0.01, "before_us": 2500.0, "after_us": 2520.0})
     assert view.note == "end to end: dropped as noise head, sample: step 2.500 ms with them, 2.520 ms without"
+    SearchView.handle(view, {"type": "paired", "choices": {"head": "triton"}, "gain": 0.012, "band": 0.005,
+                             "rounds": [], "kept": True})
+    assert view.note == "end to end: without head the step is +1.20% slower (paired, band 0.50%): kept"
 
 
 def test_a_later_run_resumes_finished_points_and_searches_the_skipped_one(session, monkeypatch):

@@ -234,6 +234,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "dropped": final.get("dropped") or {},
         "before_drop_ms": final["before_drop"]["median_us"] / 1e3 if final.get("before_drop") else None,
         "step_band": final.get("band"),
+        # the paired timing of the set with and without those choices that decided it (rule 3)
+        "paired": final.get("paired"),
         "speedup": final["reference"]["median_us"] / final["locked"]["median_us"],
         "speedup_vs_torch_compile": compiled_us / final["locked"]["median_us"] if compiled_us else None,
         "floor_ms": floor_us / 1e3,
@@ -415,15 +417,21 @@ def timed_apart(final: dict, baselines: dict) -> list[str] | None:
     return [build for build, process in processes.items() if process != locked]
 
 
-def dropped_line(r: dict) -> str:
-    """The choices the end-to-end rule dropped: each reverted within the step's noise band, and the set
-    without them timed within it too."""
-    choices = ", ".join(f"{p}:{v}" for p, v in r["dropped"].items())
+def noise_line(r: dict) -> str | None:
+    """What the end-to-end rule did with the choices each reverted within the step's noise band: dropped
+    together, or kept because a paired timing found the set faster with them (None: there were none)."""
+    paired = r.get("paired")
+    if not r.get("dropped") and not paired:
+        return None
+    choices = ", ".join(f"{p}:{v}" for p, v in (r.get("dropped") or paired["choices"]).items())
     band = f" ({100 * r['step_band']:.1f}%)" if r.get("step_band") is not None else ""
+    pairs = (f"; in a paired timing ({len(paired['rounds'])} alternating rounds) the set without them was "
+             f"{100 * paired['gain']:+.2f}% slower, band {100 * paired['band']:.2f}%" if paired else "")
+    if not r.get("dropped"):
+        return f"Kept at the end-to-end stage, each reverted within the step's noise band{band}: {choices}{pairs}."
     before = (f"; the chosen set with them timed {r['before_drop_ms']:.3f} ms, the locked set without them "
               f"{r['locked_ms']:.3f} ms" if r.get("before_drop_ms") else "")
-    return (f"Dropped at the end-to-end stage, each reverted within the step's noise band{band}: "
-            f"{choices}{before}.")
+    return f"Dropped at the end-to-end stage, each reverted within the step's noise band{band}: {choices}{pairs}{before}."
 
 
 def _compile_row(baseline: str) -> str:
@@ -456,7 +464,7 @@ def report_markdown(r: dict) -> str:
         f"| locked | {r['locked_ms']:.3f} | |", "",
         *(["Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
            "processes): " + ", ".join(r["timed_apart"]), ""] if r.get("timed_apart") else []),
-        *([dropped_line(r), ""] if r.get("dropped") else []),
+        *([noise_line(r), ""] if noise_line(r) else []),
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from workbench.optimize import compile_baselines, dropped_line
+from workbench.optimize import compile_baselines, noise_line
 from workbench.profiler.idle import idle_line
 
 
@@ -64,6 +64,11 @@ class ConsoleProgress:
             c.print(f"  {which}builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
+        elif kind == "paired":
+            verdict = "kept" if e["kept"] else "to be dropped"
+            c.print(f"  each reverted within the noise: {', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; "
+                    f"without them the step is {100 * e['gain']:+.2f}% slower in {len(e['rounds'])} paired "
+                    f"rounds (band {100 * e['band']:.2f}%): {verdict}")
         elif kind == "dropped_as_noise":
             c.print(f"  dropped as noise (each reverted within {100 * e['band']:.1f}%): "
                     f"{', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; step {e['before_us']:.1f} us "
@@ -93,8 +98,8 @@ class ConsoleProgress:
                 self.console.print(f"torch.compile build: {point} kept at its reference: {why}")
             if b.get("error"):
                 self.console.print(b["error"])
-        if r.get("dropped"):
-            self.console.print(dropped_line(r))
+        if noise_line(r):
+            self.console.print(noise_line(r))
         locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != "torch"}
         self.console.print(f"locked variants: {locked or 'reference everywhere'}")
         self.console.print(f"wrote {out_dir}/lock.yaml, report.md, report.json, profile.json")

@@ -15,7 +15,9 @@ after, and a watchdog ends the process (exit code EXIT_STALLED) when one candida
 recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate; choices whose reversal alone does not slow the step beyond the step's own noise (`step_band`)
-are dropped together, if the step without all of them stays within that noise. Each build of this
+are dropped together, unless the set with them beats the set without them beyond the noise of a paired
+timing (`time_paired`: the two builds timed in alternating rounds, so a drift of the device between
+builds timed minutes apart falls on both sides of each round's ratio). Each build of this
 stage is journaled as it is made, so a stage ended midway resumes. Progress goes to an `on_event`
 callback (CLI progress, TUI). This module never writes the lock or the report (`workbench.optimize`
 does) and never edits variants.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -49,8 +52,13 @@ MIN_STEP_BAND = 0.005
 # Seconds of samples per build timed end to end: a 0.3 s prefill step gets 20 (at 2 s: 6, whose
 # spread set a 3% band, session 10), a decode step the default 50, a 5 s reference step 5.
 STEP_SAMPLES_S = 6.0
+# The paired timing that decides a drop: rounds of both builds, each a short time_fn (a prefill step:
+# 2 warm-up calls and 5 timed, ~1.7 s; a decode step: its graph captured again, 10 + 50 replays).
+PAIRED_ROUNDS = 10
+PAIRED_ROUND_S = 0.5
 # The end-to-end stage's rule; a run folder's end_to_end.json made under another is made again.
-FINALIZE_RULE = 2
+# 3: the drop of choices within the noise is decided by a paired timing (rule 2: by two builds timed apart).
+FINALIZE_RULE = 3
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
 
 
@@ -368,9 +376,24 @@ class Search:
 
     # ---- end to end --------------------------------------------------------------------
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
-                   compile_mode: str | None = None) -> dict:
+                   compile_mode: str | None = None, budget_s: float = STEP_SAMPLES_S) -> dict:
         self.runner.rebind(selection, configs, compile_mode=compile_mode)
-        return {**bench.time_fn(self.runner, device=self.device, budget_s=STEP_SAMPLES_S), "process": bench.PROCESS_ID}
+        # a paired round's budget also bounds the reps time_call adds while the spread is wide (2 s)
+        bound = {"max_seconds": budget_s} if budget_s < STEP_SAMPLES_S else {}
+        return {**bench.time_fn(self.runner, device=self.device, budget_s=budget_s, **bound),
+                "process": bench.PROCESS_ID}
+
+    def time_paired(self, a: tuple[dict, dict], b: tuple[dict, dict]) -> dict:
+        """Builds a and b, each (selection, configs), timed in PAIRED_ROUNDS alternating rounds (a b, b a,
+        ...): how much slower b is than a (`gain`, the median of the rounds' b / a - 1) and its noise
+        band (`paired_gain`). Prefill-8x2k's builds timed minutes apart spread ~1-2% (session 25's
+        reverted builds, end_to_end.json), more than the ~1% a few small choices save together."""
+        rounds = []
+        for i in range(PAIRED_ROUNDS):
+            first, second = (a, b) if i % 2 == 0 else (b, a)
+            t1, t2 = (self.time_build(*build, budget_s=PAIRED_ROUND_S)["median_us"] for build in (first, second))
+            rounds.append([t1, t2] if i % 2 == 0 else [t2, t1])
+        return {**paired_gain(rounds), "process": bench.PROCESS_ID}
 
     def finalize(self, results: dict[str, PointResult], journal: dict | None = None,
                  save: Callable[[], None] = lambda: None) -> dict:
@@ -393,16 +416,22 @@ class Search:
             reverted[point], reverted_process[point] = timing["median_us"], timing.get("process")
             self.on_event({"type": "revert", "point": point, "reverted_us": reverted[point],
                            "locked_us": locked["median_us"]})
-        # Choices whose reversal is within the step's noise do not help: they go, all together, if the
-        # set without them still times within that noise. Dropped one by one against the shrinking
-        # set, each drop's noise added up (prefill-8x2k, session 10: four drops, 289.0 -> 299.0 ms).
+        # Choices whose reversal is within the step's noise may not help: they go, all together, unless a
+        # paired timing shows the set with them faster than without beyond its band. Dropped one by one
+        # against the shrinking set, each drop's noise added up (prefill-8x2k, session 10: four drops,
+        # 289.0 -> 299.0 ms); judged by two builds timed apart, ~1% that they saved together was noise
+        # (session 25: 234.627 ms with them, 236.905 without, against a 1.8% band).
         idle = [p for p in chosen if reverted[p] <= locked["median_us"] * (1 + band)]
-        dropped, before_drop = {}, None
+        dropped, before_drop, paired = {}, None, None
         if idle:
             kept = {p: v for p, v in chosen.items() if p not in idle}
-            without = recorded.timing(kept, _of(configs, kept)) if kept else reference
-            if without["median_us"] <= locked["median_us"] * (1 + band):
-                dropped, before_drop = {p: chosen[p] for p in idle}, locked
+            paired = {"choices": {p: chosen[p] for p in idle},
+                      **recorded.paired((chosen, configs), (kept, _of(configs, kept)))}
+            paired["kept"] = paired["gain"] > paired["band"]
+            self.on_event({"type": "paired", **paired})
+            if not paired["kept"]:
+                without = recorded.timing(kept, _of(configs, kept)) if kept else reference
+                dropped, before_drop = paired["choices"], locked
                 self.on_event({"type": "dropped_as_noise", "choices": dropped, "band": band,
                                "before_us": locked["median_us"], "after_us": without["median_us"]})
                 chosen, configs, locked = kept, _of(configs, kept), without
@@ -413,13 +442,20 @@ class Search:
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict(),
-                "band": band, "dropped": dropped, "before_drop": before_drop}
+                "band": band, "dropped": dropped, "before_drop": before_drop, "paired": paired}
 
 
 def _timing(saved) -> dict:
     """A journaled build timing, or KeyError / TypeError when it is not one."""
     float(saved["median_us"]), float(saved["spread"]), int(saved["reps"])
     return dict(saved)
+
+
+def _paired(saved) -> dict:
+    """A journaled paired timing (its gain and band made again from its rounds), or an error."""
+    if len(saved["rounds"]) != PAIRED_ROUNDS:
+        raise ValueError("a paired timing cut short")
+    return {**paired_gain([[float(a), float(b)] for a, b in saved["rounds"]]), "process": saved.get("process")}
 
 
 def _of(configs: dict, selection: dict) -> dict:
@@ -433,9 +469,10 @@ class _Recorded:
     def __init__(self, search: Search, journal: dict, save: Callable[[], None]):
         self.search, self.journal, self.save = search, journal, save
 
-    def _get(self, what: str, selection: dict, configs: dict, make, dump, load):
-        key = json.dumps([what, selection, {p: configs.get(p) for p in sorted(selection)}], sort_keys=True,
-                         default=str)
+    def _get(self, what: str, builds: list[tuple[dict, dict]], make, dump, load):
+        key = json.dumps([what, *(x for selection, configs in builds
+                                  for x in (selection, {p: configs.get(p) for p in sorted(selection)}))],
+                         sort_keys=True, default=str)
         if key in self.journal:
             try:
                 return load(self.journal[key])
@@ -447,11 +484,14 @@ class _Recorded:
         return made
 
     def timing(self, selection: dict, configs: dict) -> dict:
-        return self._get("timing", selection, configs, lambda: self.search.time_build(selection, configs),
+        return self._get("timing", [(selection, configs)], lambda: self.search.time_build(selection, configs),
                          dict, _timing)
 
+    def paired(self, a: tuple[dict, dict], b: tuple[dict, dict]) -> dict:
+        return self._get("paired", [a, b], lambda: self.search.time_paired(a, b), dict, _paired)
+
     def gate(self, selection: dict, configs: dict):
-        return self._get("model_gate", selection, configs,
+        return self._get("model_gate", [(selection, configs)],
                          lambda: gates.model_gate(self.search.model, selection, configs=configs),
                          lambda report: report.to_dict(), gates.GateReport.from_dict)
 
@@ -478,6 +518,15 @@ def step_band(timing: dict) -> float:
     reps with a 0.25% spread give the minimum."""
     sigma = timing["spread"] / 2.56
     return bounded_band(3 * 1.25 * sigma * (2 / timing["reps"]) ** 0.5, MIN_STEP_BAND)
+
+
+def paired_gain(rounds: list[list[float]]) -> dict:
+    """From rounds of [a_us, b_us]: `gain`, the median of b / a - 1 (how much slower b is), and `band`,
+    three standard errors of that median (1.25 sd / sqrt(rounds)) within [MIN_STEP_BAND, MAX_BAND]."""
+    ratios = [b / a for a, b in rounds]
+    sd = statistics.stdev(ratios) if len(ratios) > 1 else float("inf")
+    return {"rounds": rounds, "gain": statistics.median(ratios) - 1,
+            "band": bounded_band(3 * 1.25 * sd / len(ratios) ** 0.5, MIN_STEP_BAND)}
 
 
 def _gap(a: float, b: float) -> float:

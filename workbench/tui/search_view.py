@@ -90,6 +90,9 @@ class SearchView(Vertical):
         elif kind == "revert":
             self.note = (f"end to end: locked step {e['locked_us'] / 1e3:.3f} ms, "
                          f"{e['reverted_us'] / 1e3:.3f} ms with {e['point']} reverted")
+        elif kind == "paired":
+            self.note = (f"end to end: without {', '.join(e['choices'])} the step is {100 * e['gain']:+.2f}% slower "
+                         f"(paired, band {100 * e['band']:.2f}%): {'kept' if e['kept'] else 'dropped'}")
         elif kind == "dropped_as_noise":
             self.note = (f"end to end: dropped as noise {', '.join(e['choices'])}: step {e['before_us'] / 1e3:.3f} ms "
                          f"with them, {e['after_us'] / 1e3:.3f} ms without")

@@ -742,6 +742,10 @@ def test_console_summary_names_builds_timed_in_another_process():
         in text
     assert "each reverted within the noise: head:triton; without them the step is +0.10% slower in 10 paired " \
         "rounds (band 0.50%): to be dropped" in text
+    progress.event({"type": "challenger", "point": "experts", "variant": "triton_rows", "config": {"pdl": True},
+                    "gain": 0.05, "band": 0.005, "rounds": [[1.0, 1.05]] * 10, "won": True})
+    assert "experts: triton_rows {'pdl': True} tied at the op level, tried end to end: with the choice the step " \
+        "is +5.00% slower in 10 paired rounds (band 0.50%): taken" in console.export_text()
     assert "Dropped at the end-to-end stage, each reverted within the step's noise band (1.0%): head:triton; the " \
         "chosen set with them timed 0.990 ms, the locked set without them 1.000 ms." in text
 
@@ -1054,6 +1058,71 @@ def test_a_paired_timing_keeps_choices_worth_more_together_than_its_band_when_bu
     final = finalize({"experts": 2e6, "qkvg_proj": 400.0, "dense_mlp": 300.0})
     assert final["selection"] == {"experts": "triton"} and not final["paired"]["kept"]
     assert final["dropped"] == {"qkvg_proj": "triton", "dense_mlp": "triton"}
+
+
+def test_a_candidate_tied_with_the_choice_at_the_op_level_is_tried_end_to_end(tmp_path, monkeypatch):
+    """Session 26's decode re-lock kept experts:triton_rows without PDL: its PDL twin timed 21 us a step
+    faster alone, within the op band, so the incumbent stayed; swapped into that lock's step it made the
+    step 5.2% faster (runs/optimize-decode-b1-beam-501b-tp8/session26-rejected/swap-experts-pdl.json).
+    Rule 4: such a candidate, faster by at least CHALLENGE_SHARE of the step, is tried end to end in a
+    paired timing and taken only if the step is faster with it beyond the band and the set passes the
+    model gate; smaller ties (head's 0.4 us here) are not tried."""
+    from workbench import gates
+    from workbench.optimize import challenge_lines, locked_point_us
+    from workbench.search import CHALLENGE_SHARE, CandidateResult, PointResult, Search
+
+    def cand(point, variant, config, us):
+        return CandidateResult(point, variant, "triton", config, True, step_us=us)
+
+    plain, pdl = {"BLOCK_N": 1}, {"BLOCK_N": 1, "pdl": True}
+    results = {
+        "experts": PointResult("experts", "triton_rows", plain, 5063.9, 1397.9, 0.02, [
+            cand("experts", "torch", None, 5063.9), cand("experts", "triton_rows", plain, 1397.9),
+            cand("experts", "triton_rows", pdl, 1376.7)]),
+        "head": PointResult("head", "triton", None, 70.0, 46.3, 0.02, [
+            cand("head", "torch", None, 70.0), cand("head", "triton", None, 46.3),
+            cand("head", "triton", {"pdl": True}, 45.9)])}
+    assert (1397.9 - 1376.7) / 3036.0 > CHALLENGE_SHARE > (46.3 - 45.9) / 3036.0
+    failing = set()
+
+    def model_gate(model, selection, configs=None, **kw):
+        ok = not any((configs or {}).get(p, {}).get("pdl") for p in failing)
+        return gates.GateReport("model", "set", [gates.CheckResult("logits", "decode", ok, 0.0, 1.0)])
+
+    monkeypatch.setattr(gates, "model_gate", model_gate)
+    search = Search(_tiny_runner(), calls={}, out_dir=str(tmp_path))
+
+    def finalize(pdl_saves):
+        def time_build(selection, configs=None, **kw):
+            us = 3036.0 + (3000.0 if "experts" not in selection else 0.0) + (25.0 if "head" not in selection else 0.0)
+            us -= pdl_saves if (configs or {}).get("experts", {}).get("pdl") else 0.0
+            return {"median_us": us, "spread": 0.0025, "reps": 50}
+
+        search.time_build = time_build
+        return search.finalize(results)
+
+    final = finalize(148.0)
+    assert final["selection"] == {"experts": "triton_rows", "head": "triton"} and final["configs"] == {"experts": pdl}
+    assert list(final["challenges"]) == ["experts"] and final["challenges"]["experts"]["won"]
+    assert final["challenges"]["experts"]["gain"] == pytest.approx(148.0 / (3036.0 - 148.0))
+    assert final["locked"]["median_us"] == 3036.0 - 148.0  # the set with the challenger, timed again
+    assert final["reverted_us"]["experts"] == 3036.0 + 3000.0  # reversals are against the new set
+    assert locked_point_us(results["experts"], "triton_rows", pdl) == 1376.7
+    assert challenge_lines({"challenges": final["challenges"]}) == [
+        'Tried end to end, tied with the choice at the op level: experts:triton_rows {"BLOCK_N": 1, "pdl": true} '
+        "(1376.7 us/step against the choice's 1397.9): with the choice the step was +5.12% slower in 10 paired "
+        "rounds (band 0.50%): taken."]
+
+    final = finalize(3.0)  # no better end to end than its 0.1%: the choice stays
+    assert final["configs"] == {"experts": plain} and not final["challenges"]["experts"]["won"]
+    assert final["locked"]["median_us"] == 3036.0
+
+    failing.add("experts")  # faster, but the set with it fails the model gate
+    final = finalize(148.0)
+    assert final["configs"] == {"experts": plain} and "gain" not in final["challenges"]["experts"]
+    line, = challenge_lines({"challenges": final["challenges"]})
+    assert f"fails the model gate in the set ({final['challenges']['experts']['model_gate']}), not taken." in line
+    assert final["challenges"]["experts"]["model_gate"]
 
 
 def test_paired_gain_and_its_band():

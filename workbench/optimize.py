@@ -203,7 +203,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     for point in POINTS:
         r = results.get(point)
         cand = r.candidate(selection[point], final["configs"].get(point)) if r else None
-        timing = {"step_us": r.choice_us if selection[point] != REFERENCE else r.reference_us,
+        timing = {"step_us": locked_point_us(r, selection[point], final["configs"].get(point)),
                   "reference_us": r.reference_us, "noise_band": r.band} if r else {}
         entries[point] = Lock.entry(point, selection[point], config=final["configs"].get(point), timing=timing,
                                     gate=(cand.gate if cand and cand.gate else {"passed": True, "reference": True}))
@@ -236,6 +236,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "step_band": final.get("band"),
         # the paired timing of the set with and without those choices that decided it (rule 3)
         "paired": final.get("paired"),
+        # candidates tied with a point's choice at the op level, tried end to end (rule 4)
+        "challenges": final.get("challenges") or {},
         "speedup": final["reference"]["median_us"] / final["locked"]["median_us"],
         "speedup_vs_torch_compile": compiled_us / final["locked"]["median_us"] if compiled_us else None,
         "floor_ms": floor_us / 1e3,
@@ -245,8 +247,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "points": [
             {"point": p, "variant": selection[p], "config": final["configs"].get(p),
              "backend": get(p, selection[p]).backend,
-             "ms": (results[p].choice_us if selection[p] != REFERENCE else results[p].reference_us) / 1e3
-             if p in results else None,
+             "ms": locked_point_us(results[p], selection[p], final["configs"].get(p)) / 1e3 if p in results else None,
              "reference_ms": results[p].reference_us / 1e3 if p in results else None,
              "reverted_ms": final["reverted_us"][p] / 1e3 if p in final["reverted_us"] else None,
              "best_ms_by_backend": backend_bests(results[p]) if p in results else {},
@@ -434,6 +435,31 @@ def noise_line(r: dict) -> str | None:
     return f"Dropped at the end-to-end stage, each reverted within the step's noise band{band}: {choices}{pairs}{before}."
 
 
+def locked_point_us(r, variant: str, config: dict | None) -> float:
+    """The search's timing of the point at the locked variant and config: the choice's, or another
+    candidate's when the end-to-end stage swapped it in (rule 4) or dropped the choice."""
+    cand = r.candidate(variant, config)
+    if cand is not None and cand.step_us is not None:
+        return cand.step_us
+    return r.reference_us if variant == REFERENCE else r.choice_us
+
+
+def challenge_lines(r: dict) -> list[str]:
+    """One line per candidate tried end to end against a point's choice (rule 4)."""
+    lines = []
+    for point, c in (r.get("challenges") or {}).items():
+        what = f"{point}:{c['variant']}" + (f" {json.dumps(c['config'], sort_keys=True)}" if c.get("config") else "")
+        head = (f"Tried end to end, tied with the choice at the op level: {what} ({c['op_us']:.1f} us/step "
+                f"against the choice's {c['choice_op_us']:.1f})")
+        if "gain" not in c:
+            lines.append(f"{head}: fails the model gate in the set ({c.get('model_gate')}), not taken.")
+        else:
+            lines.append(f"{head}: with the choice the step was {100 * c['gain']:+.2f}% slower in "
+                         f"{len(c['rounds'])} paired rounds (band {100 * c['band']:.2f}%): "
+                         f"{'taken' if c['won'] else 'not taken'}.")
+    return lines
+
+
 def _compile_row(baseline: str) -> str:
     if baseline == "points":
         return "torch.compile (every point)"
@@ -465,6 +491,7 @@ def report_markdown(r: dict) -> str:
         *(["Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
            "processes): " + ", ".join(r["timed_apart"]), ""] if r.get("timed_apart") else []),
         *([noise_line(r), ""] if noise_line(r) else []),
+        *[line for c in challenge_lines(r) for line in (c, "")],
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],

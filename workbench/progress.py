@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from workbench.optimize import compile_baselines, noise_line
+from workbench.optimize import challenge_lines, compile_baselines, noise_line
 from workbench.profiler.idle import idle_line
 
 
@@ -64,6 +64,12 @@ class ConsoleProgress:
             c.print(f"  {which}builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
+        elif kind == "challenger":
+            verdict = f"fails the model gate ({e['model_gate']})" if "gain" not in e else (
+                f"with the choice the step is {100 * e['gain']:+.2f}% slower in {len(e['rounds'])} paired rounds "
+                f"(band {100 * e['band']:.2f}%)")
+            c.print(f"  {e['point']}: {e['variant']} {e['config'] or ''} tied at the op level, tried end to end: "
+                    f"{verdict}: {'taken' if e['won'] else 'not taken'}")
         elif kind == "paired":
             verdict = "kept" if e["kept"] else "to be dropped"
             c.print(f"  each reverted within the noise: {', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; "
@@ -100,6 +106,8 @@ class ConsoleProgress:
                 self.console.print(b["error"])
         if noise_line(r):
             self.console.print(noise_line(r))
+        for line in challenge_lines(r):
+            self.console.print(line)
         locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != "torch"}
         self.console.print(f"locked variants: {locked or 'reference everywhere'}")
         self.console.print(f"wrote {out_dir}/lock.yaml, report.md, report.json, profile.json")

@@ -14,7 +14,10 @@ after, and a watchdog ends the process (exit code EXIT_STALLED) when one candida
 `candidate_timeout` seconds; a resumed run skips, with the reason, every variant with a candidate
 recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
-gate; choices whose reversal alone does not slow the step beyond the step's own noise (`step_band`)
+gate. Where a candidate timed faster than a point's choice but within the band (the incumbent keeps a
+tie) by at least CHALLENGE_SHARE of the step, the step decides: it replaces the choice if a paired
+timing finds the step faster with it beyond its band (a launch property such as PDL overlaps a kernel
+with the one before it, which an op timed alone barely shows). Then choices whose reversal alone does not slow the step beyond the step's own noise (`step_band`)
 are dropped together, unless the set with them beats the set without them beyond the noise of a paired
 timing (`time_paired`: the two builds timed in alternating rounds, so a drift of the device between
 builds timed minutes apart falls on both sides of each round's ratio). Each build of this
@@ -56,9 +59,15 @@ STEP_SAMPLES_S = 6.0
 # 2 warm-up calls and 5 timed, ~1.7 s; a decode step: its graph captured again, 10 + 50 replays).
 PAIRED_ROUNDS = 10
 PAIRED_ROUND_S = 0.5
+# A candidate tied with a point's choice at the op level is tried end to end when it saved at least
+# this share of the step there: less could not show above the paired band (decode-b1, session 26:
+# experts' PDL config, 21 us faster a step alone and within the 2% band, made the step 5.2% faster,
+# runs/optimize-decode-b1-beam-501b-tp8/session26-rejected/swap-experts-pdl.json).
+CHALLENGE_SHARE = MIN_STEP_BAND / 2
 # The end-to-end stage's rule; a run folder's end_to_end.json made under another is made again.
-# 3: the drop of choices within the noise is decided by a paired timing (rule 2: by two builds timed apart).
-FINALIZE_RULE = 3
+# 3: the drop of choices within the noise is decided by a paired timing (2: by two builds timed apart).
+# 4: a candidate tied with a choice at the op level (CHALLENGE_SHARE) is tried end to end first.
+FINALIZE_RULE = 4
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
 
 
@@ -397,7 +406,8 @@ class Search:
 
     def finalize(self, results: dict[str, PointResult], journal: dict | None = None,
                  save: Callable[[], None] = lambda: None) -> dict:
-        """Time the chosen set end to end, gate it, and drop choices that do not help the step.
+        """Time the chosen set end to end, gate it, try candidates tied with a choice at the op level
+        end to end, and drop choices that do not help the step.
         Each build's timing and gate goes into `journal` as it is made (then `save()`): at prefill-8x2k
         the stage outlasts one device command, and a resumed run reads them back instead of redoing them."""
         recorded = _Recorded(self, {} if journal is None else journal, save)
@@ -405,9 +415,31 @@ class Search:
         configs = {p: r.config for p, r in results.items() if r.config and p in chosen}
         gated = dict(chosen)
         gate = self._drop_model_gate_failures(chosen, configs, recorded)
+        gated_configs = dict(configs)
         reference = recorded.timing({}, {})
         # A set that is the reference is the reference build: timing it twice would report noise as a speed-up
         locked = recorded.timing(chosen, configs) if chosen else reference
+        challenges = {}
+        for point, r in results.items():
+            c = _challenger(r, locked["median_us"])
+            if c is None or point not in chosen and r.choice != REFERENCE:  # dropped at the model gate
+                continue
+            others = {p: v for p, v in chosen.items() if p != point}
+            trial = {**others, **({} if c.variant == REFERENCE else {point: c.variant})}
+            trial_configs = {**_of(configs, others), **({point: c.config} if c.config else {})}
+            challenge = {"variant": c.variant, "config": c.config, "op_us": c.step_us, "choice_op_us": r.choice_us}
+            trial_gate = recorded.gate(trial, trial_configs)
+            if not trial_gate.passed:
+                challenge.update(won=False, model_gate=trial_gate.first_failure())
+            else:  # gain: how much slower the step is with the choice than with the challenger
+                challenge.update(recorded.paired((trial, trial_configs), (chosen, configs)))
+                challenge["won"] = challenge["gain"] > challenge["band"]
+            challenges[point] = challenge
+            self.on_event({"type": "challenger", "point": point, **challenge})
+            if challenge["won"]:
+                chosen, configs = trial, trial_configs
+        if any(c["won"] for c in challenges.values()):
+            locked = recorded.timing(chosen, configs) if chosen else reference
         band = step_band(locked)
         reverted, reverted_process = {}, {}
         for point in chosen:  # each choice reverted alone, against the whole chosen set
@@ -435,14 +467,25 @@ class Search:
                 self.on_event({"type": "dropped_as_noise", "choices": dropped, "band": band,
                                "before_us": locked["median_us"], "after_us": without["median_us"]})
                 chosen, configs, locked = kept, _of(configs, kept), without
-        if gate is None or chosen != gated:  # the set changed since it passed: gate what is locked
+        if gate is None or chosen != gated or configs != gated_configs:  # the set changed since it passed
             gate = recorded.gate(chosen, configs)
         if not gate.passed:
             raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
         self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict(),
-                "band": band, "dropped": dropped, "before_drop": before_drop, "paired": paired}
+                "band": band, "dropped": dropped, "before_drop": before_drop, "paired": paired,
+                "challenges": challenges}
+
+
+def _challenger(r: PointResult, step_us: float) -> CandidateResult | None:
+    """The point's fastest gated candidate, when it is not the choice and timed faster than it by at
+    least CHALLENGE_SHARE of the step (the incumbent kept it out as within the op band)."""
+    timed = [c for c in r.candidates if c.gate_passed and c.step_us is not None and not c.skipped]
+    best = min(timed, key=lambda c: c.step_us, default=None)
+    if best is None or (best.variant, best.config or None) == (r.choice, r.config or None):
+        return None
+    return best if r.choice_us - best.step_us >= CHALLENGE_SHARE * step_us else None
 
 
 def _timing(saved) -> dict:

@@ -90,6 +90,9 @@ class SearchView(Vertical):
         elif kind == "revert":
             self.note = (f"end to end: locked step {e['locked_us'] / 1e3:.3f} ms, "
                          f"{e['reverted_us'] / 1e3:.3f} ms with {e['point']} reverted")
+        elif kind == "challenger":
+            self.note = (f"end to end: {e['point']}:{e['variant']} tied with the choice at the op level: "
+                         f"{'taken' if e['won'] else 'not taken'}")
         elif kind == "paired":
             self.note = (f"end to end: without {', '.join(e['choices'])} the step is {100 * e['gain']:+.2f}% slower "
                          f"(paired, band {100 * e['band']:.2f}%): {'kept' if e['kept'] else 'dropped'}")

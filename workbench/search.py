@@ -17,11 +17,12 @@ Then the chosen set is timed end to end (the target's graph-replayed step) and m
 gate. Where a candidate timed faster than a point's choice but within the band (the incumbent keeps a
 tie) by at least CHALLENGE_SHARE of the step, the step decides: it replaces the choice if a paired
 timing finds the step faster with it beyond its band (a launch property such as PDL overlaps a kernel
-with the one before it, which an op timed alone barely shows). Then choices whose reversal alone does not slow the step beyond the step's own noise (`step_band`)
-are dropped together, unless the set with them beats the set without them beyond the noise of a paired
-timing (`time_paired`: the two builds timed in alternating rounds, so a drift of the device between
-builds timed minutes apart falls on both sides of each round's ratio). Each build of this
-stage is journaled as it is made, so a stage ended midway resumes. Progress goes to an `on_event`
+with the one before it, which an op timed alone barely shows). Then choices whose reversal alone does
+not slow the step beyond the step's own noise (`step_band`) are dropped together, unless the set with
+them beats the set without them beyond the noise of a paired timing (`time_paired`: the two builds
+timed in alternating rounds, so a drift of the device between builds timed minutes apart falls on
+both sides of each round's ratio). Each build of this stage is journaled as it is made, so a stage
+ended midway resumes. Progress goes to an `on_event`
 callback (CLI progress, TUI). This module never writes the lock or the report (`workbench.optimize`
 does) and never edits variants.
 """
@@ -395,8 +396,10 @@ class Search:
     def time_paired(self, a: tuple[dict, dict], b: tuple[dict, dict]) -> dict:
         """Builds a and b, each (selection, configs), timed in PAIRED_ROUNDS alternating rounds (a b, b a,
         ...): how much slower b is than a (`gain`, the median of the rounds' b / a - 1) and its noise
-        band (`paired_gain`). Prefill-8x2k's builds timed minutes apart spread ~1-2% (session 25's
-        reverted builds, end_to_end.json), more than the ~1% a few small choices save together."""
+        band (`paired_gain`). At prefill-8x2k two builds timed minutes apart differed by ~1%, inside a
+        1.8% band, what four small choices save together (session 25,
+        runs/optimize-prefill-8x2k-beam-501b-tp8/README.md); paired, the same sets differed by 2.19%
+        against a 0.5% band (session 26, that folder's end_to_end.json)."""
         rounds = []
         for i in range(PAIRED_ROUNDS):
             first, second = (a, b) if i % 2 == 0 else (b, a)

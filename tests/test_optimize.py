@@ -740,12 +740,12 @@ def test_console_summary_names_builds_timed_in_another_process():
     text = console.export_text()
     assert "dropped as noise (each reverted within 1.0%): head:triton; step 990.0 us with them, 1000.0 us without" \
         in text
-    assert "each reverted within the noise: head:triton; without them the step is +0.10% slower in 10 paired " \
+    assert "each reverted within the noise: head:triton; without them the step is 0.10% slower in 10 paired " \
         "rounds (band 0.50%): to be dropped" in text
     progress.event({"type": "challenger", "point": "experts", "variant": "triton_rows", "config": {"pdl": True},
                     "gain": 0.05, "band": 0.005, "rounds": [[1.0, 1.05]] * 10, "won": True})
     assert "experts: triton_rows {'pdl': True} tied at the op level, tried end to end: with the choice the step " \
-        "is +5.00% slower in 10 paired rounds (band 0.50%): taken" in console.export_text()
+        "is 5.00% slower in 10 paired rounds (band 0.50%): taken" in console.export_text()
     assert "Dropped at the end-to-end stage, each reverted within the step's noise band (1.0%): head:triton; the " \
         "chosen set with them timed 0.990 ms, the locked set without them 1.000 ms." in text
 
@@ -1009,11 +1009,11 @@ def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stay
                        "before_drop_ms": 3.572, "paired": final["paired"]})
     assert line == ("Dropped at the end-to-end stage, each reverted within the step's noise band (0.5%): "
                     "dense_mlp:triton, head:triton, sample:triton; in a paired timing (10 alternating rounds) the "
-                    "set without them was +0.42% slower, band 0.50%; the chosen set with them timed 3.572 ms, "
+                    "set without them was 0.42% slower, band 0.50%; the chosen set with them timed 3.572 ms, "
                     "the locked set without them 3.587 ms.")
     assert noise_line({"dropped": {}, "step_band": kept["band"], "paired": kept["paired"]}) == (
         "Kept at the end-to-end stage, each reverted within the step's noise band (0.5%): dense_mlp:triton, "
-        "head:triton, sample:triton; in a paired timing (10 alternating rounds) the set without them was +0.84% "
+        "head:triton, sample:triton; in a paired timing (10 alternating rounds) the set without them was 0.84% "
         "slower, band 0.50%.")
     assert noise_line({"dropped": {}, "paired": None}) is None
 
@@ -1110,7 +1110,7 @@ def test_a_candidate_tied_with_the_choice_at_the_op_level_is_tried_end_to_end(tm
     assert locked_point_us(results["experts"], "triton_rows", pdl) == 1376.7
     assert challenge_lines({"challenges": final["challenges"]}) == [
         'Tried end to end, tied with the choice at the op level: experts:triton_rows {"BLOCK_N": 1, "pdl": true} '
-        "(1376.7 us/step against the choice's 1397.9): with the choice the step was +5.12% slower in 10 paired "
+        "(1376.7 us/step against the choice's 1397.9): with the choice the step was 5.12% slower in 10 paired "
         "rounds (band 0.50%): taken."]
 
     final = finalize(3.0)  # no better end to end than its 0.1%: the choice stays
@@ -1123,6 +1123,12 @@ def test_a_candidate_tied_with_the_choice_at_the_op_level_is_tried_end_to_end(tm
     line, = challenge_lines({"challenges": final["challenges"]})
     assert f"fails the model gate in the set ({final['challenges']['experts']['model_gate']}), not taken." in line
     assert final["challenges"]["experts"]["model_gate"]
+
+
+def test_a_paired_gain_reads_as_slower_or_faster():
+    from workbench.search import slower_by
+
+    assert (slower_by(0.0042), slower_by(-0.0043), slower_by(0.0)) == ("0.42% slower", "0.43% faster", "0.00% slower")
 
 
 def test_paired_gain_and_its_band():

@@ -217,7 +217,7 @@ def test_search_view_notes_the_end_to_end_stage():
     assert view.note == "end to end: dropped as noise head, sample: step 2.500 ms with them, 2.520 ms without"
     SearchView.handle(view, {"type": "paired", "choices": {"head": "triton"}, "gain": 0.012, "band": 0.005,
                              "rounds": [], "kept": True})
-    assert view.note == "end to end: without head the step is +1.20% slower (paired, band 0.50%): kept"
+    assert view.note == "end to end: without head the step is 1.20% slower (paired, band 0.50%): kept"
     SearchView.handle(view, {"type": "challenger", "point": "experts", "variant": "triton_rows", "won": True})
     assert view.note == "end to end: experts:triton_rows tied with the choice at the op level: taken"
 

@@ -24,7 +24,7 @@ from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
 from workbench.registry import POINTS, REFERENCE, _compiled, backend_available, get
-from workbench.search import FINALIZE_RULE, PointResult, Search
+from workbench.search import FINALIZE_RULE, PointResult, Search, slower_by
 from workbench.targets import StepRunner, for_device, get_target
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -427,7 +427,7 @@ def noise_line(r: dict) -> str | None:
     choices = ", ".join(f"{p}:{v}" for p, v in (r.get("dropped") or paired["choices"]).items())
     band = f" ({100 * r['step_band']:.1f}%)" if r.get("step_band") is not None else ""
     pairs = (f"; in a paired timing ({len(paired['rounds'])} alternating rounds) the set without them was "
-             f"{100 * paired['gain']:+.2f}% slower, band {100 * paired['band']:.2f}%" if paired else "")
+             f"{slower_by(paired['gain'])}, band {100 * paired['band']:.2f}%" if paired else "")
     if not r.get("dropped"):
         return f"Kept at the end-to-end stage, each reverted within the step's noise band{band}: {choices}{pairs}."
     before = (f"; the chosen set with them timed {r['before_drop_ms']:.3f} ms, the locked set without them "
@@ -454,7 +454,7 @@ def challenge_lines(r: dict) -> list[str]:
         if "gain" not in c:
             lines.append(f"{head}: fails the model gate in the set ({c.get('model_gate')}), not taken.")
         else:
-            lines.append(f"{head}: with the choice the step was {100 * c['gain']:+.2f}% slower in "
+            lines.append(f"{head}: with the choice the step was {slower_by(c['gain'])} in "
                          f"{len(c['rounds'])} paired rounds (band {100 * c['band']:.2f}%): "
                          f"{'taken' if c['won'] else 'not taken'}.")
     return lines

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from workbench.optimize import challenge_lines, compile_baselines, noise_line
 from workbench.profiler.idle import idle_line
+from workbench.search import slower_by
 
 
 class ConsoleProgress:
@@ -66,14 +67,14 @@ class ConsoleProgress:
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
         elif kind == "challenger":
             verdict = f"fails the model gate ({e['model_gate']})" if "gain" not in e else (
-                f"with the choice the step is {100 * e['gain']:+.2f}% slower in {len(e['rounds'])} paired rounds "
+                f"with the choice the step is {slower_by(e['gain'])} in {len(e['rounds'])} paired rounds "
                 f"(band {100 * e['band']:.2f}%)")
             c.print(f"  {e['point']}: {e['variant']} {e['config'] or ''} tied at the op level, tried end to end: "
                     f"{verdict}: {'taken' if e['won'] else 'not taken'}")
         elif kind == "paired":
             verdict = "kept" if e["kept"] else "to be dropped"
             c.print(f"  each reverted within the noise: {', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; "
-                    f"without them the step is {100 * e['gain']:+.2f}% slower in {len(e['rounds'])} paired "
+                    f"without them the step is {slower_by(e['gain'])} in {len(e['rounds'])} paired "
                     f"rounds (band {100 * e['band']:.2f}%): {verdict}")
         elif kind == "dropped_as_noise":
             c.print(f"  dropped as noise (each reverted within {100 * e['band']:.1f}%): "

@@ -575,6 +575,11 @@ def paired_gain(rounds: list[list[float]]) -> dict:
             "band": bounded_band(3 * 1.25 * sd / len(ratios) ** 0.5, MIN_STEP_BAND)}
 
 
+def slower_by(gain: float) -> str:
+    """A paired timing's gain in words: "0.42% slower", or "0.43% faster" when it is negative."""
+    return f"{100 * abs(gain):.2f}% {'slower' if gain >= 0 else 'faster'}"
+
+
 def _gap(a: float, b: float) -> float:
     return abs(a - b) / min(a, b)
 

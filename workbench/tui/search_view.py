@@ -16,6 +16,7 @@ from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from workbench.registry import REFERENCE
+from workbench.search import slower_by
 from workbench.tui.style import candidate_status, num, percent, styled
 
 _ROLE = {"queued": "muted", "gating & timing": "accent", "done": "success", "resumed": "success",
@@ -94,7 +95,7 @@ class SearchView(Vertical):
             self.note = (f"end to end: {e['point']}:{e['variant']} tied with the choice at the op level: "
                          f"{'taken' if e['won'] else 'not taken'}")
         elif kind == "paired":
-            self.note = (f"end to end: without {', '.join(e['choices'])} the step is {100 * e['gain']:+.2f}% slower "
+            self.note = (f"end to end: without {', '.join(e['choices'])} the step is {slower_by(e['gain'])} "
                          f"(paired, band {100 * e['band']:.2f}%): {'kept' if e['kept'] else 'dropped'}")
         elif kind == "dropped_as_noise":
             self.note = (f"end to end: dropped as noise {', '.join(e['choices'])}: step {e['before_us'] / 1e3:.3f} ms "

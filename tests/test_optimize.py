@@ -1022,7 +1022,7 @@ def test_a_paired_timing_keeps_choices_worth_more_together_than_its_band_when_bu
         tmp_path, monkeypatch):
     """Session 25's prefill lock: four choices each reverted within the step's 1.8% band, and the set
     without them timed 236.905 ms against 234.627 ms with them, also within the band, so they were
-    dropped (runs/optimize-prefill-8x2k-beam-501b-tp8/end_to_end.json). Builds timed minutes apart
+    dropped (runs/optimize-prefill-8x2k-beam-501b-tp8/README.md, session 25). Builds timed minutes apart
     carry the device's drift; rule 3 decides the drop by the two builds timed in alternating rounds,
     whose ratios cancel a steady drift. Here every timing runs 0.1% slower than the one before: the
     choices, worth 1.2% of the step together, stay; worth 0.3%, they still go."""

@@ -386,11 +386,10 @@ class Search:
 
     # ---- end to end --------------------------------------------------------------------
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
-                   compile_mode: str | None = None, budget_s: float = STEP_SAMPLES_S) -> dict:
+                   compile_mode: str | None = None, budget_s: float = STEP_SAMPLES_S, **timing_kw) -> dict:
+        """The step with `selection` bound, timed by `bench.time_fn` (`timing_kw` go to it)."""
         self.runner.rebind(selection, configs, compile_mode=compile_mode)
-        # a paired round's budget also bounds the reps time_call adds while the spread is wide (2 s)
-        bound = {"max_seconds": budget_s} if budget_s < STEP_SAMPLES_S else {}
-        return {**bench.time_fn(self.runner, device=self.device, budget_s=budget_s, **bound),
+        return {**bench.time_fn(self.runner, device=self.device, budget_s=budget_s, **timing_kw),
                 "process": bench.PROCESS_ID}
 
     def time_paired(self, a: tuple[dict, dict], b: tuple[dict, dict]) -> dict:
@@ -403,7 +402,9 @@ class Search:
         rounds = []
         for i in range(PAIRED_ROUNDS):
             first, second = (a, b) if i % 2 == 0 else (b, a)
-            t1, t2 = (self.time_build(*build, budget_s=PAIRED_ROUND_S)["median_us"] for build in (first, second))
+            # the round's budget also bounds the reps time_call adds while the spread is wide (2 s)
+            t1, t2 = (self.time_build(*build, budget_s=PAIRED_ROUND_S, max_seconds=PAIRED_ROUND_S)["median_us"]
+                      for build in (first, second))
             rounds.append([t1, t2] if i % 2 == 0 else [t2, t1])
         return {**paired_gain(rounds), "process": bench.PROCESS_ID}
 

@@ -24,7 +24,7 @@ from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
 from workbench.registry import POINTS, REFERENCE, _compiled, backend_available, get
-from workbench.search import FINALIZE_RULE, PointResult, Search, slower_by
+from workbench.search import FINALIZE_RULE, PointResult, Search, paired_words, slower_by
 from workbench.targets import StepRunner, for_device, get_target
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -454,8 +454,7 @@ def challenge_lines(r: dict) -> list[str]:
         if "gain" not in c:
             lines.append(f"{head}: fails the model gate in the set ({c.get('model_gate')}), not taken.")
         else:
-            lines.append(f"{head}: with the choice the step was {slower_by(c['gain'])} in "
-                         f"{len(c['rounds'])} paired rounds (band {100 * c['band']:.2f}%): "
+            lines.append(f"{head}: with the choice the step was {paired_words(c)}: "
                          f"{'taken' if c['won'] else 'not taken'}.")
     return lines
 
@@ -490,7 +489,7 @@ def report_markdown(r: dict) -> str:
         f"| locked | {r['locked_ms']:.3f} | |", "",
         *(["Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
            "processes): " + ", ".join(r["timed_apart"]), ""] if r.get("timed_apart") else []),
-        *([noise_line(r), ""] if noise_line(r) else []),
+        *([line, ""] if (line := noise_line(r)) else []),
         *[line for c in challenge_lines(r) for line in (c, "")],
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from workbench.optimize import challenge_lines, compile_baselines, noise_line
 from workbench.profiler.idle import idle_line
-from workbench.search import slower_by
+from workbench.search import paired_words
 
 
 class ConsoleProgress:
@@ -66,16 +66,14 @@ class ConsoleProgress:
         elif kind == "revert":
             c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
         elif kind == "challenger":
-            verdict = f"fails the model gate ({e['model_gate']})" if "gain" not in e else (
-                f"with the choice the step is {slower_by(e['gain'])} in {len(e['rounds'])} paired rounds "
-                f"(band {100 * e['band']:.2f}%)")
+            verdict = (f"fails the model gate ({e['model_gate']})" if "gain" not in e else
+                       f"with the choice the step is {paired_words(e)}")
             c.print(f"  {e['point']}: {e['variant']} {e['config'] or ''} tied at the op level, tried end to end: "
                     f"{verdict}: {'taken' if e['won'] else 'not taken'}")
         elif kind == "paired":
             verdict = "kept" if e["kept"] else "to be dropped"
             c.print(f"  each reverted within the noise: {', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; "
-                    f"without them the step is {slower_by(e['gain'])} in {len(e['rounds'])} paired "
-                    f"rounds (band {100 * e['band']:.2f}%): {verdict}")
+                    f"without them the step is {paired_words(e)}: {verdict}")
         elif kind == "dropped_as_noise":
             c.print(f"  dropped as noise (each reverted within {100 * e['band']:.1f}%): "
                     f"{', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; step {e['before_us']:.1f} us "
@@ -105,8 +103,8 @@ class ConsoleProgress:
                 self.console.print(f"torch.compile build: {point} kept at its reference: {why}")
             if b.get("error"):
                 self.console.print(b["error"])
-        if noise_line(r):
-            self.console.print(noise_line(r))
+        if line := noise_line(r):
+            self.console.print(line)
         for line in challenge_lines(r):
             self.console.print(line)
         locked = {p["point"]: p["variant"] for p in r["points"] if p["variant"] != "torch"}

@@ -581,6 +581,11 @@ def slower_by(gain: float) -> str:
     return f"{100 * abs(gain):.2f}% {'slower' if gain >= 0 else 'faster'}"
 
 
+def paired_words(paired: dict) -> str:
+    """A paired timing in words: "0.42% slower in 10 paired rounds (band 0.50%)"."""
+    return f"{slower_by(paired['gain'])} in {len(paired['rounds'])} paired rounds (band {100 * paired['band']:.2f}%)"
+
+
 def _gap(a: float, b: float) -> float:
     return abs(a - b) / min(a, b)
 

@@ -88,8 +88,11 @@ class _Prefill(_Wrapper):
         self.qo, self.window_left, self.scale = qo_indptr.tolist(), window_left, sm_scale
         _Wrapper.plans.append(("prefill", window_left, list(self.indptr)))
 
-    def run(self, q, cache):
-        out = torch.empty_like(q)
+    def run(self, q, cache, out=None):
+        if out is None:
+            out = torch.zeros_like(q)  # FlashInfer 0.7's own output
+        else:  # as FlashInfer checks a given one
+            assert out.shape == (*q.shape[:-1], cache.shape[-1]) and out.dtype == q.dtype, (out.shape, out.dtype)
         for b in range(len(self.qo) - 1):
             k, v, n = self._keys(cache, b)
             rows = slice(self.qo[b], self.qo[b + 1])

@@ -110,7 +110,7 @@ TRITON_CONFIGS = [
     dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
          PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=16),
     # the fastest of a BLOCK_N x warps x stages sweep at batch 1 (runs/bench-attention-tp8/,
-    # session 10): a 512-key window in 16 splits of 32 keys, and 32K keys of a full layer in 128-key blocks
+    # session 10): a 512-key window in up to 17 splits of 32 keys, and 32K keys of a full layer in 128-key blocks
     dict(BLOCK_N=32, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
          PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
     dict(BLOCK_N=128, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=8, num_stages=1,

@@ -6,8 +6,8 @@ Gate and up are two GEMMs that each read every pair's input row through its toke
 quack's gather of A, cp.async row loads) instead of a gathered copy; so the weights stay as the model
 holds them, gate and up apart. quack's fused gated GEMM (and FlashInfer's GEMM1) wants one [gate; up]
 weight: a TP8 rank has no room for a copy beside the model's, and a per-call repack is slower
-(runs/bench-experts-prefill-tp8/README.md, session 14); experts:quack_gated re-lays gate and up in place. Down is a third grouped GEMM over the
-activations, already in expert order.
+(runs/bench-experts-prefill-tp8/README.md, session 14); experts:quack_gated re-lays gate and up in
+place. Down is a third grouped GEMM over the activations, already in expert order.
 
 The rounding is the reference's: gate, up and each pair's down projection in the model dtype, the
 activation FP32 rounded once, the combine FP32 rounded once (experts:grouped_mm's, kernel for kernel).

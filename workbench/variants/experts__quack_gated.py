@@ -30,8 +30,8 @@ from workbench.variants import experts__quack as quack_moe
 # CTA cluster along M, quack's dynamic persistent scheduler; down: as experts:quack's. The H200 probe of
 # session 21 (runs/bench-experts-prefill-tp8/README.md): 128 x 160 pingpong in 2-CTA clusters fastest;
 # session 24's sweep of quack's other settings (same README): the gated GEMM ~10% faster with the dynamic
-# scheduler (varlen groups end at uneven tiles), the down GEMM (K = ff = 320) 10-20% faster at 128 x 192
-# pingpong without a cluster than at 128 x 256 cooperative.
+# scheduler (not profiled why; groups ending at uneven tiles would be one cause), the down GEMM
+# (K = ff = 320) 10-20% faster at 128 x 192 pingpong without a cluster than at 128 x 256 cooperative.
 CONFIGS = [
     dict(gu_m=128, gu_n=160, gu_pingpong=True, gu_cluster_m=2, gu_dynamic=True, down_m=128, down_n=192,
          down_pingpong=True, down_cluster_m=1),

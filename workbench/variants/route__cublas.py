@@ -54,7 +54,8 @@ def _mm_f32(x, w, *, acc=None, out=None):
 
 
 def _bmm_f32(x, pieces):
-    """[3, N, E] partials x @ piece^T, one batched GEMM (x broadcast: batch stride 0, no copy)."""
+    """[3, N, E] partials x @ piece^T, one batched GEMM over x broadcast (a view of batch stride 0;
+    whether cuBLAS reads it without a copy is not profiled)."""
     if x.is_cuda:
         return torch.bmm(x.expand(pieces.shape[0], -1, -1), pieces.transpose(1, 2), out_dtype=torch.float32)
     return x.float()[None] @ pieces.float().transpose(1, 2)

@@ -21,6 +21,9 @@ from workbench.variants.sample import _probs  # noqa: E402
 # "long": hidden 3000 is a multiple of no block size: masked K tails, several K steps and split-K.
 ROUTE_SHAPES = {"tiny": (16, 4, 2, 4, 64), "e256": (256, 8, 4, 8, 32), "long": (16, 4, 2, 4, 3000)}
 ROUTE_N = (1, 2, 5, 20, 100)  # GEMV (1, 2, 5), FP32 tiles (20), BF16x3 tensor cores (100)
+# The first config, and the configs with the keyed selection (`route._select`): the edge cases below run on
+# both selection forms.
+SELECTIONS = [0] + [i for i, c in enumerate(route_mod.ROUTE_CONFIGS) if c.get("select_keys")]
 
 
 # ====================================================================== route
@@ -77,13 +80,14 @@ def test_route_fused_select_leaves_its_counter_at_zero():
     assert not _arrivals._COUNTERS[(torch.device("cpu"), "route")].any()
 
 
+@pytest.mark.parametrize("config", SELECTIONS)
 @pytest.mark.parametrize("n", [1, 6])
-def test_route_nan_rows_still_select_top_k_distinct_experts(n):
+def test_route_nan_rows_still_select_top_k_distinct_experts(n, config):
     """A NaN activation row must not leave ids unwritten: the experts would gather out of bounds."""
     x, w, kw = _route_case("e256", n, seed=3)
     x[0] = float("nan")
     v = get("route", "triton")
-    ids, wts = v.fn(x, v.prepare_weights(w), **kw)
+    ids, wts = v.at(route_mod.ROUTE_CONFIGS[config])(x, v.prepare_weights(w), **kw)
     assert ((ids >= 0) & (ids < 256)).all()
     assert all(len(set(row.tolist())) == kw["top_k"] for row in ids)
     assert wts[0].isnan().all()
@@ -116,9 +120,10 @@ def _boundary_gap(biased, g, tg, tk):
     return min(gs[tg - 1] - gs[tg] if tg < g else math.inf, es[tk - 1] - es[tk])
 
 
+@pytest.mark.parametrize("config", SELECTIONS)
 @pytest.mark.parametrize("n", ROUTE_N)
 @pytest.mark.parametrize("shape", ["tiny", "e256"])
-def test_route_near_ties(shape, n):
+def test_route_near_ties(shape, n, config):
     """Scores and bias on a 2e-6 grid in a narrow band: every decision is a near-tie. Tokens whose
     FP64 margin is at least 1e-6 (15 FP32 ulps at 0.5) must select exactly the reference's experts."""
     e, g, tg, tk, _ = ROUTE_SHAPES[shape]
@@ -132,18 +137,22 @@ def test_route_near_ties(shape, n):
             rows.append(x)
     x, kw = torch.cat(rows), dict(n_group=g, topk_group=tg, top_k=tk, scale=2.5)
     v = get("route", "triton")
-    _assert_routes_equal(v.fn(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
+    got = v.at(route_mod.ROUTE_CONFIGS[config])(x, v.prepare_weights(w), **kw)
+    _assert_routes_equal(got, reference("route").fn(x, w, **kw))
 
 
-def test_route_exact_tie_order():
+@pytest.mark.parametrize("n", [1, 24])
+@pytest.mark.parametrize("config", SELECTIONS)
+def test_route_exact_tie_order(config, n):
     """Exact ties (equal scores, equal group sums) go to the lowest group, then the lowest expert."""
     e, g, tg, tk, _ = ROUTE_SHAPES["tiny"]
     gen = torch.Generator().manual_seed(5)
     values = torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64)
-    scores = values[torch.randint(0, 3, (24, e), generator=gen)]
+    scores = values[torch.randint(0, 3, (n, e), generator=gen)]
     x, w = _identity_router(scores, torch.zeros(e))
     v = get("route", "triton")
-    ids, _ = v.fn(x, v.prepare_weights(w), n_group=g, topk_group=tg, top_k=tk, scale=2.5)
+    ids, _ = v.at(route_mod.ROUTE_CONFIGS[config])(x, v.prepare_weights(w), n_group=g, topk_group=tg, top_k=tk,
+                                                  scale=2.5)
     s = torch.sigmoid(x)  # biased == s (zero bias); stable sorts: lowest index first among equals
     gs = s.view(-1, g, e // g).sort(dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
     groups = gs.sort(dim=-1, descending=True, stable=True).indices[:, :tg]

@@ -146,7 +146,8 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
                 bias_ptr, ids_ptr, wts_ptr, count_ptr, EPG, scale,
                 BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, FUSED: tl.constexpr,
                 SPLIT: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False):
+                BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, KEYED: tl.constexpr = False,
+                PDL: tl.constexpr = False):
     """Router logits for N <= 16 tokens on FP32 CUDA cores: part[s, n, e] = x[n, Ks] . W[e, Ks].
 
     Products accumulate element-wise in a [BLOCK_N, BLOCK_E, BLOCK_K] register tile and are reduced
@@ -183,8 +184,9 @@ def _route_gemv(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
         # program acquires them all, selects, and leaves the counter at 0 again.
         tl.debug_barrier()
         if tl.atomic_add(count_ptr, 1, sem="acq_rel") == tl.num_programs(0) * tl.num_programs(1) - 1:
-            _select(tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale,
-                    tl.num_programs(1), SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, ".cg")
+            _select(tl.arange(0, BLOCK_T), part_ptr, _group_tile(bias_ptr, EPG, N_GROUP, BLOCK_G, BLOCK_J), ids_ptr,
+                    wts_ptr, N, E, EPG, scale, tl.num_programs(1), SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G,
+                    BLOCK_J, KEYED, ".cg")
             tl.atomic_xchg(count_ptr, 0)
 
 
@@ -243,22 +245,58 @@ def _route_mm(x_ptr, w_ptr, part_ptr, N, E, K, K_PER_SPLIT,
 @_jit
 def _route_select(part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, n_split, SPLIT: tl.constexpr,
                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False):
-    """The selection of BLOCK_T tokens per program (`_select`), after any router GEMM."""
+                  BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, KEYED: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
+    """The selection of BLOCK_T tokens per program (`_select`), after any router GEMM. The bias is a
+    weight (never written): with PDL it is read while the GEMM finishes."""
+    bias = _group_tile(bias_ptr, EPG, N_GROUP, BLOCK_G, BLOCK_J)
     pdl_enter(PDL)
-    _select(tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG,
-            scale, n_split, SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, "")
+    _select(tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), part_ptr, bias, ids_ptr, wts_ptr, N, E, EPG,
+            scale, n_split, SPLIT, N_GROUP, TOPK_GROUP, TOP_K, BLOCK_T, BLOCK_G, BLOCK_J, KEYED, "")
 
 
 @_jit
-def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, n_split, SPLIT: tl.constexpr,
+def _group_tile(bias_ptr, EPG, N_GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
+    """The bias as a [1, group, member] tile (0 outside the experts)."""
+    g3 = tl.arange(0, BLOCK_G)[None, :, None]
+    j3 = tl.arange(0, BLOCK_J)[None, None, :]
+    return tl.load(bias_ptr + g3 * EPG + j3, mask=(g3 < N_GROUP) & (j3 < EPG), other=0.0)
+
+
+# Keys for KEYED selection: an FP32 value and its slot in one int64, ordered as the value and, on equal
+# values, lowest slot first, so one max reduction finds both the best value and its tie winner (two
+# dependent reductions otherwise: max, then the lowest slot holding it). Layout: the FP32 bits mapped
+# to [0, 2^32) in the value's order, times 2^16, plus 2^16 - 1 - slot (slots < 2^16: experts <= 4096,
+# see `_route_triton_supports`). Literals, not module constants: this module imports without triton.
+@_jit
+def _key(value, slot):
+    """The order-preserving key of `value` at `slot` (+0 for -0, so the two tie as values do)."""
+    b = (value + 0.0).to(tl.int32, bitcast=True).to(tl.int64)
+    ordered = tl.where(b >= 0, b + 2147483648, -1 - b)
+    return ordered * 65536 + (65535 - slot)
+
+
+@_jit
+def _key_value(key):
+    """The FP32 value of a key (`_key` inverted)."""
+    ordered = key >> 16
+    return tl.where(ordered >= 2147483648, ordered - 2147483648, -1 - ordered).to(tl.int32).to(tl.float32,
+                                                                                                  bitcast=True)
+
+
+@_jit
+def _select(tok, part_ptr, bias, ids_ptr, wts_ptr, N, E, EPG, scale, n_split, SPLIT: tl.constexpr,
             N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr,
-            BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, CACHE: tl.constexpr):
+            BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, KEYED: tl.constexpr,
+            CACHE: tl.constexpr):
     """noaux_tc selection for tokens `tok`, fused: sum of the split-K partials -> sigmoid -> + bias
     -> group score (top-2 sum) -> top TOPK_GROUP groups -> top TOP_K experts in them -> unbiased
-    scores there, renormalised, * scale. Experts sit in a [token, group, member] register tile.
-    Selection is iterative arg-max (TOP_K rounds of two reductions): cheaper than a sort at 256
-    experts. Ids are written in ascending expert order (the contract leaves the order free).
+    scores there, renormalised, * scale. Experts sit in a [token, group, member] register tile; `bias`
+    is the [1, group, member] tile (`_group_tile`). Selection is iterative arg-max, cheaper than a sort
+    at 256 experts: TOP_K rounds of two reductions, or with KEYED one reduction of `_key`s a round and
+    the groups ranked in one reduction (at one token these reductions, each a chain of warp shuffles,
+    are the kernel's critical path). Both pick the same experts, ties included. Ids are written in
+    ascending expert order (the contract leaves the order free).
     n_split partials are summed, SPLIT (constexpr) at most: a bound fixed by the config and regime, not
     by the token count, so a new count of split-K partials compiles nothing (runs/serve-sweep-beam-
     501b-tp8/NOTES.md, session 16: each new count had cost a serving step a compile of ~1 s).
@@ -276,23 +314,35 @@ def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, n_split
     neg_inf = float("-inf")
     # NaN scores (a broken GEMM upstream) rank lowest: selection still writes top_k in-range ids, so
     # the gate sees wrong weights instead of the experts' gather reading out of bounds.
-    biased = tl.where(valid & (score == score), score + tl.load(bias_ptr + e3, mask=valid, other=0.0), neg_inf)
+    biased = tl.where(valid & (score == score), score + bias, neg_inf)
     # Group score: top-2 sum. Remove only the first maximum so a tied pair counts twice, as topk(2).
-    top1 = tl.max(biased, axis=2)
-    first = tl.min(tl.where(biased == top1[:, :, None], j3, BLOCK_J), axis=2)
-    top2 = tl.max(tl.where(j3 == first[:, :, None], neg_inf, biased), axis=2)
     g2 = g[None, :]
+    if KEYED:
+        top1_key = tl.max(_key(biased, j3), axis=2)
+        top1 = _key_value(top1_key)
+        first = 65535 - (top1_key & 65535)
+    else:
+        top1 = tl.max(biased, axis=2)
+        first = tl.min(tl.where(biased == top1[:, :, None], j3, BLOCK_J), axis=2)
+    top2 = tl.max(tl.where(j3 == first[:, :, None], neg_inf, biased), axis=2)
     group_score = top1 + top2
-    # Arg-max rounds pick among the still-free entries only, so each round takes a new one even when
-    # every score left is -inf.
-    free_g = (g2 < N_GROUP) & (tok[:, None] >= 0)
-    keep = tl.zeros((BLOCK_T, BLOCK_G), tl.int32)
-    for _ in tl.static_range(TOPK_GROUP):  # best group, lowest index on a tie
-        best = tl.max(tl.where(free_g, group_score, neg_inf), axis=1)
-        pick = tl.min(tl.where(free_g & (group_score == best[:, None]), g2, BLOCK_G), axis=1)
-        hit = g2 == pick[:, None]
-        keep = tl.where(hit, 1, keep)
-        free_g = free_g & (g2 != pick[:, None])
+    if KEYED:  # a group is kept when fewer than TOPK_GROUP groups come before it (higher, or equal and lower)
+        other = group_score[:, None, :]
+        g_other = g[None, None, :]
+        ahead = (g_other < N_GROUP) & ((other > group_score[:, :, None])
+                                       | ((other == group_score[:, :, None]) & (g_other < g[None, :, None])))
+        keep = ((tl.sum(ahead.to(tl.int32), axis=2) < TOPK_GROUP) & (g2 < N_GROUP)).to(tl.int32)
+    else:
+        # Arg-max rounds pick among the still-free entries only, so each round takes a new one even
+        # when every score left is -inf.
+        free_g = (g2 < N_GROUP) & (tok[:, None] >= 0)
+        keep = tl.zeros((BLOCK_T, BLOCK_G), tl.int32)
+        for _ in tl.static_range(TOPK_GROUP):  # best group, lowest index on a tie
+            best = tl.max(tl.where(free_g, group_score, neg_inf), axis=1)
+            pick = tl.min(tl.where(free_g & (group_score == best[:, None]), g2, BLOCK_G), axis=1)
+            hit = g2 == pick[:, None]
+            keep = tl.where(hit, 1, keep)
+            free_g = free_g & (g2 != pick[:, None])
     # Experts of the kept groups, flattened to [token, slot]: slot f is member f % BLOCK_J of group
     # f // BLOCK_J, so slot order is expert order (the tie order: lowest expert index first).
     cand = tl.reshape(biased, (BLOCK_T, BLOCK_G * BLOCK_J))
@@ -300,12 +350,19 @@ def _select(tok, part_ptr, bias_ptr, ids_ptr, wts_ptr, N, E, EPG, scale, n_split
     score = tl.reshape(score, (BLOCK_T, BLOCK_G * BLOCK_J))
     f = tl.arange(0, BLOCK_G * BLOCK_J)[None, :]
     chosen = tl.zeros((BLOCK_T, BLOCK_G * BLOCK_J), tl.int32)
-    for _ in tl.static_range(TOP_K):
-        best = tl.max(tl.where(free, cand, neg_inf), axis=1)
-        pick = tl.min(tl.where(free & (cand == best[:, None]), f, BLOCK_G * BLOCK_J), axis=1)
-        hit = f == pick[:, None]
-        chosen = tl.where(hit, 1, chosen)
-        free = free & (f != pick[:, None])
+    if KEYED:
+        keys = _key(cand, f)  # distinct (the slot is in the key): a round's best matches one slot
+        for _ in tl.static_range(TOP_K):
+            best = tl.max(tl.where(free, keys, -1), axis=1)[:, None]
+            chosen = tl.where(free & (keys == best), 1, chosen)
+            free = free & (keys != best)
+    else:
+        for _ in tl.static_range(TOP_K):
+            best = tl.max(tl.where(free, cand, neg_inf), axis=1)
+            pick = tl.min(tl.where(free & (cand == best[:, None]), f, BLOCK_G * BLOCK_J), axis=1)
+            hit = f == pick[:, None]
+            chosen = tl.where(hit, 1, chosen)
+            free = free & (f != pick[:, None])
     picked = tl.where(chosen != 0, score, 0.0)
     wts = picked / tl.sum(picked, axis=1)[:, None] * scale
     # Scatter the TOP_K chosen slots of each token to outputs 0..TOP_K-1 (rank = prefix count).
@@ -337,6 +394,7 @@ ROUTE_CONFIGS = [
     # select_*: tokens per program, and warps at that many tokens (fewer tokens, fewer warps: at one
     # token a single warp does the 2 * top_k + 2 * topk_group + 5 reductions with shuffles only).
     # fused_select: at N <= 16 the GEMV's last program to finish selects (no second launch).
+    # select_keys: the selection's KEYED form (top_k + 5 reductions, see `_select`); absent: False.
     dict(gemv_block_e=4, gemv_block_k=1024, gemv_split=5, gemv_warps=4,  # 320 CTAs x 16 KB at 256 x 5120
          fp32_block_m=32, fp32_block_e=64, fp32_block_k=32, fp32_split=16, fp32_warps=4,
          tc_block_m=64, tc_block_e=64, tc_block_k=64, tc_split=8, tc_warps=4, tc_stages=3,
@@ -359,6 +417,9 @@ ROUTE_CONFIGS += [
     # the same with half the GEMV programs (160), so half the arrivals on the one counter: the first
     # lost on the H200 (0.447 vs 0.374 ms/step), and its 320 programs all count on a single address
     dict(ROUTE_CONFIGS[0], gemv_block_e=8, gemv_block_k=512, fused_select=True),
+    # the decode lock's config (the first) with the keyed selection, in its own launch and fused
+    dict(ROUTE_CONFIGS[0], select_keys=True),
+    dict(ROUTE_CONFIGS[0], fused_select=True, select_keys=True),
 ]
 
 
@@ -375,15 +436,15 @@ def _route_prepare(w):
     return {"weight": weight, "bias": w["bias"].float().contiguous(), "bf16x3": torch.stack([w1, w2, w3])}
 
 
-def _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t, max_split=None):
+def _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t, max_split=None, keyed=False):
     """The selection's arguments, for `_route_select` or the fused `_route_gemv` (keywords: constexprs):
-    sizes (E, EPG, scale, partials in `part`), and `max_split` (default: those partials) the bound the
-    kernel compiles for."""
+    sizes (E, EPG, scale, partials in `part`), `max_split` (default: those partials) the bound the
+    kernel compiles for, and `keyed` the selection's form (a config's select_keys)."""
     e = w["weight"].shape[0]
     epg = e // n_group
     return (w["bias"], ids, weights), (e, epg, float(scale), part.shape[0]), dict(
         SPLIT=max_split or part.shape[0], N_GROUP=n_group, TOPK_GROUP=topk_group, TOP_K=top_k, BLOCK_T=block_t,
-        BLOCK_G=_pow2(n_group), BLOCK_J=_pow2(epg))
+        BLOCK_G=_pow2(n_group), BLOCK_J=_pow2(epg), KEYED=keyed)
 
 
 def _route_gemv_launch(x, w, cfg, select):
@@ -398,7 +459,7 @@ def _route_gemv_launch(x, w, cfg, select):
     part = torch.empty((split, n, e), dtype=torch.float32, device=x.device)
     if select is None:  # placeholders for the pointers and sizes the unfused kernel never reads
         outs, sizes, consts = (part, part, part), (0, 0, 0.0, 1), dict(SPLIT=1, N_GROUP=1, TOPK_GROUP=1, TOP_K=1,
-                                                                     BLOCK_T=1, BLOCK_G=1, BLOCK_J=1)
+                                                                     BLOCK_T=1, BLOCK_G=1, BLOCK_J=1, KEYED=False)
         count = part
     else:
         outs, sizes, consts = _select_args(part, w, *select)
@@ -439,16 +500,17 @@ def _route_triton_at(cfg):
         weights = torch.empty((n, top_k), dtype=torch.float32, device=x.device)
         if n == 0:
             return ids, weights
+        keyed = cfg.get("select_keys", False)
         # Never 2 tokens per program: BLOCK_T = 2 selected wrong experts on the H200 (triton 3.6),
         # twice, while passing interpreted; 1 (decode) and >= 4 pass the gates there.
         if cfg["fused_select"] and n <= ROUTE_GEMV_MAX:  # one program selects every token
             block_t = 1 if n == 1 else max(4, _pow2(n))
-            _route_gemv_launch(x, w, cfg, (ids, weights, n_group, topk_group, top_k, scale, block_t))
+            _route_gemv_launch(x, w, cfg, (ids, weights, n_group, topk_group, top_k, scale, block_t, None, keyed))
             return ids, weights
         part, max_split = _route_logits(x, w, cfg)
         block_t = 1 if n == 1 else max(min(4, cfg["select_tokens"]), min(cfg["select_tokens"], _pow2(n)))
         outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t,
-                                           max_split)
+                                           max_split, keyed)
         _route_select[(triton.cdiv(n, block_t),)](
             part, *outs, n, *sizes, **consts, num_warps=max(1, cfg["select_warps"] * block_t // cfg["select_tokens"]),
             **pdl_launch(cfg.get("pdl")))

@@ -26,25 +26,28 @@ def calls(monkeypatch):
             assert t.dtype == torch.bfloat16 and t.is_contiguous()
         assert input.shape[1] % 64 == 0 and weight.shape[0] % 16 == 0 and bias is None
         assert out.shape == (input.shape[0], weight.shape[0])
-        seen.append(input.shape[0])
+        seen.append((input.shape[0], use_pdl))
         out.copy_(F.linear(input.float(), weight.float()))  # FP32 accumulation, one rounding
 
     stand_in_flashinfer(monkeypatch, "gemm", tinygemm_bf16=tinygemm_bf16)
     return seen
 
 
-def _gate(point, workloads, device):
+def _gate(point, workloads, device, config=None):
     v = registry.get(point, "flashinfer")
-    return gates.op_gate(dataclasses.replace(v, backend="torch"), workloads, device=device, seeds=(0,))
+    return gates.op_gate(dataclasses.replace(v, backend="torch"), workloads, device=device, seeds=(0,),
+                         config=config)
 
 
+@pytest.mark.parametrize("config", [None, {"pdl": True}])
 @pytest.mark.parametrize("point", POINTS)
-def test_adapter_passes_the_op_gate(calls, point):
-    """Decode rows go through tinygemm_bf16, a prompt's rows through cuBLAS; both pass the gate."""
+def test_adapter_passes_the_op_gate(calls, point, config):
+    """Decode rows go through tinygemm_bf16, a prompt's rows through cuBLAS; both pass the gate. A "pdl"
+    config launches tinygemm_bf16 with use_pdl, the default without."""
     report = _gate(point, [Workload("beam-tiny", batch=b, dtype="bf16") for b in (1, 3, 16)]
-                   + [Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")], "cpu")
+                   + [Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")], "cpu", config)
     assert report.passed, failures(report)
-    assert set(calls) == {1, 3, 16}  # never the 48 prompt rows
+    assert set(calls) == {(b, bool(config)) for b in (1, 3, 16)}  # never the 48 prompt rows
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -59,10 +62,12 @@ def test_supports_names_the_kernel_limits(point):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not registry.backend_available("flashinfer")[0], reason="needs flashinfer and a CUDA GPU")
+@pytest.mark.parametrize("config", [None, {"pdl": True}])
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_op_gate(point, preset):
+def test_gpu_op_gate(point, preset, config):
     report = gates.op_gate(registry.get(point, "flashinfer"),
                            [Workload(preset, batch=b) for b in (1, 8, 64)]
-                           + [Workload(preset, batch=2, tokens_per_seq=512, context=512)], device="cuda", seeds=(0,))
+                           + [Workload(preset, batch=2, tokens_per_seq=512, context=512)], device="cuda", seeds=(0,),
+                           config=config)
     assert report.passed, failures(report)

@@ -11,7 +11,7 @@ older gates is gated again before it is reused). A candidate that hangs
 or kills the process (a JIT build that never ends, a kernel that faults) costs one run, not the
 search: the candidate in flight is recorded in `search/<point>.inflight` before it runs and cleared
 after, and a watchdog ends the process (exit code EXIT_STALLED) when one candidate runs past
-`candidate_timeout` seconds; a resumed run skips, with the reason, every variant with a candidate
+`candidate_timeout` seconds, not counting compilers it runs (`watchdog.py`); a resumed run skips, with the reason, every variant with a candidate
 recorded there (its other tuning configs run the same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate. Where a candidate timed faster than a point's choice but within the band (the incumbent keeps a
@@ -44,6 +44,7 @@ from workbench.lock import code_key, code_key_matches, source_hash
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
 from workbench.registry import REFERENCE, backend_available, variants
+from workbench.watchdog import Watchdog
 
 STALLED = "did not finish in an earlier run of this search"  # a skip reason's mark: the candidate hung
 ALL_LAYERS = "all"  # the kind standing for every layer kind of a point whose inputs ignore it
@@ -86,6 +87,7 @@ class CandidateResult:
     skipped: str | None = None        # why it was not tried here
     gate: dict = field(default_factory=dict)
     seconds: float | None = None      # wall time of its gate + timing (first-use JIT builds included)
+    compile_s: float | None = None    # of which compilers it started were seen running (`watchdog.py`)
 
 
 @dataclass
@@ -314,18 +316,16 @@ class Search:
         earlier processes) and a watchdog on its time."""
         candidate = {"point": v.point, "variant": v.name, "config": config, "timeout_s": self.candidate_timeout}
         self._write_inflight(v.point, fingerprint, unfinished + [candidate])
-        timer = None
-        if self.candidate_timeout:
-            timer = threading.Timer(self.candidate_timeout, self.on_stall, args=(candidate,))
-            timer.daemon = True
-            timer.start()
+        dog = Watchdog(self.candidate_timeout, self.on_stall, candidate).start() if self.candidate_timeout else None
         started = time.perf_counter()
         try:
             result = self._try(v, config, workloads, ref_us)
             result.seconds = time.perf_counter() - started
         finally:
-            if timer is not None:
-                timer.cancel()
+            if dog is not None:
+                compile_s = dog.stop()
+        if dog is not None and compile_s:
+            result.compile_s = round(compile_s, 1)
         self._write_inflight(v.point, fingerprint, unfinished)  # only once it returned: a dying process leaves it
         return result
 
@@ -591,8 +591,9 @@ def _gap(a: float, b: float) -> float:
 
 
 def _end_process(candidate: dict) -> None:
+    builds = f", not counting {candidate['compile_s']:.0f} s of compilers it ran" if candidate.get("compile_s") else ""
     print(f"\nworkbench: {candidate['point']}:{candidate['variant']} {candidate['config'] or ''} ran past "
-          f"{candidate['timeout_s']:.0f} s (gate + timing); ending the process. The same command resumes the "
+          f"{candidate['timeout_s']:.0f} s (gate + timing{builds}); ending the process. The same command resumes the "
           f"search and skips this variant (recorded in search/{candidate['point']}.inflight).",
           file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # where it was stuck (the main thread's frames)

@@ -26,8 +26,9 @@ def add_arguments(p) -> None:
                         "baseline of the report is timed regardless); one that cannot run here stops the run "
                         "before it starts")
     p.add_argument("--candidate-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="end the run when one candidate's gate + timing takes longer (a hung kernel or JIT build); "
-                        "the same command resumes and skips it (default: %(default)s; 0: no limit)")
+                   help="end the run when one candidate's gate + timing takes longer (a hung kernel), not counting "
+                        "compiler processes it runs (a JIT build, up to 30 min); the same command resumes and skips "
+                        "it (default: %(default)s; 0: no limit)")
     p.add_argument("--compile-baseline", nargs="+", default=["points"], metavar="MODE",
                    choices=("points", "default", "max-autotune-no-cudagraphs"),  # the step is graph-captured already
                    help="the report's torch.compile builds, a row each: 'points' (each point's torch_compile "

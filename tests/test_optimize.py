@@ -618,6 +618,15 @@ def test_a_candidate_s_first_use_build_is_not_held_against_its_limit(tmp_path):
         del table["planted_jit"]
     assert not stalls and row.gate_passed and row.step_us
     assert 0.8 < row.compile_s < row.seconds
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from workbench.progress import ConsoleProgress
+
+    console = Console(record=True, width=200)
+    ConsoleProgress(console).event({"type": "candidate", "result": asdict(row)})
+    assert f"({row.seconds:.1f} s, {row.compile_s:.1f} s of it compiling)" in console.export_text()
 
 
 def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):

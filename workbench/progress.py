@@ -40,7 +40,8 @@ class ConsoleProgress:
             c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
         elif kind == "candidate":
             r = e["result"]
-            took = f" ({r['seconds']:.1f} s)" if r.get("seconds") is not None else ""
+            built = f", {r['compile_s']:.1f} s of it compiling" if r.get("compile_s") else ""
+            took = f" ({r['seconds']:.1f} s{built})" if r.get("seconds") is not None else ""
             if r["skipped"]:
                 c.print(f"  {r['variant']:<16} skipped: {r['skipped']}")
             elif not r["gate_passed"]:

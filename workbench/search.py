@@ -11,8 +11,9 @@ older gates is gated again before it is reused). A candidate that hangs
 or kills the process (a JIT build that never ends, a kernel that faults) costs one run, not the
 search: the candidate in flight is recorded in `search/<point>.inflight` before it runs and cleared
 after, and a watchdog ends the process (exit code EXIT_STALLED) when one candidate runs past
-`candidate_timeout` seconds, not counting compilers it runs (`watchdog.py`); a resumed run skips, with the reason, every variant with a candidate
-recorded there (its other tuning configs run the same code).
+`candidate_timeout` seconds, not counting compilers it runs (`watchdog.py`); a resumed run skips,
+with the reason, every variant with a candidate recorded there (its other tuning configs run the
+same code).
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate. Where a candidate timed faster than a point's choice but within the band (the incumbent keeps a
 tie) by at least CHALLENGE_SHARE of the step, the step decides: it replaces the choice if a paired

@@ -323,10 +323,8 @@ class Search:
             result = self._try(v, config, workloads, ref_us)
             result.seconds = time.perf_counter() - started
         finally:
-            if dog is not None:
-                compile_s = dog.stop()
-        if dog is not None and compile_s:
-            result.compile_s = round(compile_s, 1)
+            compile_s = dog.stop() if dog is not None else 0.0
+        result.compile_s = round(compile_s, 1) or None
         self._write_inflight(v.point, fingerprint, unfinished)  # only once it returned: a dying process leaves it
         return result
 

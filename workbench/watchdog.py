@@ -71,7 +71,9 @@ class Watchdog:
         return self
 
     def stop(self) -> float:
+        """Ends the watch (waiting for a tick in progress, so the seconds are final) and returns them."""
         self._done.set()
+        self._thread.join()
         return self.compile_s
 
     def _watch(self) -> None:
@@ -83,6 +85,7 @@ class Watchdog:
             else:
                 idle += now - last
             last = now
-            if idle >= self.limit_s or self.compile_s >= self.compile_limit_s:
+            # not once stopped: the candidate returned while this tick scanned /proc
+            if (idle >= self.limit_s or self.compile_s >= self.compile_limit_s) and not self._done.is_set():
                 self.on_stall({**self.candidate, "compile_s": round(self.compile_s, 1)})
                 return

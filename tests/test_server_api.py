@@ -72,7 +72,8 @@ def test_chat_non_streamed_and_streamed_agree(client):
 
 def test_content_parts_and_max_completion_tokens(client):
     a = chat(client, "same words", temperature=0, max_tokens=8)
-    b = client.chat.completions.create(model=MODEL, temperature=0, max_completion_tokens=8, messages=[
+    b = client.chat.completions.create(model=MODEL, temperature=0, max_completion_tokens=8,
+                                       response_format={"type": "text"}, messages=[
         {"role": "user", "content": [{"type": "text", "text": "same "}, {"type": "text", "text": "words"}]}])
     assert a.choices[0].message.content == b.choices[0].message.content
     assert b.usage.completion_tokens <= 8

@@ -82,7 +82,9 @@ def test_unknown_model(server):
     ({"tools": [{"type": "function"}]}, "tools[0]"), ({"tools": "all"}, "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"), ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
-    ({"model": None}, "model"),
+    ({"model": None}, "model"), ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": "json"}, "response_format"),
 ])
 def test_invalid_chat_requests(server, extra, param):
     assert_error(post(server, "/v1/chat/completions", chat_body(**extra)), 400, param=param)

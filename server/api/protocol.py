@@ -33,6 +33,18 @@ def _opt(body: dict, name: str, check, what: str, default=None):
     return v
 
 
+def _check_response_format(fmt) -> None:
+    """Plain text only: a JSON mode asked for and not enforced would hand back unparsable output."""
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if not isinstance(kind, str):
+        raise invalid("'response_format' must be an object with a 'type'", "response_format")
+    if kind != "text":
+        raise invalid(f"'response_format' of type '{kind}' is not supported (structured output is not "
+                      "implemented; only 'text')", "response_format")
+
+
 @dataclass
 class Common:
     model: str
@@ -64,6 +76,7 @@ def parse_common(body, served_models: list[str]) -> Common:
             raise invalid(f"'{name}' is not supported (must be 0)", name)
     if body.get("logit_bias"):
         raise invalid("'logit_bias' is not supported", "logit_bias")
+    _check_response_format(body.get("response_format"))
     max_tokens = body.get("max_completion_tokens")
     param = "max_completion_tokens"
     if max_tokens is None:

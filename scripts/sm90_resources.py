@@ -10,8 +10,9 @@ slower, whatever the tiles suggest: on the H200, the 8 x 1024 and wider gate/up 
 spill and ran 1.7-2.1x slower than the 8 x 512 winner (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md).
 Read this before spending device time on a config. The GPU host's Triton may allocate differently.
 
-    python3 scripts/sm90_resources.py [--rows] [--config JSON ...]
-    (default: experts.TRITON_CONFIGS, with --rows experts__triton_rows.CONFIGS)
+    python3 scripts/sm90_resources.py [--rows | --persistent] [--config JSON ...]
+    (default: experts.TRITON_CONFIGS, with --rows experts__triton_rows.CONFIGS, with --persistent
+    experts__triton_persistent.CONFIGS)
 """
 
 import argparse
@@ -84,6 +85,23 @@ def rows_kernels(config: dict, top_k: int) -> dict:
     return kernels
 
 
+def persistent_kernels(config: dict, top_k: int) -> dict:
+    """`experts:triton_persistent`'s one kernel (both phases and the barrier) compiled for sm_90 at one of
+    its configs (decode, BF16, beam-501b-tp8's sizes)."""
+    from workbench.variants import _triton_moe_persistent as persistent
+
+    ints = _sizes(top_k)
+    hidden, ff = ints["HIDDEN"], ints["FF"]
+    (h_a, h_b), (f_a, f_b) = persistent.pieces(hidden), persistent.pieces(ff)
+    return {"one_launch": compile_sm90(persistent._experts_persistent, dict(
+        x_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wg_ptr="*bf16", wu_ptr="*bf16", wd_ptr="*bf16", act_ptr="*bf16",
+        y_ptr="*bf16", sync_ptr="*i32", n_tokens="i32", stride_we="i32", stride_wf="i32", stride_wde="i32",
+        stride_wdh="i32"), dict(
+        HIDDEN=hidden, H_A=h_a, H_B=h_b, FF=ff, F_A=f_a, F_B=f_b, TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(),
+        BLOCK_N=config["BLOCK_N"], DOWN_BLOCK_N=config["DOWN_BLOCK_N"], PHASES=persistent.BOTH),
+        ints=ints, num_warps=config["num_warps"], num_stages=1)}
+
+
 def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
     """Both grouped (prefill) kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a
     grouped tuning config (BF16; `rounded`: experts:triton_rounded's down epilogue)."""
@@ -113,13 +131,17 @@ def main() -> int:
     p.add_argument("--config", action="append", metavar="JSON", help="a tuning config, GEMV or grouped (repeatable)")
     p.add_argument("--top-k", type=int, default=8, help="routed experts per token (default: %(default)s)")
     p.add_argument("--rows", action="store_true", help="experts:triton_rows' kernels and configs")
+    p.add_argument("--persistent", action="store_true", help="experts:triton_persistent's kernel and configs")
     args = p.parse_args()
     from workbench.variants.experts import TRITON_CONFIGS
+    from workbench.variants.experts__triton_persistent import CONFIGS as PERSISTENT_CONFIGS
     from workbench.variants.experts__triton_rows import CONFIGS as ROWS_CONFIGS
 
-    configs = [json.loads(c) for c in args.config] if args.config else ROWS_CONFIGS if args.rows else TRITON_CONFIGS
+    configs = [json.loads(c) for c in args.config] if args.config else ROWS_CONFIGS if args.rows \
+        else PERSISTENT_CONFIGS if args.persistent else TRITON_CONFIGS
     for config in configs:
-        build = rows_kernels if args.rows else gemv_kernels if config["path"] == "gemv" else grouped_kernels
+        build = rows_kernels if args.rows else persistent_kernels if args.persistent \
+            else gemv_kernels if config["path"] == "gemv" else grouped_kernels
         kernels = build(config, args.top_k)
         # cp_async: the loop's loads are pipelined through shared memory (num_stages > 1 took effect)
         usage = {name: {**resource_usage(k), "cp_async": "cp.async" in k.asm["ptx"]} for name, k in kernels.items()}

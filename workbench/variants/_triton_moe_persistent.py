@@ -36,7 +36,8 @@ def _gate_up_unit(u, units, ids_ptr, wg_ptr, wu_ptr, FF, stride_we, stride_wf, B
     offs_n = (u % BLOCKS_FF) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     end = tl.where(live, FF, 0)
-    return pair, offs_n, _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
+    ga, ua, gb, ub = _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
+    return pair, offs_n, ga, ua, gb, ub
 
 
 @triton.jit
@@ -55,7 +56,8 @@ def _down_unit(u, units, ids_ptr, rw_ptr, wd_ptr, HIDDEN, stride_we, stride_wh, 
     rw = tl.load(rw_ptr + pairs, mask=slot_ok, other=0.0)
     rows = wd_ptr + e[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wh
     end = tl.where(live, HIDDEN, 0)
-    return token, offs_n, pairs, rw, _down_tiles(rows, slot_ok[:, None, None], offs_n, end, FF, F_A, F_B)
+    wa, wb = _down_tiles(rows, slot_ok[:, None, None], offs_n, end, FF, F_A, F_B)
+    return token, offs_n, pairs, rw, wa, wb
 
 
 @triton.jit
@@ -76,24 +78,25 @@ def _experts_persistent(x_ptr, ids_ptr, rw_ptr, wg_ptr, wu_ptr, wd_ptr, act_ptr,
         units = n_tokens * TOP_K * blocks_ff
         ha = tl.arange(0, H_A)[None, :]
         hb = H_A + tl.arange(0, H_B)[None, :]
-        pair, offs_n, tiles = _gate_up_unit(pid, units, ids_ptr, wg_ptr, wu_ptr, FF, stride_we, stride_wf,
-                                            blocks_ff, HIDDEN, H_A, H_B, BLOCK_N)
+        # (tensors carried through the loops one by one, not as tuples)
+        pair, offs_n, ga, ua, gb, ub = _gate_up_unit(pid, units, ids_ptr, wg_ptr, wu_ptr, FF, stride_we, stride_wf,
+                                                     blocks_ff, HIDDEN, H_A, H_B, BLOCK_N)
         for u in range(pid, units, n_prog):
             # the next unit's rows go out before this one is reduced (masked off past the last)
-            next_pair, next_offs, ahead = _gate_up_unit(u + n_prog, units, ids_ptr, wg_ptr, wu_ptr, FF, stride_we,
-                                                        stride_wf, blocks_ff, HIDDEN, H_A, H_B, BLOCK_N)
+            next_pair, next_offs, nga, nua, ngb, nub = _gate_up_unit(u + n_prog, units, ids_ptr, wg_ptr, wu_ptr, FF,
+                                                                     stride_we, stride_wf, blocks_ff, HIDDEN, H_A,
+                                                                     H_B, BLOCK_N)
             x_row = x_ptr + (pair // TOP_K).to(tl.int64) * HIDDEN
             xa = tl.load(x_row + ha).to(tl.float32)
             xb = tl.load(x_row + hb, mask=hb < HIDDEN, other=0.0).to(tl.float32)
-            ga, ua, gb, ub = tiles
             g = tl.sum(ga.to(tl.float32) * xa, axis=1) + tl.sum(gb.to(tl.float32) * xb, axis=1)
             up = tl.sum(ua.to(tl.float32) * xa, axis=1) + tl.sum(ub.to(tl.float32) * xb, axis=1)
             _swiglu_store(g, up, act_ptr + pair.to(tl.int64) * FF + offs_n, offs_n < FF)
-            pair, offs_n, tiles = next_pair, next_offs, ahead
+            pair, offs_n, ga, ua, gb, ub = next_pair, next_offs, nga, nua, ngb, nub
     if PHASES & 2:
         # the first down rows before the barrier: they depend on the routed ids only
-        token, offs_n, pairs, rw, tiles = _down_unit(pid, units_down, ids_ptr, rw_ptr, wd_ptr, HIDDEN, stride_wde,
-                                                     stride_wdh, blocks_h, FF, F_A, F_B, TOP_K, K_P2, DOWN_BLOCK_N)
+        token, offs_n, pairs, rw, wa, wb = _down_unit(pid, units_down, ids_ptr, rw_ptr, wd_ptr, HIDDEN, stride_wde,
+                                                      stride_wdh, blocks_h, FF, F_A, F_B, TOP_K, K_P2, DOWN_BLOCK_N)
     if PHASES == 3:
         # Grid barrier: every thread's activations are stored before the count moves (CTA barrier, then
         # a release at GPU scope); each program then spins until all have counted (acquire)
@@ -106,18 +109,18 @@ def _experts_persistent(x_ptr, ids_ptr, rw_ptr, wg_ptr, wu_ptr, wd_ptr, act_ptr,
         fa = tl.arange(0, F_A)[None, :]
         fb = F_A + tl.arange(0, F_B)[None, :]
         for u in range(pid, units_down, n_prog):
-            nxt = _down_unit(u + n_prog, units_down, ids_ptr, rw_ptr, wd_ptr, HIDDEN, stride_wde, stride_wdh,
-                             blocks_h, FF, F_A, F_B, TOP_K, K_P2, DOWN_BLOCK_N)
+            n_token, n_offs, n_pairs, n_rw, nwa, nwb = _down_unit(u + n_prog, units_down, ids_ptr, rw_ptr, wd_ptr,
+                                                                  HIDDEN, stride_wde, stride_wdh, blocks_h, FF, F_A,
+                                                                  F_B, TOP_K, K_P2, DOWN_BLOCK_N)
             # activations from L2 (".cg"): other programs of this launch wrote them
             a_rows = act_ptr + pairs[:, None] * FF
             aa = tl.load(a_rows + fa, mask=slot_ok[:, None], other=0.0, cache_modifier=".cg")
             ab = tl.load(a_rows + fb, mask=slot_ok[:, None] & (fb < FF), other=0.0, cache_modifier=".cg")
-            wa, wb = tiles
             acc = tl.sum(wa.to(tl.float32) * aa.to(tl.float32)[:, None, :], axis=2) \
                 + tl.sum(wb.to(tl.float32) * ab.to(tl.float32)[:, None, :], axis=2)
             y = round_to(tl.sum(acc * rw[:, None], axis=0), y_ptr.dtype.element_ty)
             tl.store(y_ptr + token * HIDDEN + offs_n, y, mask=offs_n < HIDDEN)
-            token, offs_n, pairs, rw, tiles = nxt
+            token, offs_n, pairs, rw, wa, wb = n_token, n_offs, n_pairs, n_rw, nwa, nwb
     if PHASES == 3:
         # The last program past its down rows resets the barrier for the next launch: every program
         # has left the spin by then

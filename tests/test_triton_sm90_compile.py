@@ -50,6 +50,15 @@ out["experts gate/up GEMV, split-K"] = gemv_kernels(split_k, top_k=8)["gate_up"]
 json.dump(out, sys.stdout)
 '''
 
+PERSISTENT = r'''
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import persistent_kernels
+from workbench.variants.experts__triton_persistent import CONFIGS
+
+json.dump({"ptx": persistent_kernels(CONFIGS[0], top_k=8)["one_launch"].asm["ptx"]}, sys.stdout)
+'''
+
 
 def _require_compiler() -> None:
     try:
@@ -79,6 +88,29 @@ def test_fused_final_steps_compile_for_sm90_with_their_memory_ordering():
         assert any("atom.global.gpu.acq_rel.add" in line for line in lines), f"{name}: no acq_rel arrival count"
         assert any("atom.global.gpu.acq_rel.exch" in line for line in lines), f"{name}: counter never reset"
         assert any("ld.global.cg" in line for line in lines), f"{name}: partials not read from L2"
+
+
+def test_persistent_experts_grid_barrier_in_the_ptx():
+    """experts:triton_persistent's grid barrier as the GPU will run it: each CTA's threads meet (bar.sync)
+    before one thread counts the CTA in with a GPU-scope acquire-release add, the spin re-reads the count
+    with GPU-scope acquires by that thread and the CTA meets again before leaving it, the counters are
+    reset, and the activations other CTAs wrote are read from L2. (Counted by every thread instead, the
+    barrier would open early; read without acquire, the spin could see the count before the stores.)"""
+    lines = [line.strip() for line in _compiled(PERSISTENT)["ptx"].splitlines()]
+    code = [line for line in lines if line and not line.startswith(("//", ".loc", "$L"))]
+    add = next(i for i, line in enumerate(code) if "atom.global.gpu.acq_rel.add" in line)
+    assert code[add].startswith("@%p"), "the arrival is counted by every thread"
+    meet = max((i for i in range(add) if code[i].startswith("bar.sync")), default=None)
+    assert meet is not None and not any("st.global" in line for line in code[meet:add]), \
+        "no CTA barrier between the activations' stores and the arrival"
+    spin = [i for i, line in enumerate(code) if "ld.global.gpu.acquire" in line or "atom.global.gpu.acquire" in line]
+    assert spin and all(code[i].startswith("@%p") for i in spin), "the spin does not acquire the count"
+    for i in spin:  # the CTA meets after the read, before the branch that leaves or repeats the spin
+        branch = next(j for j in range(i, len(code)) if " bra" in code[j])
+        assert any(line.startswith("bar.sync") for line in code[i:branch]), \
+            "threads leave the spin without meeting the thread that read the count"
+    assert sum("atom.global.gpu.acq_rel.exch" in line for line in code) == 2, "the two counters are not reset"
+    assert any("ld.global.cg" in line for line in code), "activations not read from L2"
 
 
 def test_sm90_resources_reads_registers_and_spills_of_a_config():

@@ -192,8 +192,8 @@ class BeamForCausalLM(nn.Module):
         q = ops.qk_prep(q, k, v, p["qk_prep"], cache=kv, slot_mapping=meta.slot_mapping, positions=meta.positions,
                         eps=c.rms_norm_eps, rope_theta=c.rope_theta if sliding else None,
                         ssmax=None if sliding else (c.ssmax_base, c.ssmax_exponent))
-        o = ops.attention(q, kv, meta, window=c.sliding_window if sliding else None, scale=c.head_dim ** -0.5)
-        return ops.attn_out(o, g, p["attn_out"])
+        return ops.attention_out(q, kv, meta, g, p["attn_out"], window=c.sliding_window if sliding else None,
+                                 scale=c.head_dim ** -0.5)
 
     def _mlp(self, layer: DecoderLayer, x):
         c, ops, p = self.config, self.ops, layer.prepared

@@ -150,6 +150,13 @@ def prepare_scales_in_place():
     return _ref("dense_mlp"), prepare
 
 
+def gate_without_bias():
+    def attention_out(q, cache, meta, g, w, *, window, scale):  # a fused tail that drops the gate's bias
+        return _ref("attention_out")(q, cache, meta, g, {**w, "gate_bias": torch.zeros_like(w["gate_bias"])},
+                                     window=window, scale=scale)
+    return attention_out
+
+
 # name -> (point, factory, the check that must fail); a factory returns the variant's function, or
 # (function, weight-layout transform)
 PLANTED = {
@@ -168,6 +175,7 @@ PLANTED = {
     "one_group_score": ("route", one_group_score, "route_ids"),
     "one_vector_wrong": ("boundary", one_vector_wrong, "accuracy"),
     "prepare_scales_in_place": ("dense_mlp", prepare_scales_in_place, "inputs_unchanged"),
+    "gate_without_bias": ("attention_out", gate_without_bias, "accuracy"),
 }
 
 

@@ -23,7 +23,7 @@ from workbench.lock import Lock, module_key, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
-from workbench.registry import POINTS, REFERENCE, _compiled, backend_available, get
+from workbench.registry import COMPOUNDS, POINTS, REFERENCE, _compiled, backend_available, get
 from workbench.search import FINALIZE_RULE, PointResult, Search, paired_words, slower_by
 from workbench.targets import StepRunner, for_device, get_target
 
@@ -88,7 +88,9 @@ def rank_points(profile) -> list[str]:
     """Points by what they could save: time above the floor (the whole time when no floor is known)."""
     def saving(p):
         return p.time_us - (p.floor_us or 0.0)
-    return [p.point for p in sorted(profile.points, key=saving, reverse=True)]
+    ranked = [p.point for p in sorted(profile.points, key=saving, reverse=True)]
+    # a compound last: the build it is judged in end to end runs its members' choices without it
+    return [p for p in ranked if p not in COMPOUNDS] + [p for p in ranked if p in COMPOUNDS]
 
 
 def _write_json(path: str, obj) -> None:
@@ -319,11 +321,13 @@ def uncompilable(results: dict) -> dict[str, str]:
 def backend_bests(result) -> dict[str, float]:
     """Each backend's fastest candidate that passed its gate at this point, in ms per step (the
     reference counts as torch): which backend won, and by how much over the others. Candidates
-    launched with PDL count as "<backend>+pdl", so the report shows what PDL itself gained."""
+    launched with PDL count as "<backend>+pdl", so the report shows what PDL itself gained. A compound's
+    reference row is timed as its members' choices run apart ("apart")."""
     best: dict[str, float] = {}
     for c in result.candidates:
         if c.step_us is not None and c.gate_passed:
-            key = c.backend + ("+pdl" if (c.config or {}).get("pdl") else "")
+            key = "apart" if result.point in COMPOUNDS and c.variant == REFERENCE else c.backend
+            key += "+pdl" if (c.config or {}).get("pdl") else ""
             best[key] = min(best.get(key, math.inf), c.step_us / 1e3)
     return dict(sorted(best.items(), key=lambda kv: kv[1]))
 

@@ -20,7 +20,7 @@ from workbench.registry import POINTS, variants
 
 # Points whose inputs depend on the layer kind (window, RoPE or NoPE, cache group); the others see the
 # same shapes and values in sliding-window and full-attention layers.
-LAYER_DEPENDENT = ("qk_prep", "attention")
+LAYER_DEPENDENT = ("qk_prep", "attention", "attention_out")
 # Points the model runs once per step, after the last layer (the profiler's "model" kind), on each
 # sequence's last new token only: a prefill of 8 x 2048 tokens samples 8 rows, not 16384.
 STEP_POINTS = ("head", "sample")

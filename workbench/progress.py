@@ -10,6 +10,7 @@ from rich.table import Table
 
 from workbench.optimize import challenge_lines, compile_baselines, noise_line
 from workbench.profiler.idle import idle_line
+from workbench.registry import COMPOUNDS
 from workbench.search import paired_words
 
 
@@ -52,7 +53,9 @@ class ConsoleProgress:
                         f"spread {100 * r['spread']:.1f}%{cfg}{took}")
         elif kind == "point_done":
             r = e["result"]
-            c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step, "
+            # a compound's incumbent: its members' choices run apart (the first row)
+            apart = f", members apart {r['candidates'][0]['step_us']:.1f}" if r["point"] in COMPOUNDS else ""
+            c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step{apart}, "
                     f"noise band {100 * r['band']:.1f}%)")
         elif kind == "agent_round":
             c.print(f"[bold]{e['point']}[/]: agent round {e['round']} in {e['task']}")

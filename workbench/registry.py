@@ -10,6 +10,7 @@ triton, no CLI, no search) because the model imports it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -19,8 +20,16 @@ from typing import Any, Callable
 
 POINTS = (
     "boundary", "qkvg_proj", "qk_prep", "attention", "attn_out",
-    "route", "experts", "dense_mlp", "head", "sample",
+    "route", "experts", "dense_mlp", "head", "sample", "attention_out",
 )
+# Compound points: fusions across points. The model calls the compound; its reference variant is the
+# members' calls in sequence, and where the compound's selection is that reference, binding makes it
+# call the members' *selected* variants (the build without a fusion across them). Any other variant
+# replaces the members' kernels with its own (their calls then never happen). A compound's variants
+# take their members' weights as the reference lays them out (see `Ops`).
+COMPOUNDS = {
+    "attention_out": ("attention", "attn_out"),
+}
 BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "cute")
 REFERENCE = "torch"  # every point's reference variant is named after its backend
 
@@ -101,6 +110,36 @@ class Variant:
 
 _VARIANTS: dict[str, dict[str, Variant]] = {p: {} for p in POINTS}
 _LOADED: set[str] = set()
+_SPLITS: dict[str, Callable] = {}  # compound -> split(ops, *args, **kwargs): its members' calls on `ops`
+
+
+def compound_split(point: str) -> Callable[[Callable], Callable]:
+    """Decorator: `split(ops, ...)`, a compound's members called in sequence on an `Ops`-like object
+    (attributes named after the members). Its reference is `split` on the members' references."""
+    if point not in COMPOUNDS:
+        raise KeyError(f"{point!r} is not a compound point; compounds: {', '.join(COMPOUNDS)}")
+
+    def deco(split: Callable) -> Callable:
+        _SPLITS[point] = split
+        return split
+
+    return deco
+
+
+def split_of(point: str) -> Callable:
+    variants(point)  # imports the compound's module, which declares its split
+    if point not in _SPLITS:
+        raise RuntimeError(f"workbench/variants/{point}.py declares no compound_split for {point!r}")
+    return _SPLITS[point]
+
+
+class References:
+    """Each point's reference callable as an attribute: what a compound's reference calls its members on."""
+
+    def __getattr__(self, point: str) -> Callable:
+        if point not in _VARIANTS:
+            raise AttributeError(point)
+        return reference(point).fn
 
 
 def register(point: str, name: str, backend: str, **kw) -> Callable[[Callable], Callable]:
@@ -231,6 +270,15 @@ class Ops:
                 raise RuntimeError(f"cannot use {v.qualname}: {why}")
             self.variants[point] = v
             setattr(self, point, v.at(configs.get(point)))
+        for point, members in COMPOUNDS.items():
+            if self.variants[point].name == REFERENCE:  # no fusion: the members' selected variants run
+                setattr(self, point, functools.partial(split_of(point), self))
+                continue
+            laid_out = [m for m in members if self.variants[m].prepare is not None]
+            if laid_out:  # the model prepares each member's weights with the member's own transform
+                raise ValueError(f"{self.variants[point].qualname} takes {'/'.join(members)}'s weights as the "
+                                 f"reference lays them out, but {', '.join(self.variants[m].qualname for m in laid_out)} "
+                                 f"re-lays them at load time: select another variant of {', '.join(laid_out)}")
         self.configs = configs
 
     @property

@@ -31,20 +31,22 @@ does) and never edits variants.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+import types
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from workbench import bench, gates
 from workbench.lock import code_key, code_key_matches, source_hash
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
-from workbench.registry import REFERENCE, backend_available, variants
+from workbench.registry import COMPOUNDS, REFERENCE, Variant, backend_available, split_of, variants
 from workbench.watchdog import Watchdog
 
 STALLED = "did not finish in an earlier run of this search"  # a skip reason's mark: the candidate hung
@@ -136,6 +138,7 @@ class Search:
         self.resume.set()             # cleared = paused between candidates
         self.candidate_timeout = candidate_timeout
         self.on_stall = on_stall or _end_process
+        self.choices: dict[str, tuple[str, dict | None]] = {}  # point -> (variant, config) chosen so far
 
     # ---- per point ---------------------------------------------------------------------
     def step_calls(self, point: str) -> dict[str, int]:
@@ -162,6 +165,7 @@ class Search:
                "device": str(self.device.type), "calls": self.calls[point],
                "workloads": {kind: w.label() for kind, w in self.workloads(point).items()},
                "sources": {name: source_hash(point, name) for name in table},
+               **({"members": self._member_choices(point)} if point in COMPOUNDS else {}),
                **({"left_out": left_out} if left_out else {})}
         return json.loads(json.dumps(key))
 
@@ -182,6 +186,7 @@ class Search:
     def search_point(self, point: str) -> PointResult:
         cached = self._load(point)
         if cached and self._gated_again(point, cached):
+            self.choices[point] = (cached.choice, cached.config)
             self.on_event({"type": "point_cached", "point": point, "result": cached.to_dict()})
             return cached
         self.on_event({"type": "point_start", "point": point})
@@ -191,6 +196,9 @@ class Search:
         ref_us, band, spread = self._reference_time(ref, workloads)
         best = CandidateResult(point, REFERENCE, ref.backend, None, True, step_us=ref_us,
                                spread=spread, speedup=1.0)
+        if point in COMPOUNDS:  # the incumbent is no fusion: the members' choices, one after the other
+            apart = self._step_time(self._members_apart(point), None, workloads)
+            best = replace(best, step_us=apart["step_us"], spread=apart["spread"], speedup=ref_us / apart["step_us"])
         results = [best]
         fingerprint = self._fingerprint(point)
         unfinished = self._inflight(point, fingerprint)  # candidates that earlier processes never finished
@@ -198,7 +206,7 @@ class Search:
         for name, v in table.items():
             if name == REFERENCE:
                 continue
-            why = self._unavailable(v, workloads)
+            why = self._unavailable(v, workloads) or self._relaid_members(point)
             for config in ([None] if why else v.tuning_configs()):  # an unavailable variant: one row
                 self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
@@ -216,12 +224,37 @@ class Search:
                 if result.step_us is not None and result.step_us < best.step_us * (1 - band):
                     best = result
         out = PointResult(point, best.variant, best.config, ref_us, best.step_us, band, results)
+        self.choices[point] = (out.choice, out.config)
         if point not in self.skip:  # a skipped point was not searched: a resumed run searches it
             self._save(point, out)
             if os.path.exists(self._inflight_file(point)):
                 os.remove(self._inflight_file(point))
         self.on_event({"type": "point_done", "point": point, "result": out.to_dict()})
         return out
+
+    def _members_apart(self, point: str) -> Variant:
+        """A compound as a build without it runs: its split over each member's choice in this search
+        (the model's bound variant for a member not searched here)."""
+        members, layouts = {}, []
+        for m, (name, config) in self._member_choices(point).items():
+            members[m] = variants(m)[name].at(config)
+            layouts += [variants(m)[name].prepare] if variants(m)[name].prepare else []
+        # the compound's weights are its members' (attention_out: attn_out's), laid out as the member's
+        # choice lays them out in the model
+        return Variant(point, REFERENCE, "torch", functools.partial(split_of(point), types.SimpleNamespace(**members)),
+                       prepare=layouts[0] if len(layouts) == 1 else None)
+
+    def _relaid_members(self, point: str) -> str | None:
+        """Why a compound's fusions cannot run beside its members' choices (see `registry.Ops`), or None."""
+        if point not in COMPOUNDS:
+            return None
+        relaid = [f"{m}:{name}" for m, (name, _) in self._member_choices(point).items() if variants(m)[name].prepare]
+        return f"{', '.join(relaid)} re-lays its weights at load time, which a fusion of {point} cannot take" \
+            if relaid else None
+
+    def _member_choices(self, point: str) -> dict[str, tuple[str, dict | None]]:
+        ops = self.model.ops
+        return {m: self.choices.get(m, (ops.variants[m].name, ops.configs.get(m))) for m in COMPOUNDS[point]}
 
     def _reference_time(self, ref, workloads) -> tuple[float, float, float]:
         """The reference's step time, the noise band and its spread. The reference is timed until two

@@ -87,6 +87,8 @@ def _strip_docstrings(node: ast.AST) -> ast.AST:
 
 def reference_source(point: str, fn_name: str) -> tuple[list[str], list[str], str]:
     """(import lines, helper definitions, the function) for an inlined copy of the point's reference."""
+    if point in registry.COMPOUNDS:
+        return _compound_source(point, fn_name)
     ref = registry.reference(point).fn
     module = importlib.import_module(ref.__module__)
     tree = ast.parse(inspect.getsource(module))
@@ -122,6 +124,26 @@ def reference_source(point: str, fn_name: str) -> tuple[list[str], list[str], st
     helpers = [ast.unparse(_strip_docstrings(s)) for s in tree.body if any(top.get(n) is s for n in needed_defs)]
     lines = sorted({imports[n] for n in needed_imports})
     return lines, list(dict.fromkeys(helpers)), ast.unparse(fn)
+
+
+def _compound_source(point: str, fn_name: str) -> tuple[list[str], list[str], str]:
+    """A compound's reference inlined: each member's reference as a helper `_<member>`, and the
+    compound's split calling them in place of `ops.<member>`."""
+    imports, helpers = [], []
+    for member in registry.COMPOUNDS[point]:
+        member_imports, member_helpers, member_fn = reference_source(member, f"_{member}")
+        imports += member_imports
+        helpers += member_helpers + [member_fn]
+    fn = ast.parse(textwrap.dedent(inspect.getsource(registry.split_of(point)))).body[0]
+    ops = fn.args.args.pop(0).arg
+    for node in ast.walk(fn):
+        for field_name, value in ast.iter_fields(node):
+            if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == ops:
+                setattr(node, field_name, ast.Name(f"_{value.attr}", ast.Load()))
+    fn.decorator_list = []
+    fn.name = fn_name
+    _strip_docstrings(fn)
+    return sorted(set(imports)), list(dict.fromkeys(helpers)), ast.unparse(ast.fix_missing_locations(fn))
 
 
 def render(point: str, name: str, backend: str, shapes: str = "", *, fn_name: str | None = None) -> str:

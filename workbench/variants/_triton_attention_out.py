@@ -1,0 +1,69 @@
+"""Triton kernels of `attention_out:triton`: at decode, attention:triton's split-K decode kernel writes
+its partials, then ONE kernel merges each head's splits, rounds the attention output as `attention`
+does, applies `attn_out`'s gate and rounds again, and the small-M GEMV (`_triton_gemv.linear`) runs
+o_proj: three launches where attention:triton + attn_out:triton_gemv take four (decode, merge, gate,
+GEMV). Prefill runs the two points' Triton code one after the other. Imported on the variant's first
+call (kernels need triton, and TRITON_INTERPRET set first under the CPU interpreter).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.variants import _triton_attention as attn
+from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+
+
+@triton.jit
+def _merge_gate_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, out_ptr, g_stride, n_heads, head_dim, n_splits,
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    """One (token, query head, BLOCK_D of head_dim): merge the splits (attention's `_merge_head`),
+    round to the model dtype (attention's output), gate in FP32 as `attn_out` does, round once more."""
+    pdl_enter(PDL)
+    pid = tl.program_id(0).to(tl.int64)
+    token, head = pid // n_heads, pid % n_heads
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    o = attn._merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
+    o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
+    g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok).to(tl.float32)
+    b = tl.load(bias_ptr + head).to(tl.float32)
+    gated = o * (1.0 / (1.0 + tl.exp(-(g + b))))  # sigmoid as torch computes it, apart from the product
+    tl.store(out_ptr + token * n_heads * head_dim + head * head_dim + d, round_to(gated, out_ptr.dtype.element_ty),
+             mask=d_ok)
+
+
+def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.Tensor:
+    """The gated attention output [N, heads * hd] of a decode step (one query per sequence):
+    attention:triton's decode kernel at `cfg` always writing split partials (even one split), then the
+    merge-gate kernel. No host reads: every size is a shape, a config value or the SM count."""
+    attn._check(q, cache, window)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    table = meta.page_table
+    batch, max_pages = table.shape
+    n, heads, hd = q.shape
+    if n != batch:
+        raise ValueError(f"decode needs one query per sequence: {n} queries, {batch} page-table rows")
+    page, kv_heads = cache.shape[2], cache.shape[3]
+    group = heads // kv_heads
+    splits = attn.decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
+    m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
+    l_part = torch.empty_like(m)
+    acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
+    gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
+    pdl = pdl_launch(cfg.get("pdl"))
+    # out_ptr: the kernel's single-split store is compiled out (SINGLE=False); any tensor of q's dtype
+    attn._decode_kernel[(batch, kv_heads, splits)](
+        q, cache, table, meta.seq_lens, meta.positions, gated, m, l_part, acc, m,
+        *attn._strides(q, cache, table, q), max_pages, window or 0, scale * attn.LOG2E, heads, hd,
+        GROUP=group, BLOCK_G=max(attn.MIN_DOT, triton.next_power_of_2(group)),
+        BLOCK_D=max(attn.MIN_DOT, triton.next_power_of_2(hd)), BLOCK_N=cfg["BLOCK_N"], PAGE=page,
+        HAS_WINDOW=window is not None, SINGLE=False, FUSED_MERGE=False, MERGE_BLOCK_S=1,
+        IEEE=q.dtype == torch.float32, INTERP=attn.INTERPRETED, EARLY_V=cfg.get("EARLY_V", False),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+    block_d = min(attn.MERGE_BLOCK_D, triton.next_power_of_2(hd))
+    _merge_gate_kernel[(batch * heads, triton.cdiv(hd, block_d))](
+        m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits,
+        BLOCK_S=min(attn.MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4, **pdl)
+    return gated

@@ -30,6 +30,9 @@ POINTS = (
 COMPOUNDS = {
     "attention_out": ("attention", "attn_out"),
 }
+_MEMBERS = [m for members in COMPOUNDS.values() for m in members]
+assert len(set(_MEMBERS)) == len(_MEMBERS) and set(_MEMBERS) <= set(POINTS) - set(COMPOUNDS), \
+    "a compound's members are plain points, each in one compound (the model calls one or the other)"
 BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "cute")
 REFERENCE = "torch"  # every point's reference variant is named after its backend
 

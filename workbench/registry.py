@@ -136,6 +136,12 @@ def split_of(point: str) -> Callable:
     return _SPLITS[point]
 
 
+def relaid_members(point: str, selected: dict[str, "Variant"]) -> list["Variant"]:
+    """The compound's members whose selected variant re-lays their weights at load time: a fusion of
+    the compound, which takes them as the reference lays them out, cannot run beside one."""
+    return [selected[m] for m in COMPOUNDS[point] if selected[m].prepare is not None]
+
+
 class References:
     """Each point's reference callable as an attribute: what a compound's reference calls its members on."""
 
@@ -277,11 +283,12 @@ class Ops:
             if self.variants[point].name == REFERENCE:  # no fusion: the members' selected variants run
                 setattr(self, point, functools.partial(split_of(point), self))
                 continue
-            laid_out = [m for m in members if self.variants[m].prepare is not None]
+            laid_out = relaid_members(point, self.variants)
             if laid_out:  # the model prepares each member's weights with the member's own transform
                 raise ValueError(f"{self.variants[point].qualname} takes {'/'.join(members)}'s weights as the "
-                                 f"reference lays them out, but {', '.join(self.variants[m].qualname for m in laid_out)} "
-                                 f"re-lays them at load time: select another variant of {', '.join(laid_out)}")
+                                 f"reference lays them out, but {', '.join(v.qualname for v in laid_out)} "
+                                 f"re-lays them at load time: select another variant of "
+                                 f"{', '.join(v.point for v in laid_out)}")
         self.configs = configs
 
     @property

@@ -46,7 +46,7 @@ from workbench import bench, gates
 from workbench.lock import code_key, code_key_matches, source_hash
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
-from workbench.registry import COMPOUNDS, REFERENCE, Variant, backend_available, split_of, variants
+from workbench.registry import COMPOUNDS, REFERENCE, Variant, backend_available, relaid_members, split_of, variants
 from workbench.watchdog import Watchdog
 
 STALLED = "did not finish in an earlier run of this search"  # a skip reason's mark: the candidate hung
@@ -248,9 +248,9 @@ class Search:
         """Why a compound's fusions cannot run beside its members' choices (see `registry.Ops`), or None."""
         if point not in COMPOUNDS:
             return None
-        relaid = [f"{m}:{name}" for m, (name, _) in self._member_choices(point).items() if variants(m)[name].prepare]
-        return f"{', '.join(relaid)} re-lays its weights at load time, which a fusion of {point} cannot take" \
-            if relaid else None
+        relaid = relaid_members(point, {m: variants(m)[name] for m, (name, _) in self._member_choices(point).items()})
+        return f"{', '.join(v.qualname for v in relaid)} re-lays its weights at load time, which a fusion of " \
+            f"{point} cannot take" if relaid else None
 
     def _member_choices(self, point: str) -> dict[str, tuple[str, dict | None]]:
         ops = self.model.ops

@@ -155,25 +155,27 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
     attributed = 0.0
     total = sum(us for _, us in all_work)
     points = []
-    def calls_and_floor(point):
-        by_kind = {kind: n for (p, kind), n in log.calls.items() if p == point}
+    def calls_of(point):
+        return {kind: n for (p, kind), n in log.calls.items() if p == point}
+
+    def floor_of(point, by_kind):
         if not (workload_for and ceilings):
-            return by_kind, None
+            return None
         from workbench.bench import floor_us
         from workbench.points import spec
 
-        return by_kind, sum(n * floor_us(spec(point), workload_for(kind), ceilings) for kind, n in by_kind.items())
+        return sum(n * floor_us(spec(point), workload_for(kind), ceilings) for kind, n in by_kind.items())
 
     for point, work in per_point.items():
         us = sum(t for _, t in work)
         attributed += us
         counts, times = _tally(work)
-        by_kind, floor = calls_and_floor(point)
+        by_kind = calls_of(point)
         top = sorted(((n, counts[n], times[n]) for n in counts), key=lambda r: -r[2])[:5]
         points.append(PointProfile(point, model.ops.variants[point].name, sum(by_kind.values()), by_kind, us,
-                                   us / total if total else 0.0, len(work), floor, top))
+                                   us / total if total else 0.0, len(work), floor_of(point, by_kind), top))
     for point in COMPOUNDS:  # called, running its members' kernels (in their ranges): none of its own,
-        by_kind, _ = calls_and_floor(point)  # and no floor of its own (the members' count in the step's)
+        by_kind = calls_of(point)  # and no floor of its own (the members' count in the step's)
         if by_kind and point not in per_point:
             points.append(PointProfile(point, model.ops.variants[point].name, sum(by_kind.values()), by_kind, 0.0,
                                        0.0, 0, None, []))

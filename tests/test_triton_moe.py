@@ -41,6 +41,21 @@ def _truth(x, ids, weights, w, dtype=torch.float64):
     return reference(x.to(dtype), ids, weights.to(dtype), {k: v.to(dtype) for k, v in w.items()})
 
 
+def _poisoned(w, experts):
+    """A copy of the weights with NaN in `experts` (indices or a mask): no kernel may read them."""
+    out = {k: v.clone() for k, v in w.items()}
+    for v in out.values():
+        v[experts] = float("nan")
+    return out
+
+
+def _unselected(ids):
+    """The mask of the experts a token's `ids` do not select."""
+    mask = torch.ones(TINY.n_routed_experts, dtype=torch.bool)
+    mask[ids] = False
+    return mask
+
+
 def _rel_err(y, ref):
     return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
 
@@ -87,12 +102,7 @@ def test_bitwise_deterministic(config, n):
 def test_one_token_reads_only_its_experts(config):
     x, ids, weights, w = _problem(1, torch.bfloat16, seed=7)
     clean = _run(config, x, ids, weights, w)
-    unselected = torch.ones(TINY.n_routed_experts, dtype=torch.bool)
-    unselected[ids[0]] = False
-    poisoned = {k: v.clone() for k, v in w.items()}
-    for v in poisoned.values():
-        v[unselected] = float("nan")
-    y = _run(config, x, ids, weights, poisoned)
+    y = _run(config, x, ids, weights, _poisoned(w, _unselected(ids[0])))
     assert torch.isfinite(y).all() and torch.equal(y, clean)
 
 
@@ -102,10 +112,7 @@ def test_empty_and_overfull_experts(config):
     only otherwise, so experts 6..15 get nothing; their weights are NaN and must never be read."""
     x, _, weights, w = _problem(17, torch.float32, seed=9)
     ids = torch.stack([torch.tensor([5, (i % 4), (i + 1) % 4, (i + 2) % 4]) for i in range(17)])
-    poisoned = {k: v.clone() for k, v in w.items()}
-    for v in poisoned.values():
-        v[6:] = float("nan")
-    y = _run(config, x, ids, weights, poisoned)
+    y = _run(config, x, ids, weights, _poisoned(w, slice(6, None)))
     assert _rel_err(y, _truth(x, ids, weights, w)) < TOL[torch.float32]
 
 

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tests.test_triton_moe import TINY, TOL, TP8, _problem, _rel_err, _truth  # noqa: E402
+from tests.test_triton_moe import TOL, TP8, _poisoned, _problem, _rel_err, _truth, _unselected  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
 from workbench.variants._arrivals import arrival_counters  # noqa: E402
@@ -48,11 +48,7 @@ def test_bitwise_as_triton_rows_and_reads_only_its_experts():
     clean = PERSISTENT.fn(x, ids, weights, w)
     rows = get("experts", "triton_rows").at(dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=2, DOWN_WARPS=8))
     assert torch.equal(clean.view(torch.int16), rows(x, ids, weights, w).view(torch.int16))
-    unselected = torch.ones(TINY.n_routed_experts, dtype=torch.bool)
-    unselected[ids[0]] = False
-    poisoned = {k: v.clone() for k, v in w.items()}
-    for v in poisoned.values():
-        v[unselected] = float("nan")
+    poisoned = _poisoned(w, _unselected(ids[0]))
     assert torch.equal(PERSISTENT.fn(x, ids, weights, poisoned), clean)
 
 

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tests.test_triton_moe import TINY, TOL, TP8, _problem, _rel_err, _truth  # noqa: E402
+from tests.test_triton_moe import TOL, TP8, _poisoned, _problem, _rel_err, _truth, _unselected  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
 from workbench.variants._triton_moe_rows import pieces  # noqa: E402
@@ -53,11 +53,7 @@ def test_bitwise_deterministic_and_reads_only_its_experts():
     x, ids, weights, w = _problem(1, torch.bfloat16, seed=7)
     clean = ROWS.fn(x, ids, weights, w)
     assert torch.equal(clean.view(torch.int16), ROWS.fn(x, ids, weights, w).view(torch.int16))
-    unselected = torch.ones(TINY.n_routed_experts, dtype=torch.bool)
-    unselected[ids[0]] = False
-    poisoned = {k: v.clone() for k, v in w.items()}
-    for v in poisoned.values():
-        v[unselected] = float("nan")
+    poisoned = _poisoned(w, _unselected(ids[0]))
     assert torch.equal(ROWS.fn(x, ids, weights, poisoned), clean)
 
 

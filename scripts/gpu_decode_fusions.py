@@ -1,0 +1,70 @@
+"""Time the two decode fusions against what they replace in the decode lock, in one process:
+attention_out:triton (every config) against the lock's attention and attn_out run apart, and
+experts:triton_persistent (every config) against the lock's experts config (layers' kinds apart only
+for attention); per step (layer counts from the run folder's reference profile), each pair timed twice in alternation to show the host's drift.
+
+Usage (repository root, GPU host): python3 scripts/gpu_decode_fusions.py [RUN_DIR] OUT.json
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import types
+
+import torch
+import triton
+
+from workbench import bench
+from workbench.lock import Lock
+from workbench.points import Workload
+from workbench.registry import Variant, get, split_of, variants
+
+# A CPU smoke run: PRESET=beam-tiny DEVICE=cpu TRITON_INTERPRET=1
+PRESET = os.environ.get("PRESET", "beam-501b-tp8")
+DEVICE = os.environ.get("DEVICE", "cuda")
+
+
+def main(run_dir: str, out_path: str):
+    lock, _ = Lock.load(os.path.join(run_dir, "lock.yaml"))
+    with open(os.path.join(run_dir, "profile.json")) as f:
+        calls = {p["point"]: p["calls_by_kind"] for p in json.load(f)["points"]}
+    locked = {p: get(p, e["variant"]).at(e.get("config")) for p, e in lock.points.items() if p in ("attention", "attn_out")}
+    apart = Variant("attention_out", "apart", "triton",
+                    functools.partial(split_of("attention_out"), types.SimpleNamespace(**locked)))
+    fused = variants("attention_out")["triton"]
+    rows = variants("experts")[lock.points["experts"]["variant"]]
+    persistent = variants("experts")["triton_persistent"]
+    candidates = {
+        "attention_out": [("apart (the lock's attention + attn_out)", apart, None)]
+                         + [(f"attention_out:triton {c}", fused, c) for c in fused.tuning_configs()],
+        "experts": [(f"locked experts:{rows.name} {lock.points['experts'].get('config')}", rows,
+                     lock.points["experts"].get("config"))]
+                   + [(f"experts:triton_persistent {c}", persistent, c) for c in persistent.tuning_configs()],
+    }
+    rows_out = []
+    for point, cands in candidates.items():
+        counts = calls["attention"] if point == "attention_out" else {"sliding": sum(calls[point].values())}
+        for round_ in (1, 2):
+            for label, variant, config in cands:
+                step_us, spread = 0.0, 0.0
+                for kind, n in counts.items():
+                    wl = Workload(PRESET, batch=1, context=4096, layer=kind, dtype="bf16")
+                    t = bench.time_variant(variant, wl, device=DEVICE, config=config)
+                    step_us += n * t["median_us"]
+                    spread = max(spread, t["spread"])
+                rows_out.append({"point": point, "round": round_, "candidate": label, "step_us": round(step_us, 1),
+                                 "spread": spread})
+                print(f"{point:14s} round {round_}  {step_us:8.1f} us/step  spread {spread:.1%}  {label}", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with open(out_path, "w") as f:
+        json.dump({"command": "python3 scripts/gpu_decode_fusions.py " + " ".join(sys.argv[1:]),
+                   "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "preset": PRESET, "torch": torch.__version__, "triton": triton.__version__,
+                   "git_commit": commit, "calls_per_step": {p: calls[p] for p in ("attention", "experts")},
+                   "rows": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main(args[0] if len(args) > 1 else "runs/optimize-decode-b1-beam-501b-tp8", args[-1])

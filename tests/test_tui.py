@@ -222,6 +222,26 @@ def test_search_view_notes_the_end_to_end_stage():
     assert view.note == "end to end: experts:triton_rows tied with the choice at the op level: taken"
 
 
+def test_search_view_takes_a_candidate_timed_again():
+    """A re-timed candidate (its first timing past the noisy spread) is a new row and, where it led
+    or now leads, the point's leader."""
+    from types import SimpleNamespace
+
+    from workbench.tui.search_view import SearchView
+
+    rows = []
+    first = {"variant": "triton", "config": {"num_warps": 4}, "step_us": 50.0}
+    other = {"variant": "triton", "config": {"num_warps": 8}, "step_us": 70.0}
+    view = SimpleNamespace(leader={"boundary": first}, candidates=[], _add_candidate_row=rows.append,
+                           _draw=lambda: None)
+    again = dict(first, step_us=90.0, noisy_timing={"step_us": 50.0, "spread": 0.4})
+    SearchView.handle(view, {"type": "candidate_retimed", "point": "boundary", "result": again})
+    assert view.leader["boundary"] is again and rows == [again]  # the leader's own, slower timing
+    view.leader["boundary"] = other
+    SearchView.handle(view, {"type": "candidate_retimed", "point": "boundary", "result": again})
+    assert view.leader["boundary"] is other and rows == [again, again]  # slower than another leader
+
+
 def test_a_later_run_resumes_finished_points_and_searches_the_skipped_one(session, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 

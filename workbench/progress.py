@@ -51,6 +51,11 @@ class ConsoleProgress:
                 cfg = f" {r['config']}" if r["config"] else ""
                 c.print(f"  {r['variant']:<16} {r['step_us']:10.1f} us/step  x{r['speedup']:.2f}  "
                         f"spread {100 * r['spread']:.1f}%{cfg}{took}")
+        elif kind == "candidate_retimed":
+            r = e["result"]
+            c.print(f"  {r['variant']:<16} timed again ({100 * r['noisy_timing']['spread']:.1f}% spread at "
+                    f"{r['noisy_timing']['step_us']:.1f}): {r['step_us']:10.1f} us/step  spread "
+                    f"{100 * r['spread']:.1f}%{' ' + str(r['config']) if r['config'] else ''}")
         elif kind == "point_done":
             r = e["result"]
             # a compound's incumbent: its members' choices run apart (the first row)

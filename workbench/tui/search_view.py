@@ -83,6 +83,13 @@ class SearchView(Vertical):
                 else "gating & timing"
         elif kind == "candidate":
             self._candidate(e["point"], e["result"])
+        elif kind == "candidate_retimed":  # a new row with the quieter timing; point_done settles the choice
+            r, leader = e["result"], self.leader.get(e["point"])
+            if leader is None or r["step_us"] < leader["step_us"] or \
+                    (leader["variant"], leader["config"]) == (r["variant"], r["config"]):
+                self.leader[e["point"]] = r
+            self.candidates.append(r)
+            self._add_candidate_row(r)
         elif kind in ("point_done", "point_cached"):
             p = e["point"]
             self.results[p] = e["result"]

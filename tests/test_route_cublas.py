@@ -40,9 +40,16 @@ def test_other_activation_dtypes_take_route_triton():
 PREFILL = Workload("beam-tiny", batch=1, tokens_per_seq=128, context=128)  # 128 tokens: the GEMMs
 
 
-def test_op_gate_passes_every_config():
-    # (decode sizes run route:triton's kernels, gated in its own tests; one seed keeps the interpreter quick)
-    assert_every_config_passes(get("route", "cublas"), [PREFILL], seeds=(0,))
+def test_op_gate_passes_each_gemm_plan():
+    """One config per GEMM plan (chain, split, batched): every config is checked against the reference
+    above and op-gated by `test_gpu_op_gate_tp8`; gating all eleven interpreted took a minute of CI.
+    (Decode sizes run route:triton's kernels, gated in its own tests; one seed keeps the interpreter quick.)"""
+    v = get("route", "cublas")
+    plans = {c["gemms"]: c for c in reversed(mod.CONFIGS)}  # each plan's first config
+    assert sorted(plans) == ["batched", "chain", "split"]
+    for config in plans.values():
+        report = gates.op_gate(v, [PREFILL], seeds=(0,), config=config)
+        assert report.passed, (config, failures(report))
 
 
 def test_op_gate_rejects_a_chain_that_drops_its_running_sum(monkeypatch):

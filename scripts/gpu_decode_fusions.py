@@ -1,7 +1,8 @@
 """Time the two decode fusions against what they replace in the decode lock, in one process:
 attention_out:triton (every config) against the lock's attention and attn_out run apart, and
-experts:triton_persistent (every config) against the lock's experts config (layers' kinds apart only
-for attention); per step (layer counts from the run folder's reference profile), each pair timed twice in alternation to show the host's drift.
+experts:triton_persistent (every config) against the lock's experts config; per step (layer counts
+from the run folder's reference profile; sliding and full layers apart for attention). Every candidate
+is timed in turn, then all again: the second round shows the host's drift.
 
 Usage (repository root, GPU host): python3 scripts/gpu_decode_fusions.py [RUN_DIR] OUT.json
 """
@@ -30,7 +31,7 @@ def main(run_dir: str, out_path: str):
     lock, _ = Lock.load(os.path.join(run_dir, "lock.yaml"))
     with open(os.path.join(run_dir, "profile.json")) as f:
         calls = {p["point"]: p["calls_by_kind"] for p in json.load(f)["points"]}
-    locked = {p: get(p, e["variant"]).at(e.get("config")) for p, e in lock.points.items() if p in ("attention", "attn_out")}
+    locked = {p: get(p, lock.points[p]["variant"]).at(lock.points[p].get("config")) for p in ("attention", "attn_out")}
     apart = Variant("attention_out", "apart", "triton",
                     functools.partial(split_of("attention_out"), types.SimpleNamespace(**locked)))
     fused = variants("attention_out")["triton"]
@@ -60,7 +61,8 @@ def main(run_dir: str, out_path: str):
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with open(out_path, "w") as f:
         json.dump({"command": "python3 scripts/gpu_decode_fusions.py " + " ".join(sys.argv[1:]),
-                   "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "preset": PRESET, "torch": torch.__version__, "triton": triton.__version__,
+                   "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "preset": PRESET,
+                   "torch": torch.__version__, "triton": triton.__version__,
                    "git_commit": commit, "calls_per_step": {p: calls[p] for p in ("attention", "experts")},
                    "rows": rows_out}, f, indent=1)
 

@@ -1323,6 +1323,15 @@ def test_a_candidate_timed_past_the_noisy_spread_is_timed_again(tmp_path):
     assert kept.step_us == 90.0 and kept.noisy_timing is None
     assert Search(_tiny_runner(), calls={"boundary": {"sliding": 2}}, out_dir=str(tmp_path),
                   backends=("triton",))._load("boundary").candidate("triton", eval(configs[0])).noisy_timing
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from workbench.progress import ConsoleProgress
+
+    console = Console(record=True, width=200)
+    ConsoleProgress(console).event({"type": "candidate_retimed", "point": "boundary", "result": asdict(noisy)})
+    assert "timed again (30.0% spread at 250.0):       80.0 us/step  spread 2.0%" in console.export_text()
 
 
 def test_a_config_that_does_not_run_as_itself_is_skipped_with_its_reason(tmp_path, monkeypatch):

@@ -371,14 +371,30 @@ def _strides(q, cache, table, out):
 def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
     """No host reads: every size below is a shape, a config value or the device's SM count."""
     batch, max_pages = table.shape
+    page, kv_heads = cache.shape[2], cache.shape[3]
+    splits = decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
+    single = splits == 1
+    fused = not single and splits <= cfg["FUSED_MERGE_MAX_SPLITS"]
+    m, l_part, acc = decode_launch(meta, cfg, q=q, cache=cache, table=table, out=out, window=window,
+                                   qk_scale=qk_scale, splits=splits, single=single, fused=fused)
+    if not single and not fused:
+        heads, hd = q.shape[1], q.shape[2]
+        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
+        _merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
+            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
+            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
+            **pdl_launch(cfg.get("pdl")))
+
+
+def decode_launch(meta, cfg, *, q, cache, table, out, window, qk_scale, splits, single, fused):
+    """The decode kernel over `splits` splits a (sequence, kv head). Returns the split partials
+    (m, l, acc) it wrote, which the caller merges unless `single` or `fused` (then they are unused)."""
+    batch, max_pages = table.shape
     n, heads, hd = q.shape
     if n != batch:
         raise ValueError(f"decode needs one query per sequence: {n} queries, {batch} page-table rows")
     page, kv_heads = cache.shape[2], cache.shape[3]
     group = heads // kv_heads
-    splits = decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
-    single = splits == 1
-    fused = not single and splits <= cfg["FUSED_MERGE_MAX_SPLITS"]
     if single:  # the kernel takes the scratch pointers either way; they are not touched
         m = l_part = acc = out
     else:
@@ -395,12 +411,7 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
         MERGE_BLOCK_S=triton.next_power_of_2(splits) if fused else 1, IEEE=q.dtype == torch.float32,
         INTERP=INTERPRETED, EARLY_V=cfg["EARLY_V"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))
-    if not single and not fused:
-        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
-        _merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
-            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
-            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
-            **pdl_launch(cfg.get("pdl")))
+    return m, l_part, acc
 
 
 def _prefill(meta, cfg, *, q, cache, table, out, window, qk_scale):

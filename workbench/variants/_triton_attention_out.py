@@ -42,28 +42,15 @@ def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.
     g = g if g.stride(-1) == 1 else g.contiguous()
     table = meta.page_table
     batch, max_pages = table.shape
-    n, heads, hd = q.shape
-    if n != batch:
-        raise ValueError(f"decode needs one query per sequence: {n} queries, {batch} page-table rows")
-    page, kv_heads = cache.shape[2], cache.shape[3]
-    group = heads // kv_heads
-    splits = attn.decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
-    m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
-    l_part = torch.empty_like(m)
-    acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
-    gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
-    pdl = pdl_launch(cfg.get("pdl"))
-    # out_ptr: the kernel's single-split store is compiled out (SINGLE=False); any tensor of q's dtype
-    attn._decode_kernel[(batch, kv_heads, splits)](
-        q, cache, table, meta.seq_lens, meta.positions, gated, m, l_part, acc, m,
-        *attn._strides(q, cache, table, q), max_pages, window or 0, scale * attn.LOG2E, heads, hd,
-        GROUP=group, BLOCK_G=max(attn.MIN_DOT, triton.next_power_of_2(group)),
-        BLOCK_D=max(attn.MIN_DOT, triton.next_power_of_2(hd)), BLOCK_N=cfg["BLOCK_N"], PAGE=page,
-        HAS_WINDOW=window is not None, SINGLE=False, FUSED_MERGE=False, MERGE_BLOCK_S=1,
-        IEEE=q.dtype == torch.float32, INTERP=attn.INTERPRETED, EARLY_V=cfg.get("EARLY_V", False),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+    heads, hd = q.shape[1], q.shape[2]
+    splits = attn.decode_splits(batch, cache.shape[3], max_pages, cache.shape[2], window, cfg, q.device)
+    gated = torch.empty((q.shape[0], heads * hd), dtype=q.dtype, device=q.device)
+    # never single (its store would write `gated` unmerged), never fused: the merge-gate kernel merges
+    m, l_part, acc = attn.decode_launch(meta, cfg, q=q, cache=cache, table=table, out=gated, window=window,
+                                        qk_scale=scale * attn.LOG2E, splits=splits, single=False, fused=False)
     block_d = min(attn.MERGE_BLOCK_D, triton.next_power_of_2(hd))
     _merge_gate_kernel[(batch * heads, triton.cdiv(hd, block_d))](
         m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits,
-        BLOCK_S=min(attn.MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4, **pdl)
+        BLOCK_S=min(attn.MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
+        **pdl_launch(cfg.get("pdl")))
     return gated

@@ -20,8 +20,8 @@ import triton.language as tl
 
 from workbench.variants._arrivals import arrival_counters
 from workbench.variants._triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
-from workbench.variants._triton_moe import _swiglu_store, checked_weights
-from workbench.variants._triton_moe_rows import _down_tiles, _gate_up_tiles, pieces
+from workbench.variants._triton_moe import _swiglu_store
+from workbench.variants._triton_moe_rows import _down_tiles, _gate_up_tiles, decode_operands, pieces
 
 BOTH = 3  # PHASES: gate/up, barrier, down in one launch
 
@@ -138,14 +138,11 @@ def programs(device: torch.device, per_sm: int) -> int:
 def fused_experts_persistent(x, ids, weights, w, config: dict):
     """The `experts` contract for a few routed pairs (decode) in one launch; `config`: BLOCK_N, DOWN_BLOCK_N,
     num_warps, PER_SM, optional pdl."""
-    wg, wu, wd = checked_weights(w, "experts:triton_persistent")
+    wg, wu, wd, x, ids, rw, y, act = decode_operands(x, ids, weights, w, "experts:triton_persistent")
     n, top_k = ids.shape
-    _, ff, hidden = wg.shape
-    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous().float()
-    y = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    ff, hidden = wg.shape[1], wg.shape[2]
     if n == 0:
         return y
-    act = torch.empty(n * top_k, ff, dtype=x.dtype, device=x.device)
     sync = arrival_counters(2, x.device, "experts_persistent")
     (h_a, h_b), (f_a, f_b) = pieces(hidden), pieces(ff)
     grid = (programs(x.device, config["PER_SM"]),)

@@ -142,16 +142,24 @@ def elements_per_thread(config: dict, hidden: int, ff: int, top_k: int) -> int:
     return max(gate_up, down)
 
 
+def decode_operands(x, ids, weights, w, variant: str):
+    """The decode GEMVs' operands: checked weights, contiguous inputs, FP32 routing weights, and the
+    output and SwiGLU activation buffers."""
+    wg, wu, wd = checked_weights(w, variant)
+    n, top_k = ids.shape
+    ff, hidden = wg.shape[1], wg.shape[2]
+    y = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    act = torch.empty(n * top_k, ff, dtype=x.dtype, device=x.device)
+    return wg, wu, wd, x.contiguous(), ids.contiguous(), weights.contiguous().float(), y, act
+
+
 def fused_experts_rows(x, ids, weights, w, config: dict):
     """The `experts` contract for a few routed pairs (decode); `config` is one of the variant's."""
-    wg, wu, wd = checked_weights(w, "experts:triton_rows")
+    wg, wu, wd, x, ids, rw, y, act = decode_operands(x, ids, weights, w, "experts:triton_rows")
     n, top_k = ids.shape
-    _, ff, hidden = wg.shape
-    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous().float()
-    y = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    ff, hidden = wg.shape[1], wg.shape[2]
     if n == 0:
         return y
-    act = torch.empty(n * top_k, ff, dtype=x.dtype, device=x.device)
     pdl = pdl_launch(config.get("pdl"))
     bn = config["BLOCK_N"]
     if "BLOCK_K" in config:  # experts:triton's looped gate/up GEMV: times the new down kernel alone

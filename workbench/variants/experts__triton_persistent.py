@@ -5,6 +5,7 @@ only at decode. A module of its own so that the locks holding other experts vari
 """
 
 from workbench.registry import register
+from workbench.variants.experts__triton_rows import decode_supports, gemv_or_grouped
 
 # BLOCK_N gate/up rows and DOWN_BLOCK_N hidden rows (of all top_k experts) a unit, PER_SM programs on
 # each SM. The tiles are experts:triton_rows' decode lock's (1 row at 8 warps, 2 rows). Compiled for
@@ -18,28 +19,14 @@ CONFIGS = [
 ]
 
 
-def _supports(wl):
-    from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
-
-    if wl.dtype not in ("bf16", "fp16", "fp32"):
-        return f"experts:triton_persistent takes bf16, fp16 or fp32 weights, not {wl.dtype}"
-    if wl.tokens * wl.config.num_experts_per_tok > GEMV_MAX_PAIRS:
-        return f"past {GEMV_MAX_PAIRS} routed pairs it runs experts:triton's grouped path: time that variant"
-    return True
+def _persistent():
+    from workbench.variants._triton_moe_persistent import fused_experts_persistent
+    return fused_experts_persistent
 
 
 def _at(config=None):
-    config = config or CONFIGS[0]
-
-    def experts_triton_persistent(x, ids, weights, w):
-        from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
-        from workbench.variants._triton_moe_persistent import fused_experts_persistent
-
-        if ids.numel() > GEMV_MAX_PAIRS:  # static shape dispatch: graph-safe
-            return fused_experts(x, ids, weights, w, {"pdl": bool(config.get("pdl"))})
-        return fused_experts_persistent(x, ids, weights, w, config)
-    return experts_triton_persistent
+    return gemv_or_grouped(config or CONFIGS[0], _persistent)
 
 
-register("experts", "triton_persistent", "triton", supports=_supports, configs=CONFIGS, configure=_at,
-         pdl=True)(_at())
+register("experts", "triton_persistent", "triton", supports=decode_supports("triton_persistent"), configs=CONFIGS,
+         configure=_at, pdl=True)(_at())

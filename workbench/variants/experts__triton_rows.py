@@ -22,14 +22,29 @@ CONFIGS = [
 ]
 
 
-def _supports(wl):
-    from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+def decode_supports(variant: str):
+    """The `supports` of a decode-GEMV experts variant: a float dtype, at most GEMV_MAX_PAIRS routed pairs."""
+    def supports(wl):
+        from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
 
-    if wl.dtype not in ("bf16", "fp16", "fp32"):
-        return f"experts:triton_rows takes bf16, fp16 or fp32 weights, not {wl.dtype}"
-    if wl.tokens * wl.config.num_experts_per_tok > GEMV_MAX_PAIRS:
-        return f"past {GEMV_MAX_PAIRS} routed pairs it runs experts:triton's grouped path: time that variant"
-    return True
+        if wl.dtype not in ("bf16", "fp16", "fp32"):
+            return f"experts:{variant} takes bf16, fp16 or fp32 weights, not {wl.dtype}"
+        if wl.tokens * wl.config.num_experts_per_tok > GEMV_MAX_PAIRS:
+            return f"past {GEMV_MAX_PAIRS} routed pairs it runs experts:triton's grouped path: time that variant"
+        return True
+    return supports
+
+
+def gemv_or_grouped(config: dict, kernel):
+    """The variant at `config`: `kernel()` (a function the kernels' module gives on first call) for up
+    to GEMV_MAX_PAIRS routed pairs, experts:triton's own choice by size past them."""
+    def experts(x, ids, weights, w):
+        from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
+
+        if ids.numel() > GEMV_MAX_PAIRS:  # static shape dispatch: graph-safe
+            return fused_experts(x, ids, weights, w, {"pdl": bool(config.get("pdl"))})
+        return kernel()(x, ids, weights, w, config)
+    return experts
 
 
 def _config_supports(config, wl):
@@ -43,18 +58,14 @@ def _config_supports(config, wl):
     return True
 
 
+def _rows():
+    from workbench.variants._triton_moe_rows import fused_experts_rows
+    return fused_experts_rows
+
+
 def _at(config=None):
-    config = config or CONFIGS[0]
-
-    def experts_triton_rows(x, ids, weights, w):
-        from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
-        from workbench.variants._triton_moe_rows import fused_experts_rows
-
-        if ids.numel() > GEMV_MAX_PAIRS:  # static shape dispatch: graph-safe
-            return fused_experts(x, ids, weights, w, {"pdl": bool(config.get("pdl"))})
-        return fused_experts_rows(x, ids, weights, w, config)
-    return experts_triton_rows
+    return gemv_or_grouped(config or CONFIGS[0], _rows)
 
 
-register("experts", "triton_rows", "triton", supports=_supports, configs=CONFIGS, configure=_at,
-         config_supports=_config_supports, pdl=True)(_at())
+register("experts", "triton_rows", "triton", supports=decode_supports("triton_rows"), configs=CONFIGS,
+         configure=_at, config_supports=_config_supports, pdl=True)(_at())

@@ -467,6 +467,24 @@ def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(ru
     assert timed == ["max-autotune-no-cudagraphs", "points"]
 
 
+def test_whole_step_baselines_are_made_before_the_search(tmp_path, monkeypatch):
+    """A whole-step baseline compiles the reference step only: a run stopped before its first point
+    (`--budget 0`, a GPU host whose kernel libraries have not all arrived) leaves it made and kept."""
+    from workbench import optimize as optmod
+
+    timed = []
+    monkeypatch.setattr(optmod, "time_compile_baseline", lambda search, mode, results: timed.append(mode) or
+                        (1234.0, {}, None))
+    out = str(tmp_path / "stopped")
+    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                           out_dir=out, points=POINTS_SEARCHED, budget_s=0.0,
+                           compile_baselines=("points", "max-autotune-no-cudagraphs"))
+    assert optimize(opts)["stopped"] and timed == ["max-autotune-no-cudagraphs"]
+    assert not os.path.exists(os.path.join(out, "search"))
+    with open(os.path.join(out, "compile_baselines.json")) as f:
+        assert f.read().count("1234.0") == 1
+
+
 def test_a_choice_failing_the_model_gate_is_dropped_not_locked(tmp_path):
     """The op gate sees the target's decode shapes only; a kernel with no prefill path passes it,
     then fails the model gate's ragged prefill: finalize drops that choice and keeps the others."""

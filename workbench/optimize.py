@@ -141,6 +141,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     calls = {p.point: p.calls_by_kind for p in profile.points}
     search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event, trust=opts.trust,
                     backends=opts.backends, candidate_timeout=opts.candidate_timeout)
+    whole = whole_step_baselines(search, opts, key, on_event)
     order = [p for p in rank_points(profile) if p in opts.points]
     # The live Search rides on this event so a UI can skip points and pause (`search.skip`, `search.resume`).
     on_event({"type": "stage", "stage": "search", "order": order, "search": search})
@@ -175,20 +176,12 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         _write_json(e2e_path, {"key": e2e_key, "final": final})
     else:
         on_event({"type": "resumed_end_to_end"})
-    # each baseline is kept as it is timed: a whole-step max-autotune compile takes minutes. Whole-step
-    # baselines compile the reference step only, so they are also kept for later searches of this
-    # folder (a re-lock after a kernel change) while the reference step and torch are the same.
+    # each baseline is kept as it is timed (every point's compile takes minutes at prefill)
     baselines = _saved(e2e_path, e2e_key, lambda saved: saved.get("compile_baselines", {}))
-    whole_path = os.path.join(opts.out_dir, "compile_baselines.json")
-    whole_key = {"profile": key, "torch": torch.__version__}
-    whole = _saved(whole_path, whole_key, lambda saved: saved["modes"]) or {}
     for mode in opts.compile_baselines:
         if mode not in baselines:
             baselines[mode] = whole.get(mode) or [*time_compile_baseline(search, mode, results), bench.PROCESS_ID]
             _write_json(e2e_path, {"key": e2e_key, "final": final, "compile_baselines": baselines})
-            if mode != "points" and mode not in whole:
-                whole[mode] = baselines[mode]
-                _write_json(whole_path, {"key": whole_key, "modes": whole})
     compiled_us, not_compiled, compile_error = baselines[opts.compile_baselines[0]][:3]
     search.runner.rebind(final["selection"], final["configs"])
     # where the locked step's time goes, point by point and kernel by kernel, as `workbench profile` says
@@ -266,6 +259,27 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         f.write(report_markdown(report))
     on_event({"type": "done", "report": report})
     return report
+
+
+def whole_step_baselines(search, opts: OptimizeOptions, key: dict, on_event) -> dict:
+    """The whole-step torch.compile baselines of `opts.compile_baselines` (each [us, left out, error,
+    process]), timed before the search and kept in compile_baselines.json. They compile the reference
+    step only, so they hold for later searches of this folder (a re-lock after a kernel change) while
+    the reference step and torch are the same, and a run stopped early in its search (`--budget 0`,
+    e.g. on a GPU host whose kernel libraries are still being copied over) leaves them made: a
+    max-autotune compile of the decode step takes minutes."""
+    path = os.path.join(opts.out_dir, "compile_baselines.json")
+    whole_key = {"profile": key, "torch": torch.__version__}
+    whole = _saved(path, whole_key, lambda saved: saved["modes"]) or {}
+    for mode in opts.compile_baselines:
+        if mode != "points" and mode not in whole:
+            on_event({"type": "stage", "stage": f"torch.compile ({mode}) of the whole reference step"})
+            whole[mode] = [*time_compile_baseline(search, mode, {}), bench.PROCESS_ID]
+            _write_json(path, {"key": whole_key, "modes": whole})
+            from torch import _dynamo
+
+            _dynamo.reset()  # the search's per-point compiles start from a clean compiler state
+    return whole
 
 
 def time_compile_baseline(search, baseline: str, results: dict) -> tuple[float | None, dict[str, str], str | None]:

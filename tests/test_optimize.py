@@ -847,6 +847,37 @@ def test_report_names_the_compile_baseline():
         in report_markdown(report)
 
 
+def test_members_of_a_locked_fused_compound_are_reported_as_run_by_it():
+    """With attention_out locked at a fused variant, attention's and attn_out's own selections never run
+    (the end-to-end stage leaves them at the reference): the report says what runs in their place, not
+    that the locked build runs the reference attention."""
+    from workbench.optimize import mark_run_by_compounds, report_markdown
+
+    def point(name, variant):
+        return {"point": name, "variant": variant, "backend": variant, "ms": 1.0, "reference_ms": 3.0,
+                "reverted_ms": 2.0}
+    report = {"target": "t", "preset": "p", "dtype": "bf16", "command": "c", "gpu": None, "environment": {},
+              "reference_ms": 2.0, "locked_ms": 1.0, "torch_compile_ms": 1.5, "speedup": 2.0,
+              "speedup_vs_torch_compile": 1.5, "floor_ms": 0.5, "fraction_of_floor": 0.5,
+              "kernels_per_layer": {"reference": {}, "locked": {}}, "dropped": {"attention": "triton"},
+              "points": [point("attention", "torch"), point("attn_out", "torch"), point("head", "torch"),
+                         point("attention_out", "torch")],
+              "previous": {"locked_ms": 1.1, "git_commit": "abc",
+                           "changed": [{"point": "attention", "was": "triton", "was_ms": 0.3, "now": "torch",
+                                        "now_ms": 3.0}]}}
+    mark_run_by_compounds(report)  # the compound at its reference: the members' selections run
+    assert not any("run_by" in p for p in report["points"])
+    assert "| attention | torch | torch | 1.000 |" in report_markdown(report)
+    report["points"][3]["variant"] = "triton"
+    mark_run_by_compounds(report)
+    assert [p.get("run_by") for p in report["points"]] == ["attention_out:triton"] * 2 + [None, None]
+    md = report_markdown(report)
+    assert "| attention | run by attention_out:triton | - | - | 3.000 | - | - | - |" in md
+    assert "| attn_out | run by attention_out:triton |" in md and "| head | torch | torch | 1.000 |" in md
+    assert "attention:triton (in the locked build attention_out:triton runs in their place)" in md
+    assert "| attention | triton | 0.300 | run by attention_out:triton | - |" in md
+
+
 def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
     from workbench.search import ALL_LAYERS, Search
 

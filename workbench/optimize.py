@@ -252,6 +252,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
             for p in POINTS
         ],
     }
+    mark_run_by_compounds(report)
     report_path = os.path.join(opts.out_dir, "report.json")
     report["previous"] = against_previous(_read_json(report_path), report)
     _write_json(report_path, report)
@@ -364,10 +365,24 @@ def rerender(out_dir: str) -> dict:
         if os.path.isfile(cached):
             with open(cached) as f:
                 p["best_ms_by_backend"] = backend_bests(PointResult.from_dict(json.load(f)["result"]))
+    mark_run_by_compounds(report)
     _write_json(path, report)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(report_markdown(report))
     return report
+
+
+def mark_run_by_compounds(report: dict) -> None:
+    """Each member of a compound point locked at a fused variant gets `run_by` ("attention_out:triton"):
+    the locked build runs that variant's kernels in the member's place, so the member's own selection
+    (left at its reference by the end-to-end stage: reverting it changed nothing) never runs."""
+    chosen = {p["point"]: p["variant"] for p in report["points"]}
+    run_by = {m: f"{c}:{chosen[c]}" for c, members in COMPOUNDS.items()
+              if chosen.get(c, REFERENCE) != REFERENCE for m in members}
+    for p in report["points"]:
+        p.pop("run_by", None)
+        if p["point"] in run_by:
+            p["run_by"] = run_by[p["point"]]
 
 
 def against_previous(previous: dict | None, report: dict) -> dict | None:
@@ -394,7 +409,7 @@ def _fmt(x) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
 
 
-def _against_previous_lines(previous: dict, locked_ms: float) -> list[str]:
+def _against_previous_lines(previous: dict, locked_ms: float, run_by: dict[str, str] | None = None) -> list[str]:
     lines = ["", "## Against the lock this one replaced", "",
              f"Locked step: {_fmt(previous['locked_ms'])} ms then (commit {previous.get('git_commit')}), "
              f"{locked_ms:.3f} ms now."]
@@ -403,7 +418,9 @@ def _against_previous_lines(previous: dict, locked_ms: float) -> list[str]:
         return lines
     return lines + ["Points whose locked variant or config changed:", "",
                     "| point | was | ms/step | now | ms/step |", "| --- | --- | ---: | --- | ---: |",
-                    *[f"| {c['point']} | {c['was']} | {_fmt(c['was_ms'])} | {c['now']} | {_fmt(c['now_ms'])} |"
+                    *[f"| {c['point']} | {c['was']} | {_fmt(c['was_ms'])} | " +
+                      (f"run by {run_by[c['point']]} | - |" if c["point"] in (run_by or {}) else
+                       f"{c['now']} | {_fmt(c['now_ms'])} |")
                       for c in previous["changed"]]]
 
 
@@ -443,6 +460,10 @@ def noise_line(r: dict) -> str | None:
     if not r.get("dropped") and not paired:
         return None
     choices = ", ".join(f"{p}:{v}" for p, v in (r.get("dropped") or paired["choices"]).items())
+    dropped = r.get("dropped") or {}
+    run_by = sorted({p["run_by"] for p in r.get("points", []) if p.get("run_by") and p["point"] in dropped})
+    if run_by:  # members of a fused compound: their choices never ran in the locked build
+        choices += f" (in the locked build {', '.join(run_by)} runs in their place)"
     band = f" ({100 * r['step_band']:.1f}%)" if r.get("step_band") is not None else ""
     pairs = (f"; in a paired timing ({len(paired['rounds'])} alternating rounds) the set without them was "
              f"{slower_by(paired['gain'])}, band {100 * paired['band']:.2f}%" if paired else "")
@@ -526,9 +547,14 @@ def report_markdown(r: dict) -> str:
     ]
     for p in r["points"]:
         bests = ", ".join(f"{b} {ms:.3f}" for b, ms in (p.get("best_ms_by_backend") or {}).items()) or "-"
+        if p.get("run_by"):  # its own selection does not run: no timing of the locked build is its
+            lines.append(f"| {p['point']} | run by {p['run_by']} | - | - | {_fmt(p['reference_ms'])} | - | - | - "
+                         f"| {bests} |")
+            continue
         lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {_fmt(p['ms'])} | "
                      f"{_fmt(p['reference_ms'])} | {_fmt(p.get('locked_step_ms'))} | {_fmt(p.get('floor_ms'))} | "
                      f"{_fmt(p['reverted_ms'])} | {bests} |")
     if r.get("previous"):
-        lines += _against_previous_lines(r["previous"], r["locked_ms"])
+        run_by = {p["point"]: p["run_by"] for p in r["points"] if p.get("run_by")}
+        lines += _against_previous_lines(r["previous"], r["locked_ms"], run_by)
     return "\n".join(lines) + "\n"

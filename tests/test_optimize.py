@@ -733,6 +733,72 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
         released.set()
 
 
+def test_a_candidate_stopped_from_outside_is_tried_again_once(tmp_path):
+    """Ctrl-C, or a command's time limit (SIGTERM, which the CLI turns into the same), stopping a run
+    in a candidate (a FlashInfer JIT build cut off at prefill, session 30) is not the candidate's hang:
+    the next run tries it again; one stopped in STOPS_TRIED runs is then skipped like a hung one."""
+    from workbench import registry
+    from workbench.search import STALLED, STOPS_TRIED, Search
+
+    stop, calls_made = [True], []
+    reference = registry.reference("boundary").fn
+
+    def stopped_in(*args, **kwargs):
+        calls_made.append(1)
+        if stop[0]:
+            raise KeyboardInterrupt
+        return reference(*args, **kwargs)
+
+    runner = _tiny_runner()
+    calls = {"boundary": {"sliding": 2, "full": 2}}
+    table = registry.variants("boundary")
+    table["planted_stop"] = registry.Variant("boundary", "planted_stop", "torch", stopped_in)
+    inflight = tmp_path / "search" / "boundary.inflight"
+
+    def search():
+        return Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",)).search_point("boundary")
+    try:
+        for n in range(1, STOPS_TRIED + 1):  # stopped in it run after run: each run tries it again
+            with pytest.raises(KeyboardInterrupt):
+                search()
+            assert [(c["variant"], c["stopped"]) for c in json.loads(inflight.read_text())["candidates"]] == \
+                [("planted_stop", n)]
+        tried = len(calls_made)
+        stop[0] = False
+        row = next(c for c in search().candidates if c.variant == "planted_stop")
+        assert len(calls_made) == tried and STALLED in row.skipped  # stopped too often: skipped
+        (tmp_path / "search" / "boundary.json").unlink()
+        inflight.write_text(json.dumps({"fingerprint": json.loads(json.dumps(Search(
+            runner, calls=calls, out_dir=str(tmp_path), backends=("torch",))._fingerprint("boundary"))),
+            "candidates": [{"point": "boundary", "variant": "planted_stop", "config": None, "stopped": 1}]}))
+        row = next(c for c in search().candidates if c.variant == "planted_stop")
+        assert len(calls_made) > tried and row.skipped is None and row.gate_passed and not inflight.exists()
+    finally:
+        del table["planted_stop"]
+
+
+def test_sigterm_stops_the_optimize_command_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """A time limit's SIGTERM reaches the search as KeyboardInterrupt (so the candidate in flight is
+    recorded as stopped, not hung); the command says how to resume and exits 130."""
+    import signal
+
+    from workbench import optimize as optmod
+    from workbench.cli import main
+
+    def killed(opts, on_event=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+    monkeypatch.setattr(optmod, "optimize", killed)
+    def unhandled(*_):
+        raise AssertionError("the command left SIGTERM to end the process")
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert main(["optimize", "--device", "cpu", "--out", str(tmp_path / "run")]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert f"stopped. Run the same command to resume from {tmp_path / 'run'}" in capsys.readouterr().err
+
+
 def test_profile_refuses_a_lock_that_fails_verification(run, tmp_path, capsys):
     from workbench.cli import main
 

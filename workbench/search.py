@@ -13,7 +13,7 @@ search: the candidate in flight is recorded in `search/<point>.inflight` before 
 after, and a watchdog ends the process (exit code EXIT_STALLED) when one candidate runs past
 `candidate_timeout` seconds, not counting compilers it runs (`watchdog.py`); a resumed run skips,
 with the reason, every variant with a candidate recorded there (its other tuning configs run the
-same code).
+same code), except one the run was stopped in from outside (Ctrl-C, a time limit), tried again once.
 Then the chosen set is timed end to end (the target's graph-replayed step) and must pass the model
 gate. Where a candidate timed faster than a point's choice but within the band (the incumbent keeps a
 tie) by at least CHALLENGE_SHARE of the step, the step decides: it replaces the choice if a paired
@@ -78,6 +78,11 @@ CHALLENGE_SHARE = MIN_STEP_BAND / 2
 # 4: a candidate tied with a choice at the op level (CHALLENGE_SHARE) is tried end to end first.
 FINALIZE_RULE = 4
 EXIT_STALLED = 5  # the process exit code when the watchdog ends a stalled candidate
+# A candidate in flight when the run was stopped from outside (Ctrl-C; the CLI turns a time limit's
+# SIGTERM into the same) did not hang: the next run tries it again, as a FlashInfer JIT build cut off
+# by a device command's limit needs (runs/optimize-prefill-8x2k-beam-501b-tp8/README.md, session 30).
+# One stopped in this many runs is skipped like a hung one (a build longer than any command).
+STOPS_TRIED = 2
 
 
 @dataclass
@@ -216,7 +221,7 @@ class Search:
                 self.resume.wait()  # paused: a skip asked meanwhile applies before the next candidate
                 if point in self.skip:
                     break
-                stuck = None if why else next((c for c in unfinished if c["variant"] == name), None)
+                stuck = None if why else _stuck(unfinished, name)
                 skipped = why or _config_unsupported(v, config, workloads) or stalled.get(name) or (
                     stuck is not None and (
                         f"{name} {stuck['config'] or ''} {STALLED} (the process "
@@ -375,6 +380,11 @@ class Search:
         try:
             result = self._try(v, config, workloads, ref_us)
             result.seconds = time.perf_counter() - started
+        except KeyboardInterrupt:  # stopped from outside: recorded as such, and tried again (STOPS_TRIED)
+            stops = max((c.get("stopped", 0) for c in unfinished if c["variant"] == v.name), default=0)
+            self._write_inflight(v.point, fingerprint, [c for c in unfinished if c["variant"] != v.name]
+                                 + [{**candidate, "stopped": stops + 1}])
+            raise
         finally:
             compile_s = dog.stop() if dog is not None else 0.0
         result.compile_s = round(compile_s, 1) or None
@@ -640,6 +650,14 @@ def paired_words(paired: dict) -> str:
 
 def _gap(a: float, b: float) -> float:
     return abs(a - b) / min(a, b)
+
+
+def _stuck(unfinished: list[dict], name: str) -> dict | None:
+    """The record of an earlier run's unfinished candidate that makes variant `name` skipped, or None:
+    records left by runs stopped from outside fewer than STOPS_TRIED times skip nothing."""
+    def retried(c):
+        return 0 < c.get("stopped", 0) < STOPS_TRIED
+    return next((c for c in unfinished if c["variant"] == name and not retried(c)), None)
 
 
 def _end_process(candidate: dict) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 
 from workbench.commands.common import DTYPES, print_json, resolve_device, resolve_dtype
 from workbench.registry import POINTS
 
 STOPPED = 3  # exit status of a run that spent its --budget before the search finished
+STOPPED_FROM_OUTSIDE = 130  # Ctrl-C or SIGTERM, as a shell reports a process ended by SIGINT
 
 
 def add_arguments(p) -> None:
@@ -57,7 +59,7 @@ def _agent(args):
 
 
 def run(args) -> int:
-    from workbench.optimize import OptimizeOptions, optimize
+    from workbench.optimize import OptimizeOptions
 
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
@@ -74,7 +76,21 @@ def run(args) -> int:
 
         WorkbenchApp(opts, start_search=True).run()
         return 0
-    if args.json:
+    # A time limit's SIGTERM (`timeout`, a batch scheduler) stops the run as Ctrl-C does: the candidate
+    # in flight is recorded as stopped, not hung, and the next run tries it again (search.STOPS_TRIED).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run(opts, args.json)
+    except KeyboardInterrupt:
+        print(f"\nworkbench optimize: stopped. Run the same command to resume from {opts.out_dir}.",
+              file=sys.stderr, flush=True)
+        return STOPPED_FROM_OUTSIDE
+
+
+def _run(opts, as_json: bool) -> int:
+    from workbench.optimize import optimize
+
+    if as_json:
         report = optimize(opts)
         print_json(report)
         return STOPPED if report.get("stopped") else 0

@@ -167,6 +167,24 @@ def _tampered(out, tmp_path, edit):
     return str(path)
 
 
+def test_lock_show_names_the_fusion_that_runs_a_members_work(run, tmp_path, capsys, monkeypatch):
+    """`workbench lock show`: with attention_out locked at a fused variant, attention's and attn_out's
+    rows say what runs in their place, not the reference variant left in their entries."""
+    from workbench.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")
+    out, _, _ = run
+    path = _tampered(out, tmp_path, lambda raw: raw["points"].update(
+        attention_out={**raw["points"].get("attention_out", raw["points"]["attention"]), "variant": "triton"},
+        attention={**raw["points"]["attention"], "variant": "torch"}))
+    main(["lock", "show", path])
+    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.count("│") > 3}
+    assert "run by attention_out:triton" in rows["attention"] and "run by attention_out:triton" in rows["attn_out"]
+    assert "run by" not in rows["boundary"] and "run by" not in rows["attention_out"]
+    main(["lock", "show", os.path.join(out, "lock.yaml")])  # the fixture's lock: no fusion selected
+    assert "run by" not in capsys.readouterr().out
+
+
 def test_edited_timing_is_detected(run, tmp_path):
     out, _, _ = run
     path = _tampered(out, tmp_path, lambda raw: raw["end_to_end"].update(locked_us=0.001))

@@ -23,7 +23,7 @@ from workbench.lock import Lock, module_key, reference_key
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
-from workbench.registry import COMPOUNDS, POINTS, REFERENCE, _compiled, backend_available, get
+from workbench.registry import COMPOUNDS, POINTS, REFERENCE, _compiled, backend_available, get, run_by
 from workbench.search import FINALIZE_RULE, PointResult, Search, paired_words, slower_by
 from workbench.targets import StepRunner, for_device, get_target
 
@@ -376,13 +376,11 @@ def mark_run_by_compounds(report: dict) -> None:
     """Each member of a compound point locked at a fused variant gets `run_by` ("attention_out:triton"):
     the locked build runs that variant's kernels in the member's place, so the member's own selection
     (left at its reference by the end-to-end stage: reverting it changed nothing) never runs."""
-    chosen = {p["point"]: p["variant"] for p in report["points"]}
-    run_by = {m: f"{c}:{chosen[c]}" for c, members in COMPOUNDS.items()
-              if chosen.get(c, REFERENCE) != REFERENCE for m in members}
+    members = run_by({p["point"]: p["variant"] for p in report["points"]})
     for p in report["points"]:
         p.pop("run_by", None)
-        if p["point"] in run_by:
-            p["run_by"] = run_by[p["point"]]
+        if p["point"] in members:
+            p["run_by"] = members[p["point"]]
 
 
 def against_previous(previous: dict | None, report: dict) -> dict | None:

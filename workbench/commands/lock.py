@@ -19,6 +19,7 @@ def run(args) -> int:
 
     from workbench.commands.common import resolve_device
     from workbench.lock import Lock, verify
+    from workbench.registry import run_by
 
     console = Console()
     if args.action == "show":
@@ -31,8 +32,13 @@ def run(args) -> int:
         t = Table()
         for col in ("point", "variant", "backend", "source hash", "config", "us/step", "reference us/step"):
             t.add_column(col)
+        members = run_by(lock.selection)
         for point, e in lock.points.items():
             timing = e.get("timing") or {}
+            if point in members:  # its own selection never runs
+                t.add_row(point, f"run by {members[point]}", "-", "-", "", "-",
+                          f"{timing['reference_us']:.1f}" if "reference_us" in timing else "-")
+                continue
             t.add_row(point, e["variant"], e.get("backend", "?"), str(e.get("source_hash")), str(e.get("config") or ""),
                       f"{timing['step_us']:.1f}" if "step_us" in timing else "-",
                       f"{timing['reference_us']:.1f}" if "reference_us" in timing else "-")

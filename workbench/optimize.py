@@ -457,8 +457,8 @@ def noise_line(r: dict) -> str | None:
     paired = r.get("paired")
     if not r.get("dropped") and not paired:
         return None
-    choices = ", ".join(f"{p}:{v}" for p, v in (r.get("dropped") or paired["choices"]).items())
     dropped = r.get("dropped") or {}
+    choices = ", ".join(f"{p}:{v}" for p, v in (dropped or paired["choices"]).items())
     run_by = sorted({p["run_by"] for p in r.get("points", []) if p.get("run_by") and p["point"] in dropped})
     if run_by:  # members of a fused compound: their choices never ran in the locked build
         choices += f" (in the locked build {', '.join(run_by)} runs in their place)"
@@ -545,7 +545,7 @@ def report_markdown(r: dict) -> str:
     ]
     for p in r["points"]:
         bests = ", ".join(f"{b} {ms:.3f}" for b, ms in (p.get("best_ms_by_backend") or {}).items()) or "-"
-        if p.get("run_by"):  # its own selection does not run: no timing of the locked build is its
+        if p.get("run_by"):  # its own selection never runs in the locked build: no timing of it
             lines.append(f"| {p['point']} | run by {p['run_by']} | - | - | {_fmt(p['reference_ms'])} | - | - | - "
                          f"| {bests} |")
             continue

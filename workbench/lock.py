@@ -163,6 +163,13 @@ def _changed_files(locked: dict, now: dict) -> str:
     return ", ".join(f"{p} ({'new' if p not in locked else 'gone' if p not in now else 'edited'})" for p in changed)
 
 
+def run_by(selection: dict[str, str]) -> dict[str, str]:
+    """Members of a compound selected at a fused variant, each with it ("attention_out:triton"): that
+    variant runs their work, so their own selections never run."""
+    return {m: f"{c}:{selection[c]}" for c, members in COMPOUNDS.items()
+            if selection.get(c, REFERENCE) != REFERENCE for m in members}
+
+
 def _relative(path: str) -> str:
     return os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
 

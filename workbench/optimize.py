@@ -19,11 +19,11 @@ import torch
 
 from beam_model import BeamForCausalLM
 from workbench import bench
-from workbench.lock import Lock, module_key, reference_key
+from workbench.lock import Lock, module_key, reference_key, run_by
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
-from workbench.registry import COMPOUNDS, POINTS, REFERENCE, _compiled, backend_available, get, run_by
+from workbench.registry import COMPOUNDS, POINTS, REFERENCE, _compiled, backend_available, get
 from workbench.search import FINALIZE_RULE, PointResult, Search, paired_words, slower_by
 from workbench.targets import StepRunner, for_device, get_target
 

@@ -136,13 +136,6 @@ def split_of(point: str) -> Callable:
     return _SPLITS[point]
 
 
-def run_by(selection: dict[str, str]) -> dict[str, str]:
-    """Members of a compound selected at a fused variant, each with it ("attention_out:triton"): that
-    variant runs their work, so their own selections never run."""
-    return {m: f"{c}:{selection[c]}" for c, members in COMPOUNDS.items()
-            if selection.get(c, REFERENCE) != REFERENCE for m in members}
-
-
 def relaid_members(point: str, selected: dict[str, "Variant"]) -> list["Variant"]:
     """The compound's members whose selected variant re-lays their weights at load time: a fusion of
     the compound, which takes them as the reference lays them out, cannot run beside one."""

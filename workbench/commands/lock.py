@@ -18,8 +18,7 @@ def run(args) -> int:
     from rich.table import Table
 
     from workbench.commands.common import resolve_device
-    from workbench.lock import Lock, verify
-    from workbench.registry import run_by
+    from workbench.lock import Lock, run_by, verify
 
     console = Console()
     if args.action == "show":

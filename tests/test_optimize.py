@@ -812,6 +812,7 @@ def test_sigterm_stops_the_optimize_command_as_ctrl_c_does(tmp_path, monkeypatch
     previous = signal.signal(signal.SIGTERM, unhandled)
     try:
         assert main(["optimize", "--device", "cpu", "--out", str(tmp_path / "run")]) == 130
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the process's own handler is back
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert f"stopped. Run the same command to resume from {tmp_path / 'run'}" in capsys.readouterr().err
@@ -943,7 +944,7 @@ def test_members_of_a_locked_fused_compound_are_reported_as_run_by_it():
     report = {"target": "t", "preset": "p", "dtype": "bf16", "command": "c", "gpu": None, "environment": {},
               "reference_ms": 2.0, "locked_ms": 1.0, "torch_compile_ms": 1.5, "speedup": 2.0,
               "speedup_vs_torch_compile": 1.5, "floor_ms": 0.5, "fraction_of_floor": 0.5,
-              "kernels_per_layer": {"reference": {}, "locked": {}}, "dropped": {"attention": "triton"},
+              "kernels_per_layer": {"reference": {}, "locked": {}}, "dropped": {"attention": "triton", "head": "triton"},
               "points": [point("attention", "torch"), point("attn_out", "torch"), point("head", "torch"),
                          point("attention_out", "torch")],
               "previous": {"locked_ms": 1.1, "git_commit": "abc",
@@ -958,7 +959,7 @@ def test_members_of_a_locked_fused_compound_are_reported_as_run_by_it():
     md = report_markdown(report)
     assert "| attention | run by attention_out:triton | - | - | 3.000 | - | - | - |" in md
     assert "| attn_out | run by attention_out:triton |" in md and "| head | torch | torch | 1.000 |" in md
-    assert "attention:triton (in the locked build attention_out:triton runs in their place)" in md
+    assert "noise band: attention:triton (attention_out:triton runs in its place), head:triton." in md
     assert "| attention | triton | 0.300 | run by attention_out:triton | - |" in md
 
 

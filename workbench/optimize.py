@@ -457,11 +457,10 @@ def noise_line(r: dict) -> str | None:
     paired = r.get("paired")
     if not r.get("dropped") and not paired:
         return None
-    dropped = r.get("dropped") or {}
-    choices = ", ".join(f"{p}:{v}" for p, v in (dropped or paired["choices"]).items())
-    run_by = sorted({p["run_by"] for p in r.get("points", []) if p.get("run_by") and p["point"] in dropped})
-    if run_by:  # members of a fused compound: their choices never ran in the locked build
-        choices += f" (in the locked build {', '.join(run_by)} runs in their place)"
+    # a member of a compound locked at a fused variant: its choice never ran in the locked build
+    run_by = {p["point"]: p["run_by"] for p in r.get("points", []) if p.get("run_by")}
+    choices = ", ".join(f"{p}:{v}" + (f" ({run_by[p]} runs in its place)" if p in run_by and r.get("dropped") else "")
+                        for p, v in (r.get("dropped") or paired["choices"]).items())
     band = f" ({100 * r['step_band']:.1f}%)" if r.get("step_band") is not None else ""
     pairs = (f"; in a paired timing ({len(paired['rounds'])} alternating rounds) the set without them was "
              f"{slower_by(paired['gain'])}, band {100 * paired['band']:.2f}%" if paired else "")

@@ -78,13 +78,15 @@ def run(args) -> int:
         return 0
     # A time limit's SIGTERM (`timeout`, a batch scheduler) stops the run as Ctrl-C does: the candidate
     # in flight is recorded as stopped, not hung, and the next run tries it again (search.STOPS_TRIED).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return _run(opts, args.json)
     except KeyboardInterrupt:
         print(f"\nworkbench optimize: stopped. Run the same command to resume from {opts.out_dir}.",
               file=sys.stderr, flush=True)
         return STOPPED_FROM_OUTSIDE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(opts, as_json: bool) -> int:

@@ -383,6 +383,11 @@ def mark_run_by_compounds(report: dict) -> None:
             p["run_by"] = members[p["point"]]
 
 
+def _run_by_points(report: dict) -> dict[str, str]:
+    """The `run_by` marks `mark_run_by_compounds` left on a report's points, by point."""
+    return {p["point"]: p["run_by"] for p in report.get("points", []) if p.get("run_by")}
+
+
 def against_previous(previous: dict | None, report: dict) -> dict | None:
     """What this lock changed against the one it replaces in the run folder (same target, preset,
     dtype and GPU): the locked step then, and each point whose variant or tuning config changed. A
@@ -457,8 +462,7 @@ def noise_line(r: dict) -> str | None:
     paired = r.get("paired")
     if not r.get("dropped") and not paired:
         return None
-    # a member of a compound locked at a fused variant: its choice never ran in the locked build
-    run_by = {p["point"]: p["run_by"] for p in r.get("points", []) if p.get("run_by")}
+    run_by = _run_by_points(r)  # a member of a compound locked at a fused variant: its choice never ran
     choices = ", ".join(f"{p}:{v}" + (f" ({run_by[p]} runs in its place)" if p in run_by and r.get("dropped") else "")
                         for p, v in (r.get("dropped") or paired["choices"]).items())
     band = f" ({100 * r['step_band']:.1f}%)" if r.get("step_band") is not None else ""
@@ -552,6 +556,5 @@ def report_markdown(r: dict) -> str:
                      f"{_fmt(p['reference_ms'])} | {_fmt(p.get('locked_step_ms'))} | {_fmt(p.get('floor_ms'))} | "
                      f"{_fmt(p['reverted_ms'])} | {bests} |")
     if r.get("previous"):
-        run_by = {p["point"]: p["run_by"] for p in r["points"] if p.get("run_by")}
-        lines += _against_previous_lines(r["previous"], r["locked_ms"], run_by)
+        lines += _against_previous_lines(r["previous"], r["locked_ms"], _run_by_points(r))
     return "\n".join(lines) + "\n"

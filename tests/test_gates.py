@@ -216,6 +216,38 @@ def test_model_gate_forces_routing_yet_checks_the_candidates_own():
     assert [c.name for c in report.failures] == ["routing"], [c.name for c in report.failures]
 
 
+def test_worst_element_scales_by_its_row_where_rows_differ_in_size():
+    """Rows far above the output's RMS (a full-attention prefill's first tokens) are judged against
+    their own RMS: an error that scales with its row, as rounding before a GEMM does, passes there
+    (the bf16 reference itself failed the output-wide scale at 8K tokens, runs/gate-row-scale-tp8/);
+    a wrong element in a large row, a dropped small row and a NaN still fail."""
+    from workbench.gates import ELEMENT_FACTOR, _worst_element
+
+    g = torch.Generator().manual_seed(0)
+    row_scale = torch.full((256, 1), 0.01)
+    row_scale[:2] = 1.0  # two rows ~30x the output's RMS
+    ref = torch.randn(256, 512, generator=g) * row_scale
+    limit = ELEMENT_FACTOR * spec("attention_out").tolerance["bf16"]
+    rounding = 2.0 ** -8 * row_scale * torch.randn(256, 512, generator=g)  # ~1 bf16 ulp of the row
+    output_rms = ref.square().mean().sqrt()
+    assert (rounding.abs() / (ref.abs() + output_rms)).max() > limit, "the output-wide scale rejects it: the premise"
+    assert _worst_element(ref + rounding, ref)[0] < limit / 2
+
+    wrong = ref.clone()
+    wrong[1, 7] += 0.5
+    assert _worst_element(wrong, ref) == (pytest.approx(0.5 / (ref[1, 7].abs().item() + ref[1].square().mean().sqrt().item())), (1, 7))
+    assert _worst_element(wrong, ref)[0] > limit
+    dropped = ref.clone()
+    dropped[100] = 0.0
+    error, where = _worst_element(dropped, ref)
+    assert error > limit and where[0] == 100
+    nan = ref.clone()
+    nan[3, 3] = math.nan
+    assert math.isnan(_worst_element(nan, ref)[0])
+    flat = ref.flatten()  # one dimension: the output's RMS alone
+    assert _worst_element(flat + 1.0, flat)[0] == pytest.approx((1.0 / (flat.abs() + flat.square().mean().sqrt())).max().item())
+
+
 def test_one_wrong_vector_in_a_large_output_fails_its_worst_element():
     """At 8 x 2048 tokens one wrong 16-byte vector moves the output's relative error (a norm) by less
     than the tolerance; its worst element is far outside ELEMENT_FACTOR x the tolerance."""

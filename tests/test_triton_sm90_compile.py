@@ -44,6 +44,11 @@ out["route GEMV, fused selection"] = ptx(route._route_gemv, dict(
     ids_ptr="*i64", wts_ptr="*fp32", count_ptr="*i32", EPG=I32, scale="fp32"), dict(
     BLOCK_N=1, BLOCK_E=4, BLOCK_K=1024, FUSED=True, SPLIT=5, N_GROUP=8, TOPK_GROUP=4, TOP_K=8, BLOCK_T=1,
     BLOCK_G=8, BLOCK_J=32))
+import workbench.variants._triton_attention_out_merged as merged
+out["attention_out merged GEMV, head groups"] = ptx(merged._merged_gemv_kernel, dict(
+    m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16",
+    part_ptr="*fp32", count_ptr="*i32", M=I32, N=I32, n_heads=I32, head_dim=I32, n_splits=I32, g_stride=I32), dict(
+    HEADS=3, SPLIT_K=2, BLOCK_N=32, BLOCK_S=32, BLOCK_D=128, PDL=True))
 split_k = dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1,
                SPLIT_K=4)
 out["experts gate/up GEMV, split-K"] = gemv_kernels(split_k, top_k=8)["gate_up"].asm["ptx"]
@@ -205,3 +210,32 @@ def test_pdl_kernels_wait_in_the_ptx_and_only_a_gemv_reads_weights_before():
         assert "griddepcontrol" not in ptx[f"{name} pdl=False"], name
     assert before_wait(ptx["linear pdl=True"]), "the GEMV reads no weights before its wait"
     assert not before_wait(ptx["experts gate/up pdl=True"]), "experts reads memory before its wait"
+
+
+MERGED = r'''
+import json, sys, triton
+from workbench.sm90 import compile_sm90, resource_usage
+import workbench.variants._triton_attention_out_merged as merged
+from workbench.variants.attention_out__triton_merged import CONFIGS
+
+sig = dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*bf16",
+           out_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", n_heads="i32", head_dim="i32",
+           n_splits="i32", g_stride="i32")
+out = []
+for c in CONFIGS:  # beam-501b-tp8's rank: 6 query heads of 128; a 512-key window's splits
+    heads = merged.head_group(6, c["merged"]["HEADS"])
+    splits = min(c["attention"]["MAX_SPLITS"], -(-511 // c["attention"]["BLOCK_N"]) + 1)
+    kernel = compile_sm90(merged._merged_gemv_kernel, sig, dict(
+        HEADS=heads, SPLIT_K=6 // heads, BLOCK_N=c["merged"]["BLOCK_N"], BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=128, PDL=True), num_warps=c["merged"]["num_warps"])
+    out.append(dict(merged=c["merged"], splits=splits, **resource_usage(kernel)))
+json.dump(out, sys.stdout)
+'''
+
+
+def test_attention_out_merged_configs_do_not_spill():
+    """Every attention_out:triton_merged config's GEMV at the TP8 rank's decode sizes, for sm_90."""
+    usage = _compiled(MERGED)
+    assert len(usage) >= 6
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u

@@ -1,0 +1,59 @@
+"""`attention_out:triton_merged`: attention:triton's split-K decode, then o_proj as a GEMV that merges
+the splits and applies the gate in its prologue (`_triton_attention_out_merged.py`): two launches a
+layer where attention_out:triton takes three. Each GEMV program re-reads its heads' partials, so the
+merge is only worth it while they are few: a decode with more than `max_splits` splits (a long
+full-attention context) or more than `max_tokens` tokens, and every prefill, run attention_out:triton
+at the config's `attention` and `gemv`.
+
+A config: `attention` (one of attention.TRITON_CONFIGS), `merged` (the merged GEMV's BLOCK_N rows a
+program, HEADS query heads a program, num_warps), `gemv` (attention_out:triton's o_proj tile, for the
+calls it takes), `max_splits`, `max_tokens`; "pdl" applies to every launch.
+"""
+
+from workbench.registry import register
+from workbench.variants.attention import TRITON_CONFIGS as ATTENTION_CONFIGS
+from workbench.variants.attention_out__triton import _at as _three_launches
+from workbench.variants.attention_out__triton import _supports
+from workbench.variants._triton_common import gemv_config
+
+
+def _config(attention, block_n, heads, warps=4, max_splits=32, max_tokens=1):
+    return dict(attention=attention, merged=dict(BLOCK_N=block_n, HEADS=heads, num_warps=warps),
+                gemv=gemv_config(4, 256), max_splits=max_splits, max_tokens=max_tokens)
+
+
+# The decode lock's attention config (17 splits of 32 keys over a 512-key window), then 9 splits of
+# 64 (attention's default: half the partials to re-read); a program per 32 or 64 rows of o_proj with
+# all six heads of the TP8 rank, or three, or one (more programs, each re-reading fewer partials).
+# 64 rows of several heads take 8 warps: at 4 they spill (none of these does, compiled for sm_90:
+# tests/test_triton_sm90_compile.py).
+CONFIGS = [
+    _config(ATTENTION_CONFIGS[5], 32, 6),
+    _config(ATTENTION_CONFIGS[5], 64, 6, warps=8),
+    _config(ATTENTION_CONFIGS[5], 32, 3),
+    _config(ATTENTION_CONFIGS[5], 64, 1),
+    _config(ATTENTION_CONFIGS[0], 32, 6),
+    _config(ATTENTION_CONFIGS[0], 64, 3, warps=8),
+]
+
+
+def _at(config=None):
+    config = config or CONFIGS[0]
+    pdl = bool(config.get("pdl"))
+    three = _three_launches({"attention": config["attention"], "gemv": config["gemv"], "pdl": pdl})
+
+    def attention_out_triton_merged(q, cache, meta, g, w, *, window, scale):
+        # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
+        from workbench.variants import _triton_attention_out_merged as merged
+
+        # static shape dispatch (graph-safe): the split count comes from shapes and the SM count
+        if meta.decode and 0 < q.shape[0] <= config["max_tokens"] \
+                and merged.merged_splits(q, cache, meta, window, config["attention"]) <= config["max_splits"]:
+            return merged.decode_merged(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window, scale=scale,
+                                        attention_cfg=config["attention"], merged_cfg=config["merged"], pdl=pdl)
+        return three(q, cache, meta, g, w, window=window, scale=scale)
+    return attention_out_triton_merged
+
+
+register("attention_out", "triton_merged", "triton", supports=_supports, configs=CONFIGS, configure=_at,
+         pdl=True)(_at())

@@ -167,12 +167,13 @@ def test_gpu_tp8_bitwise_apart_and_gated(layer, context, batch):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph():
-    """With PDL, in a CUDA graph, on q and g written after the capture: as eager."""
-    from workbench.variants.attention_out__triton import CONFIGS
-
+@pytest.mark.parametrize("variant, config", [("triton", 0), ("triton_merged", 0), ("triton_merged", 2)])
+def test_gpu_cuda_graph(variant, config):
+    """With PDL, in a CUDA graph, on q and g written after the capture: as eager (triton_merged: one
+    head group and two)."""
     _, call = _tp8("sliding", 4096)
-    fn = registry.get("attention_out", "triton").at(dict(CONFIGS[0], pdl=True))
+    fn = registry.get("attention_out", variant)
+    fn = fn.at(dict(fn.configs[config], pdl=True))
     fn(*call.args, **call.kwargs)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -1,5 +1,5 @@
 """`attention_out:triton_merged`: the split merge and the gate in o_proj's GEMV prologue (Triton
-interpreter at beam-tiny shapes; the TP8 rank's shapes, PDL and a CUDA graph on the GPU)."""
+interpreter at beam-tiny shapes; the TP8 rank's shapes and PDL on the GPU)."""
 
 import pytest
 import torch
@@ -63,17 +63,13 @@ def test_more_splits_or_tokens_than_the_config_allows_take_three_launches(monkey
     assert report.passed and calls == []
 
 
-# ---- on the GPU: the TP8 rank's shapes, PDL, a CUDA graph ------------------------------------------
-
-def _tp8(layer, context, batch=1):
-    wl = Workload(preset="beam-501b-tp8", batch=batch, context=context, layer=layer)
-    return wl, spec("attention_out").make_inputs(wl, "cuda", 0)
-
+# ---- on the GPU: the TP8 rank's shapes, PDL (a CUDA graph: tests/test_attention_out.py) ------------
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layer, context", [("sliding", 4096), ("full", 4096), ("full", 32768)])
 def test_gpu_tp8_gated_and_repeatable(layer, context):
-    wl, call = _tp8(layer, context)
+    wl = Workload(preset="beam-501b-tp8", batch=1, context=context, layer=layer)
+    call = spec("attention_out").make_inputs(wl, "cuda", 0)
     fn = registry.get("attention_out", "triton_merged")
     for config in _configs() + [dict(c, pdl=True) for c in _configs()]:
         y = fn.at(config)(*call.args, **call.kwargs)
@@ -81,18 +77,3 @@ def test_gpu_tp8_gated_and_repeatable(layer, context):
             assert torch.equal(y, fn.at(config)(*call.args, **call.kwargs)), config
         assert op_gate(fn, [wl], device="cuda", seeds=(0,), config=config).passed, config
 
-
-@pytest.mark.gpu
-def test_gpu_cuda_graph():
-    """With PDL, in a CUDA graph, on q and g written after the capture: as eager."""
-    _, call = _tp8("sliding", 4096)
-    for config in (_configs()[0], _configs()[2]):
-        fn = registry.get("attention_out", "triton_merged").at(dict(config, pdl=True))
-        fn(*call.args, **call.kwargs)  # compile outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y = fn(*call.args, **call.kwargs)
-        q, g = call.args[0], call.args[3]
-        q.copy_(torch.randn_like(q)), g.copy_(torch.randn_like(g))
-        graph.replay()
-        assert torch.equal(y, fn(*call.args, **call.kwargs)), config

@@ -63,6 +63,17 @@ def test_more_splits_or_tokens_than_the_config_allows_take_three_launches(monkey
     assert report.passed and calls == []
 
 
+def test_a_config_that_would_merge_too_many_splits_in_one_program_is_refused():
+    """A hand-made config past the one-tile merge's limit fails with the reason, not a spilling kernel."""
+    from workbench.variants._triton_attention_out_merged import MAX_SPLITS
+
+    config = _configs()[0]
+    config = dict(config, max_splits=10 ** 6, attention=dict(config["attention"], BLOCK_N=16, WAVES=100, MIN_BLOCKS=1))
+    call = spec("attention_out").make_inputs(B1.with_(layer="full", context=2000), "cpu", 0)
+    with pytest.raises(ValueError, match=f"merges at most {MAX_SPLITS} splits"):
+        registry.get("attention_out", "triton_merged").at(config)(*call.args, **call.kwargs)
+
+
 # ---- on the GPU: the TP8 rank's shapes, PDL (a CUDA graph: tests/test_attention_out.py) ------------
 
 @pytest.mark.gpu

@@ -5,7 +5,7 @@ launch, and the gated output's trip through memory, go; in their place every pro
 partials of the heads it needs, from L2.
 
 A program owns BLOCK_N rows of o_proj and HEADS query heads' columns of it (a split of K) for one
-token: per head it merges the splits (attention's `_merge_head`), rounds to the model dtype as
+token: per head it merges the splits (attention's `_merge_head` in one tile), rounds to the model dtype as
 `attention` does, gates in FP32 and rounds again as `attn_out` does, and multiplies into an FP32
 accumulator. With several head groups, each writes its FP32 partial row and the last to arrive
 (integer counter) adds them in group order: deterministic, no float atomics. Imported on the
@@ -19,6 +19,26 @@ import triton.language as tl
 from workbench.variants import _triton_attention as attn
 from workbench.variants._arrivals import arrival_counters
 from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+
+MAX_SPLITS = 64  # one [splits, head_dim] FP32 tile per program: a [64, 128] one is 64 registers a thread
+
+
+@triton.jit
+def _merge_one_tile(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok, BLOCK_S: tl.constexpr):
+    """attention's `_merge_head` for n_splits <= BLOCK_S: every split's max, sum and accumulator loaded
+    at once (one wait on L2 where the general merge, a loop over tiles, waits twice), then the same
+    arithmetic in the same order."""
+    s = tl.arange(0, BLOCK_S)
+    ok = s < n_splits
+    m = tl.load(m_ptr + base + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l_part = tl.load(l_ptr + base + s, mask=ok, other=0.0, cache_modifier=".cg")
+    a = tl.load(acc_ptr + (base + s)[:, None] * head_dim + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0,
+                cache_modifier=".cg")
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.math.exp2(m - m_max)
+    total = tl.sum(w * l_part, 0)
+    return tl.sum(w[:, None] * a, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
 
 
 @triton.jit
@@ -43,12 +63,6 @@ def _merged_gemv_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, w_ptr, out_ptr, 
     y = tl.zeros((BLOCK_N,), tl.float32)
     for i in range(HEADS):  # not unrolled: six heads' tiles in flight at once spill
         head = head0 + i
-        o = attn._merge_head(m_ptr, l_ptr, acc_ptr, (token * n_heads + head) * n_splits, n_splits, head_dim, d,
-                             d_ok, BLOCK_S, BLOCK_D)
-        o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
-        g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
-        b = tl.load(bias_ptr + head).to(tl.float32)
-        x = round_to(o * (1.0 / (1.0 + tl.exp(-(g + b)))), out_ptr.dtype.element_ty).to(tl.float32)
         if PDL:
             if i == 0:
                 w = w_first
@@ -56,6 +70,12 @@ def _merged_gemv_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, w_ptr, out_ptr, 
                 w = tl.load(w_rows + head * head_dim, mask=w_ok, other=0.0)
         else:
             w = tl.load(w_rows + head * head_dim, mask=w_ok, other=0.0)
+        o = _merge_one_tile(m_ptr, l_ptr, acc_ptr, (token * n_heads + head) * n_splits, n_splits, head_dim, d,
+                            d_ok, BLOCK_S)
+        o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
+        g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
+        b = tl.load(bias_ptr + head).to(tl.float32)
+        x = round_to(o * (1.0 / (1.0 + tl.exp(-(g + b)))), out_ptr.dtype.element_ty).to(tl.float32)
         y += tl.sum(x[None, :] * w.to(tl.float32), axis=1)  # a head at a time: one [BLOCK_N] accumulator
     out_ok = rows_ok
     if SPLIT_K > 1:
@@ -101,6 +121,9 @@ def decode_merged(q, cache, meta, g, bias, o_proj, *, window, scale, attention_c
     m, l_part, acc = attn.decode_launch(meta, attention_cfg, q=q, cache=cache, table=meta.page_table, out=unused,
                                         window=window, qk_scale=scale * attn.LOG2E, splits=splits, single=False,
                                         fused=False)
+    if splits > MAX_SPLITS:
+        raise ValueError(f"attention_out:triton_merged merges at most {MAX_SPLITS} splits in a GEMV program, got "
+                         f"{splits}: take attention_out:triton's kernels past max_splits")
     per = head_group(heads, merged_cfg["HEADS"])
     split_k = heads // per
     tiles = triton.cdiv(hidden, merged_cfg["BLOCK_N"])
@@ -110,7 +133,7 @@ def decode_merged(q, cache, meta, g, bias, o_proj, *, window, scale, attention_c
     _merged_gemv_kernel[(tiles, split_k, n)](
         m, l_part, acc, g, bias, o_proj, y, part, counts, n, hidden, heads, hd, splits, g.stride(0),
         HEADS=per, SPLIT_K=split_k, BLOCK_N=merged_cfg["BLOCK_N"],
-        BLOCK_S=min(attn.MERGE_MAX_SPLITS, triton.next_power_of_2(splits)),
+        BLOCK_S=triton.next_power_of_2(splits),
         BLOCK_D=triton.next_power_of_2(hd), num_warps=merged_cfg["num_warps"],
         num_stages=merged_cfg.get("num_stages", 1), **pdl_launch(pdl))
     return y

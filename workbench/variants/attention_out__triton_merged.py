@@ -25,14 +25,14 @@ def _config(attention, block_n, heads, warps=4, max_splits=32, max_tokens=1):
 # The decode lock's attention config (17 splits of 32 keys over a 512-key window), then 9 splits of
 # 64 (attention's default: half the partials to re-read); a program per 32 or 64 rows of o_proj with
 # all six heads of the TP8 rank, or three, or one (more programs, each re-reading fewer partials).
-# 64 rows of several heads take 8 warps: at 4 they spill (none of these does, compiled for sm_90:
-# tests/test_triton_sm90_compile.py).
+# Several heads a program take 8 warps: at 4, 64 rows spill and 32 use all 255 registers (none of
+# these spills, compiled for sm_90: tests/test_triton_sm90_compile.py).
 CONFIGS = [
-    _config(ATTENTION_CONFIGS[5], 32, 6),
+    _config(ATTENTION_CONFIGS[5], 32, 6, warps=8),
     _config(ATTENTION_CONFIGS[5], 64, 6, warps=8),
-    _config(ATTENTION_CONFIGS[5], 32, 3),
+    _config(ATTENTION_CONFIGS[5], 32, 3, warps=8),
     _config(ATTENTION_CONFIGS[5], 64, 1),
-    _config(ATTENTION_CONFIGS[0], 32, 6),
+    _config(ATTENTION_CONFIGS[0], 32, 6, warps=8),
     _config(ATTENTION_CONFIGS[0], 64, 3, warps=8),
 ]
 

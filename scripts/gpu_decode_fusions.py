@@ -1,10 +1,12 @@
-"""Time the two decode fusions against what they replace in the decode lock, in one process:
-attention_out:triton (every config) against the lock's attention and attn_out run apart, and
-experts:triton_persistent (every config) against the lock's experts config; per step (layer counts
-from the run folder's reference profile; sliding and full layers apart for attention). Every candidate
-is timed in turn, then all again: the second round shows the host's drift.
+"""Time the decode fusions against what the decode lock runs in their place, in one process: each
+fusion variant at every tuning config against the lock's choice at that point (its attention and
+attn_out run apart where it locked no attention_out fusion), per step (layer counts from the run
+folder's reference profile; sliding and full layers apart for attention). Every candidate is timed
+in turn, then all again: the second round shows the host's drift.
 
-Usage (repository root, GPU host): python3 scripts/gpu_decode_fusions.py [RUN_DIR] OUT.json
+Usage (repository root, GPU host):
+    python3 scripts/gpu_decode_fusions.py [RUN_DIR] OUT.json [--points attention_out experts]
+Fusions timed: attention_out:triton and attention_out:triton_merged; experts:triton_persistent.
 """
 
 import functools
@@ -27,23 +29,29 @@ PRESET = os.environ.get("PRESET", "beam-501b-tp8")
 DEVICE = os.environ.get("DEVICE", "cuda")
 
 
-def main(run_dir: str, out_path: str):
+FUSIONS = {"attention_out": ("triton", "triton_merged"), "experts": ("triton_persistent",)}
+
+
+def _locked(lock: Lock, point: str):
+    """(label, variant, config) of what the lock runs at `point`."""
+    entry = lock.points.get(point, {"variant": "torch"})
+    if point == "attention_out" and entry["variant"] == "torch":  # no fusion locked: its members apart
+        members = {p: get(p, lock.points[p]["variant"]).at(lock.points[p].get("config"))
+                   for p in ("attention", "attn_out")}
+        return ("apart (the lock's attention + attn_out)",
+                Variant("attention_out", "apart", "triton",
+                        functools.partial(split_of("attention_out"), types.SimpleNamespace(**members))), None)
+    return f"locked {point}:{entry['variant']} {entry.get('config')}", get(point, entry["variant"]), entry.get("config")
+
+
+def main(run_dir: str, out_path: str, points: list[str]):
     lock, _ = Lock.load(os.path.join(run_dir, "lock.yaml"))
     with open(os.path.join(run_dir, "profile.json")) as f:
         calls = {p["point"]: p["calls_by_kind"] for p in json.load(f)["points"]}
-    locked = {p: get(p, lock.points[p]["variant"]).at(lock.points[p].get("config")) for p in ("attention", "attn_out")}
-    apart = Variant("attention_out", "apart", "triton",
-                    functools.partial(split_of("attention_out"), types.SimpleNamespace(**locked)))
-    fused = variants("attention_out")["triton"]
-    rows = variants("experts")[lock.points["experts"]["variant"]]
-    persistent = variants("experts")["triton_persistent"]
-    candidates = {
-        "attention_out": [("apart (the lock's attention + attn_out)", apart, None)]
-                         + [(f"attention_out:triton {c}", fused, c) for c in fused.tuning_configs()],
-        "experts": [(f"locked experts:{rows.name} {lock.points['experts'].get('config')}", rows,
-                     lock.points["experts"].get("config"))]
-                   + [(f"experts:triton_persistent {c}", persistent, c) for c in persistent.tuning_configs()],
-    }
+    candidates = {point: [_locked(lock, point)]
+                  + [(f"{point}:{name} {c}", variants(point)[name], c)
+                     for name in FUSIONS[point] for c in variants(point)[name].tuning_configs()]
+                  for point in points}
     rows_out = []
     for point, cands in candidates.items():
         counts = calls["attention"] if point == "attention_out" else {"sliding": sum(calls[point].values())}
@@ -69,4 +77,8 @@ def main(run_dir: str, out_path: str):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(args[0] if len(args) > 1 else "runs/optimize-decode-b1-beam-501b-tp8", args[-1])
+    points = ["attention_out", "experts"]
+    if "--points" in args:
+        i = args.index("--points")
+        args, points = args[:i], args[i + 1:]
+    main(args[0] if len(args) > 1 else "runs/optimize-decode-b1-beam-501b-tp8", args[-1], points)

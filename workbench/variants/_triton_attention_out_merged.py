@@ -116,14 +116,14 @@ def decode_merged(q, cache, meta, g, bias, o_proj, *, window, scale, attention_c
     hidden = o_proj.shape[0]
     attention_cfg = {**attention_cfg, "pdl": pdl}
     splits = merged_splits(q, cache, meta, window, attention_cfg)
+    if splits > MAX_SPLITS:
+        raise ValueError(f"attention_out:triton_merged merges at most {MAX_SPLITS} splits in a GEMV program, got "
+                         f"{splits}: take attention_out:triton's kernels past max_splits")
     # never single or fused: this kernel merges (the decode kernel's `out` is then never written)
     unused = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
     m, l_part, acc = attn.decode_launch(meta, attention_cfg, q=q, cache=cache, table=meta.page_table, out=unused,
                                         window=window, qk_scale=scale * attn.LOG2E, splits=splits, single=False,
                                         fused=False)
-    if splits > MAX_SPLITS:
-        raise ValueError(f"attention_out:triton_merged merges at most {MAX_SPLITS} splits in a GEMV program, got "
-                         f"{splits}: take attention_out:triton's kernels past max_splits")
     per = head_group(heads, merged_cfg["HEADS"])
     split_k = heads // per
     tiles = triton.cdiv(hidden, merged_cfg["BLOCK_N"])

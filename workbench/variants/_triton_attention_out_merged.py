@@ -104,10 +104,11 @@ def merged_splits(q, cache, meta, window, cfg: dict) -> int:
 
 
 def decode_merged(q, cache, meta, g, bias, o_proj, *, window, scale, attention_cfg: dict, merged_cfg: dict,
-                  pdl: bool) -> torch.Tensor:
+                  pdl: bool, splits: int) -> torch.Tensor:
     """y [N, hidden] of a decode step (one query per sequence): attention:triton's decode kernel at
-    `attention_cfg` writing split partials, then the merged GEMV at `merged_cfg` (BLOCK_N, HEADS,
-    num_warps, num_stages). No host reads: every size is a shape, a config value or the SM count."""
+    `attention_cfg` over `splits` splits (`merged_splits`, which the caller dispatched on) writing split
+    partials, then the merged GEMV at `merged_cfg` (BLOCK_N, HEADS, num_warps, num_stages). No host
+    reads: every size is a shape, a config value or the SM count."""
     attn._check(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = g if g.stride(-1) == 1 else g.contiguous()
@@ -115,7 +116,6 @@ def decode_merged(q, cache, meta, g, bias, o_proj, *, window, scale, attention_c
     n, heads, hd = q.shape
     hidden = o_proj.shape[0]
     attention_cfg = {**attention_cfg, "pdl": pdl}
-    splits = merged_splits(q, cache, meta, window, attention_cfg)
     if splits > MAX_SPLITS:
         raise ValueError(f"attention_out:triton_merged merges at most {MAX_SPLITS} splits in a GEMV program, got "
                          f"{splits}: take attention_out:triton's kernels past max_splits")

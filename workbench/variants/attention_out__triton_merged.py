@@ -47,10 +47,12 @@ def _at(config=None):
         from workbench.variants import _triton_attention_out_merged as merged
 
         # static shape dispatch (graph-safe): the split count comes from shapes and the SM count
-        if meta.decode and 0 < q.shape[0] <= config["max_tokens"] \
-                and merged.merged_splits(q, cache, meta, window, config["attention"]) <= config["max_splits"]:
-            return merged.decode_merged(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window, scale=scale,
-                                        attention_cfg=config["attention"], merged_cfg=config["merged"], pdl=pdl)
+        if meta.decode and 0 < q.shape[0] <= config["max_tokens"]:
+            splits = merged.merged_splits(q, cache, meta, window, config["attention"])
+            if splits <= config["max_splits"]:
+                return merged.decode_merged(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window,
+                                            scale=scale, attention_cfg=config["attention"],
+                                            merged_cfg=config["merged"], pdl=pdl, splits=splits)
         return three(q, cache, meta, g, w, window=window, scale=scale)
     return attention_out_triton_merged
 

@@ -13,6 +13,9 @@ Read this before spending device time on a config. The GPU host's Triton may all
     python3 scripts/sm90_resources.py [--rows | --persistent] [--config JSON ...]
     (default: experts.TRITON_CONFIGS, with --rows experts__triton_rows.CONFIGS, with --persistent
     experts__triton_persistent.CONFIGS)
+    python3 scripts/sm90_resources.py --attention
+    (the decode kernels of attention:triton and attention:triton_prefetch at each of the latter's
+    configs, with PDL, at a TP8 rank's full-attention decode: 6 query heads on one KV head of 128)
 """
 
 import argparse
@@ -126,13 +129,40 @@ def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
     return {"gate_up": gate_up, "down": down}
 
 
+def attention_kernels(config: dict) -> dict:
+    """attention:triton's decode kernel (separate merge, V after the scores) and attention:triton_prefetch's,
+    with PDL, at `config`: beam-501b-tp8's rank (6 query heads on one KV head of 128), 16-token pages."""
+    from workbench.variants import _triton_attention as base
+    from workbench.variants import _triton_attention_prefetch as prefetch
+
+    i32 = "i32"
+    sig = dict(q_ptr="*bf16", cache_ptr="*bf16", table_ptr="*i32", seq_lens_ptr="*i32", pos_ptr="*i64",
+               out_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", stride_qn=i32, stride_qh=i32,
+               stride_cp=i32, stride_ckv=i32, stride_ct=i32, stride_ch=i32, stride_tb=i32, stride_on=i32,
+               stride_oh=i32, max_pages=i32, window=i32, qk_scale="fp32", n_heads=i32, head_dim=i32)
+    consts = dict(GROUP=6, BLOCK_G=16, BLOCK_D=128, BLOCK_N=config["BLOCK_N"], PAGE=16, HAS_WINDOW=False,
+                  SINGLE=False, IEEE=False, INTERP=False, PDL=True)
+    launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return {"triton": compile_sm90(base._decode_kernel, dict(sig, count_ptr="*i32"),
+                                   dict(consts, FUSED_MERGE=False, MERGE_BLOCK_S=1), **launch),
+            "triton_prefetch": compile_sm90(prefetch._decode_prefetch_kernel, sig, consts, **launch)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", metavar="JSON", help="a tuning config, GEMV or grouped (repeatable)")
     p.add_argument("--top-k", type=int, default=8, help="routed experts per token (default: %(default)s)")
     p.add_argument("--rows", action="store_true", help="experts:triton_rows' kernels and configs")
     p.add_argument("--persistent", action="store_true", help="experts:triton_persistent's kernel and configs")
+    p.add_argument("--attention", action="store_true", help="attention:triton(_prefetch)'s decode kernels")
     args = p.parse_args()
+    if args.attention:
+        from workbench.variants.attention__triton_prefetch import CONFIGS as ATTENTION_CONFIGS
+
+        for config in ATTENTION_CONFIGS:
+            usage = {name: resource_usage(k) for name, k in attention_kernels(config).items()}
+            print(json.dumps({"config": {k: config[k] for k in ("BLOCK_N", "num_warps", "num_stages")}, **usage}))
+        return 0
     from workbench.variants.experts import TRITON_CONFIGS
     from workbench.variants.experts__triton_persistent import CONFIGS as PERSISTENT_CONFIGS
     from workbench.variants.experts__triton_rows import CONFIGS as ROWS_CONFIGS

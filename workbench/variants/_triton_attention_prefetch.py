@@ -1,0 +1,152 @@
+"""Triton kernel of `attention:triton_prefetch`: attention:triton's split-K decode with each split's
+first key block loaded before the PDL wait (`_triton_attention.py` has the contract, the paging and
+the numerics; this kernel repeats its decode kernel's arithmetic exactly, so the bits are the same).
+
+Why: a decode kernel launched with programmatic dependent launch starts while the kernel before it
+(qk_prep, which writes the query and the query's own K/V) still runs, but attention:triton's decode
+waits before any load, so its whole KV stream starts after that kernel ends. At batch 1 and 32K keys a
+read-only kernel of the same bytes takes 6.40 us when it waits first and 5.29 when it loads first
+(`runs/attention-read-floor-tp8/`). Before the wait this kernel reads only what no kernel of the step
+writes: lengths, positions and page tables (the host's inputs of the step) and every key before the
+query's own (the cache rows of earlier steps); the query and the query's own K/V row are read after it.
+A split of one block (32K keys at BLOCK_N 128 and 256 splits; a 512-key window at BLOCK_N 32) then has
+its whole share of the KV in flight before the wait. Splits are merged by attention:triton's merge
+kernel; there is no fused-merge or EARLY_V form (V is always loaded beside K here).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.variants import _triton_attention as base
+from workbench.variants._triton_attention import (MERGE_BLOCK_D, MERGE_MAX_SPLITS, MIN_DOT, PV_UNSCALE, _dot,
+                                                   _kv_rows, _normalised, _softmax_block, _v_block)
+from workbench.variants._triton_common import INTERPRETED, pdl_launch, pdl_release, pdl_wait, round_to
+
+
+@triton.jit
+def _k_block(kv_base, rows, ok, d, d_ok):
+    """A key block's K rows, transposed [BLOCK_D, BLOCK_N] (0 where not readable)."""
+    return tl.load(kv_base + rows[None, :] + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
+
+
+@triton.jit
+def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+                            stride_qn, stride_qh, stride_cp, stride_ckv, stride_ct, stride_ch, stride_tb,
+                            stride_on, stride_oh, max_pages, window, qk_scale, n_heads, head_dim,
+                            GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_N: tl.constexpr, PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                            SINGLE: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+                            PDL: tl.constexpr = False, OWN_KEY_AFTER_WAIT: tl.constexpr = True):
+    """One (sequence, kv head, split), as `_triton_attention._decode_kernel`. OWN_KEY_AFTER_WAIT=False
+    loads the query's own K/V row before the wait too: wrong (a planted fault for the GPU test)."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+    pdl_release(PDL)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    pos = tl.load(pos_ptr + b).to(tl.int32)
+    hi = tl.minimum(pos + 1, seq_len)
+    if HAS_WINDOW:
+        lo = tl.maximum(pos - window + 1, 0)
+    else:
+        lo = pos * 0
+    first = lo // BLOCK_N
+    last = tl.maximum(tl.cdiv(hi, BLOCK_N), first)
+    per = tl.cdiv(last - first, n_splits)
+    blk0 = first + split * per
+    blk1 = tl.minimum(blk0 + per, last)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    g_ok = g < GROUP
+    d_ok = d < head_dim
+    table_row = table_ptr + b.to(tl.int64) * stride_tb
+    kv_base = cache_ptr + kvh.to(tl.int64) * stride_ch
+
+    keys = blk0 * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
+    ok = ok & (keys < blk1 * BLOCK_N)  # an empty split (blk0 >= blk1) reads nothing
+    if OWN_KEY_AFTER_WAIT:
+        early = ok & (keys != pos)  # earlier steps' keys: no kernel of this step writes them
+        own = ok & (keys == pos)    # the query's own row, written by the kernel before (one key of one split)
+    else:
+        early = ok
+        own = ok & (keys < 0)
+    k = _k_block(kv_base, rows, early, d, d_ok)
+    v = _v_block(kv_base, stride_ckv, rows, early, d, d_ok)
+    pdl_wait(PDL)
+    k = tl.where(own[None, :], _k_block(kv_base, rows, own, d, d_ok), k)
+    v = tl.where(own[:, None], _v_block(kv_base, stride_ckv, rows, own, d, d_ok), v)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qn + heads[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    if blk0 < blk1:
+        s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
+    for blk in range(blk0 + 1, blk1):  # a split of several blocks: the rest after the wait
+        keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
+        k = _k_block(kv_base, rows, ok, d, d_ok)
+        s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
+    acc = acc * PV_UNSCALE
+
+    if SINGLE:
+        o = _normalised(acc, l_i)
+        tl.store(out_ptr + b.to(tl.int64) * stride_on + heads[:, None] * stride_oh + d[None, :],
+                 round_to(o, out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:  # every split's partials, empty ones as (-inf, 0, 0), for the merge kernel
+        row = (b.to(tl.int64) * n_heads + heads) * n_splits + split
+        tl.store(m_ptr + row, m_i, mask=g_ok)
+        tl.store(l_ptr + row, l_i, mask=g_ok)
+        tl.store(acc_ptr + row[:, None] * head_dim + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+
+
+def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None, own_key_after_wait=True):
+    """The `attention` contract: decode by the kernel above, prefill by attention:triton's."""
+    cfg = {**base.DEFAULT, **(config or {})}
+    if not meta.decode:
+        return base.paged_attention(q, cache, meta, window=window, scale=scale, config=cfg)
+    base._check(q, cache, window)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    n, heads, hd = q.shape
+    out = torch.empty((n, heads, hd), dtype=q.dtype, device=q.device)
+    if n == 0:
+        return out
+    table = meta.page_table
+    batch, max_pages = table.shape
+    if n != batch:
+        raise ValueError(f"decode needs one query per sequence: {n} queries, {batch} page-table rows")
+    page, kv_heads = cache.shape[2], cache.shape[3]
+    splits = base.decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
+    single = splits == 1
+    if single:  # the kernel takes the scratch pointers either way; they are not touched
+        m = l_part = acc = out
+    else:
+        m = torch.empty((batch, heads, splits), dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m)
+        acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
+    group = heads // kv_heads
+    pdl = pdl_launch(cfg.get("pdl"))
+    _decode_prefetch_kernel[(batch, kv_heads, splits)](
+        q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc,
+        *base._strides(q, cache, table, out), max_pages, window or 0, scale * base.LOG2E, heads, hd,
+        GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
+        BLOCK_D=max(MIN_DOT, triton.next_power_of_2(hd)), BLOCK_N=cfg["BLOCK_N"], PAGE=page,
+        HAS_WINDOW=window is not None, SINGLE=single, IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,
+        OWN_KEY_AFTER_WAIT=own_key_after_wait, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+    if not single:
+        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
+        base._merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
+            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
+            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4, **pdl)
+    return out

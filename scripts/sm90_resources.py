@@ -145,7 +145,8 @@ def attention_kernels(config: dict) -> dict:
     launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"])
     return {"triton": compile_sm90(base._decode_kernel, dict(sig, count_ptr="*i32"),
                                    dict(consts, FUSED_MERGE=False, MERGE_BLOCK_S=1), **launch),
-            "triton_prefetch": compile_sm90(prefetch._decode_prefetch_kernel, sig, consts, **launch)}
+            "triton_prefetch": compile_sm90(prefetch._decode_prefetch_kernel, sig,
+                                            dict(consts, PREFETCH_V=config.get("PREFETCH_V", True)), **launch)}
 
 
 def main() -> int:
@@ -161,7 +162,8 @@ def main() -> int:
 
         for config in ATTENTION_CONFIGS:
             usage = {name: resource_usage(k) for name, k in attention_kernels(config).items()}
-            print(json.dumps({"config": {k: config[k] for k in ("BLOCK_N", "num_warps", "num_stages")}, **usage}))
+            keys = ("BLOCK_N", "num_warps", "num_stages", "PREFETCH_V")
+            print(json.dumps({"config": {k: config[k] for k in keys if k in config}, **usage}))
         return 0
     from workbench.variants.experts import TRITON_CONFIGS
     from workbench.variants.experts__triton_persistent import CONFIGS as PERSISTENT_CONFIGS

@@ -22,17 +22,17 @@ SMALL = dict(BLOCK_N=16, MIN_BLOCKS=1, WAVES=64, MAX_SPLITS=8, num_warps=2, num_
              PREFILL_BLOCK_N=16, PREFILL_WARPS=2, PREFILL_STAGES=1, FUSED_MERGE_MAX_SPLITS=0, EARLY_V=False)
 
 
-@pytest.mark.parametrize("max_splits", [8, 2])
+@pytest.mark.parametrize("max_splits,prefetch_v", [(8, True), (2, True), (8, False)])
 @pytest.mark.parametrize("window", [None, 12], ids=["full", "win12"])
-def test_decode_gives_attention_triton_bits(window, max_splits):
+def test_decode_gives_attention_triton_bits(window, max_splits, prefetch_v):
     prefetch, triton_ = available("attention", "triton_prefetch"), available("attention", "triton")
     cfg = dict(SMALL, MAX_SPLITS=max_splits)
     for dtype in (torch.bfloat16, torch.float32):
         q, cache, meta = _case([70, 5, 33, 0], [1] * 4, heads=6, kv_heads=1, hd=32, page=8, window=window,
                                dtype=dtype)
         want = triton_.at(cfg)(q, cache, meta, window=window, scale=0.25)
-        got = prefetch.at(cfg)(q, cache, meta, window=window, scale=0.25)
-        assert torch.isfinite(want).all() and torch.equal(got, want), (dtype, window, max_splits)
+        got = prefetch.at(dict(cfg, PREFETCH_V=prefetch_v))(q, cache, meta, window=window, scale=0.25)
+        assert torch.isfinite(want).all() and torch.equal(got, want), (dtype, window, max_splits, prefetch_v)
 
 
 def test_prefill_is_attention_triton():
@@ -44,7 +44,9 @@ def test_prefill_is_attention_triton():
 def test_configs_are_the_separate_merge_forms():
     v = registry.get("attention", "triton_prefetch")
     assert v.configs and all(not c["FUSED_MERGE_MAX_SPLITS"] and not c["EARLY_V"] for c in v.configs)
-    assert all(c in registry.get("attention", "triton").configs for c in v.configs)
+    base = [{k: x for k, x in c.items() if k != "PREFETCH_V"} for c in v.configs]
+    assert all(c in registry.get("attention", "triton").configs for c in base)
+    assert any(c.get("PREFETCH_V") is False for c in v.configs)
 
 
 def test_op_gate_default():

@@ -5,13 +5,14 @@ the numerics; this kernel repeats its decode kernel's arithmetic exactly, so the
 Why: a decode kernel launched with programmatic dependent launch starts while the kernel before it
 (qk_prep, which writes the query and the query's own K/V) still runs, but attention:triton's decode
 waits before any load, so its whole KV stream starts after that kernel ends. At batch 1 and 32K keys a
-read-only kernel of the same bytes takes 6.40 us when it waits first and 5.29 when it loads first
-(`runs/attention-read-floor-tp8/`). Before the wait this kernel reads only what no kernel of the step
+read-only kernel of the same bytes is a fifth faster when it loads first than when it waits first
+(`runs/attention-read-floor-tp8/attention-read-floor-summary.md`). Before the wait this kernel reads only what no kernel of the step
 writes: lengths, positions and page tables (the host's inputs of the step) and every key before the
 query's own (the cache rows of earlier steps); the query and the query's own K/V row are read after it.
 A split of one block (32K keys at BLOCK_N 128 and 256 splits; a 512-key window at BLOCK_N 32) then has
 its whole share of the KV in flight before the wait. Splits are merged by attention:triton's merge
-kernel; there is no fused-merge or EARLY_V form (V is always loaded beside K here).
+kernel; there is no fused-merge or EARLY_V form: V is loaded beside K before the wait, or (configs
+with PREFETCH_V False) after the scores, so only K's tile is held across the wait.
 """
 
 import torch
@@ -37,9 +38,12 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
                             GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_N: tl.constexpr, PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr,
                             SINGLE: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-                            PDL: tl.constexpr = False, OWN_KEY_AFTER_WAIT: tl.constexpr = True):
-    """One (sequence, kv head, split), as `_triton_attention._decode_kernel`. OWN_KEY_AFTER_WAIT=False
-    loads the query's own K/V row before the wait too: wrong (a planted fault for the GPU test)."""
+                            PDL: tl.constexpr = False, PREFETCH_V: tl.constexpr = True,
+                            OWN_KEY_AFTER_WAIT: tl.constexpr = True):
+    """One (sequence, kv head, split), as `_triton_attention._decode_kernel`. PREFETCH_V=False loads only
+    the first block's K before the wait and its V after the scores (one tile held across the wait, not
+    two). OWN_KEY_AFTER_WAIT=False loads the query's own K/V row before the wait too: wrong (a planted
+    fault for the GPU test)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -76,10 +80,15 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
         early = ok
         own = ok & (keys < 0)
     k = _k_block(kv_base, rows, early, d, d_ok)
-    v = _v_block(kv_base, stride_ckv, rows, early, d, d_ok)
+    if PREFETCH_V:
+        v = _v_block(kv_base, stride_ckv, rows, early, d, d_ok)
     pdl_wait(PDL)
-    k = tl.where(own[None, :], _k_block(kv_base, rows, own, d, d_ok), k)
-    v = tl.where(own[:, None], _v_block(kv_base, stride_ckv, rows, own, d, d_ok), v)
+    # the own row as one vector (a tile-wide masked reload would hold a second tile), put in its column
+    own_d = d_ok & (d * 0 + tl.sum(own.to(tl.int32), 0) > 0)  # [BLOCK_D]: this split holds the own key
+    own_row = kv_base + tl.sum(tl.where(own, rows, 0), 0)
+    k = tl.where(own[None, :], tl.load(own_row + d, mask=own_d, other=0.0)[:, None], k)
+    if PREFETCH_V:
+        v = tl.where(own[:, None], tl.load(own_row + stride_ckv + d, mask=own_d, other=0.0)[None, :], v)
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qn + heads[:, None] * stride_qh + d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)
 
@@ -89,6 +98,8 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
     if blk0 < blk1:
         s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         s = tl.where(ok[None, :], s, float("-inf"))
+        if not PREFETCH_V:
+            v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
         m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     for blk in range(blk0 + 1, blk1):  # a split of several blocks: the rest after the wait
         keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -143,7 +154,8 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(hd)), BLOCK_N=cfg["BLOCK_N"], PAGE=page,
         HAS_WINDOW=window is not None, SINGLE=single, IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,
-        OWN_KEY_AFTER_WAIT=own_key_after_wait, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+        PREFETCH_V=cfg.get("PREFETCH_V", True), OWN_KEY_AFTER_WAIT=own_key_after_wait,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     if not single:
         block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
         base._merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](

@@ -6,7 +6,8 @@ in turn, then all again: the second round shows the host's drift.
 
 Usage (repository root, GPU host):
     python3 scripts/gpu_decode_fusions.py [RUN_DIR] OUT.json [--points attention_out experts]
-Fusions timed: attention_out:triton and attention_out:triton_merged; experts:triton_persistent.
+Fusions timed: attention_out:triton, attention_out:triton_merged and attention_out:triton_prefetch;
+experts:triton_persistent.
 """
 
 import functools
@@ -29,7 +30,7 @@ PRESET = os.environ.get("PRESET", "beam-501b-tp8")
 DEVICE = os.environ.get("DEVICE", "cuda")
 
 
-FUSIONS = {"attention_out": ("triton", "triton_merged"), "experts": ("triton_persistent",)}
+FUSIONS = {"attention_out": ("triton", "triton_merged", "triton_prefetch"), "experts": ("triton_persistent",)}
 
 
 def _locked(lock: Lock, point: str):

@@ -1,5 +1,6 @@
 """The compound point `attention_out` (attention, then attn_out): binding, the lock, the profiler, the
-search's incumbent, and `attention_out:triton` (Triton interpreter, beam-tiny shapes)."""
+search's incumbent, and `attention_out:triton` and its prefetching form (Triton interpreter, beam-tiny
+shapes; TP8 shapes under the `gpu` marker)."""
 
 import types
 
@@ -133,6 +134,26 @@ def test_triton_decode_is_bitwise_the_members_triton_variants_apart(layer):
         assert torch.equal(fused, apart), config
 
 
+def _without_prefetch(config):
+    """attention_out:triton's config of the same tiles as an attention_out:triton_prefetch config."""
+    return {**config, "attention": {k: v for k, v in config["attention"].items() if k != "PREFETCH_V"}}
+
+
+@triton_only
+@pytest.mark.parametrize("layer", ["sliding", "full"])
+def test_triton_prefetch_is_bitwise_triton(layer):
+    """attention_out:triton_prefetch's decode (each split's first block loaded before the PDL wait, off on
+    the CPU) gives attention_out:triton's bits at the same tiles, at decode and prefill."""
+    from workbench.variants.attention_out__triton_prefetch import CONFIGS
+
+    for wl in (DECODE.with_(layer=layer), PREFILL.with_(layer=layer)):
+        for config in CONFIGS if wl is not PREFILL else CONFIGS[:1]:
+            call = _call(wl, seed=4)
+            want = registry.get("attention_out", "triton").at(_without_prefetch(config))(*call.args, **call.kwargs)
+            got = registry.get("attention_out", "triton_prefetch").at(config)(*call.args, **call.kwargs)
+            assert torch.equal(got, want), (wl.label(), config)
+
+
 @triton_only
 def test_triton_passes_the_op_gate_at_decode_and_prefill():
     from workbench.gates import op_gate
@@ -167,7 +188,22 @@ def test_gpu_tp8_bitwise_apart_and_gated(layer, context, batch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant, config", [("triton", 0), ("triton_merged", 0), ("triton_merged", 2)])
+@pytest.mark.parametrize("layer, context", [("sliding", 4096), ("full", 4096), ("full", 32768)])
+def test_gpu_tp8_prefetch_is_bitwise_triton_and_gated(layer, context):
+    from workbench.gates import op_gate
+    from workbench.variants.attention_out__triton_prefetch import CONFIGS
+
+    wl, call = _tp8(layer, context)
+    for config in CONFIGS + [dict(c, pdl=True) for c in CONFIGS]:
+        want = registry.get("attention_out", "triton").at(_without_prefetch(config))(*call.args, **call.kwargs)
+        got = registry.get("attention_out", "triton_prefetch").at(config)(*call.args, **call.kwargs)
+        assert torch.equal(got, want), config
+    assert op_gate(registry.get("attention_out", "triton_prefetch"), [wl], device="cuda", seeds=(0,)).passed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, config", [("triton", 0), ("triton_merged", 0), ("triton_merged", 2),
+                                             ("triton_prefetch", 0), ("triton_prefetch", 1)])
 def test_gpu_cuda_graph(variant, config):
     """With PDL, in a CUDA graph, on q and g written after the capture: as eager (triton_merged: one
     head group and two)."""

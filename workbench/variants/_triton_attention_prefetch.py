@@ -22,6 +22,7 @@ import triton.language as tl
 from workbench.variants import _triton_attention as base
 from workbench.variants._triton_attention import (MERGE_BLOCK_D, MERGE_MAX_SPLITS, MIN_DOT, PV_UNSCALE, _dot,
                                                    _kv_rows, _normalised, _softmax_block, _v_block)
+from workbench.variants._triton_attention_out import _merge_gate_kernel
 from workbench.variants._triton_common import INTERPRETED, pdl_launch, pdl_release, pdl_wait, round_to
 
 
@@ -133,13 +134,51 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
     out = torch.empty((n, heads, hd), dtype=q.dtype, device=q.device)
     if n == 0:
         return out
+    splits = _splits(q, cache, meta, window, cfg)
+    m, l_part, acc = decode_launch(meta, cfg, q=q, cache=cache, out=out, window=window, scale=scale, splits=splits,
+                                   single=splits == 1, own_key_after_wait=own_key_after_wait)
+    if splits > 1:
+        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
+        base._merge_kernel[(n * heads, triton.cdiv(hd, block_d))](
+            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
+            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
+            **pdl_launch(cfg.get("pdl")))
+    return out
+
+
+def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.Tensor:
+    """`_triton_attention_out.decode_gated` (attention_out:triton's decode: split partials always, then
+    its merge-gate kernel) with this module's decode kernel. `cfg`: a full attention config."""
+    base._check(q, cache, window)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    n, heads, hd = q.shape
+    splits = _splits(q, cache, meta, window, cfg)
+    gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
+    m, l_part, acc = decode_launch(meta, cfg, q=q, cache=cache, out=gated, window=window, scale=scale,
+                                   splits=splits, single=False)
+    block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
+    _merge_gate_kernel[(n * heads, triton.cdiv(hd, block_d))](
+        m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits,
+        BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
+        **pdl_launch(cfg.get("pdl")))
+    return gated
+
+
+def _splits(q, cache, meta, window, cfg) -> int:
+    batch, max_pages = meta.page_table.shape
+    if q.shape[0] != batch:
+        raise ValueError(f"decode needs one query per sequence: {q.shape[0]} queries, {batch} page-table rows")
+    return base.decode_splits(batch, cache.shape[3], max_pages, cache.shape[2], window, cfg, q.device)
+
+
+def decode_launch(meta, cfg, *, q, cache, out, window, scale, splits, single, own_key_after_wait=True):
+    """The decode kernel over `splits` splits a (sequence, kv head); returns the split partials
+    (m, l, acc) it wrote for a merge, unless `single` (then it wrote `out` and they are unused)."""
     table = meta.page_table
     batch, max_pages = table.shape
-    if n != batch:
-        raise ValueError(f"decode needs one query per sequence: {n} queries, {batch} page-table rows")
+    heads, hd = q.shape[1], q.shape[2]
     page, kv_heads = cache.shape[2], cache.shape[3]
-    splits = base.decode_splits(batch, kv_heads, max_pages, page, window, cfg, q.device)
-    single = splits == 1
     if single:  # the kernel takes the scratch pointers either way; they are not touched
         m = l_part = acc = out
     else:
@@ -147,7 +186,6 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
         l_part = torch.empty_like(m)
         acc = torch.empty((batch, heads, splits, hd), dtype=torch.float32, device=q.device)
     group = heads // kv_heads
-    pdl = pdl_launch(cfg.get("pdl"))
     _decode_prefetch_kernel[(batch, kv_heads, splits)](
         q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc,
         *base._strides(q, cache, table, out), max_pages, window or 0, scale * base.LOG2E, heads, hd,
@@ -155,10 +193,5 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(hd)), BLOCK_N=cfg["BLOCK_N"], PAGE=page,
         HAS_WINDOW=window is not None, SINGLE=single, IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,
         PREFETCH_V=cfg.get("PREFETCH_V", True), OWN_KEY_AFTER_WAIT=own_key_after_wait,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
-    if not single:
-        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
-        base._merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
-            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
-            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4, **pdl)
-    return out
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))
+    return m, l_part, acc

@@ -61,6 +61,12 @@ TP8 = "beam-501b-tp8"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def _config(v, block_n, prefetch_v=True):
+    """The variant's config at `block_n` keys a block, 1 stage, holding K and V (or only K) across the wait."""
+    return next(c for c in v.configs if c["BLOCK_N"] == block_n and c["num_stages"] == 1
+                and c.get("PREFETCH_V", True) == prefetch_v)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("context", [4096, 32768])
@@ -75,8 +81,8 @@ def test_gpu_op_gate_tp8_decode(layer, context):
 @needs_cuda
 @pytest.mark.parametrize("window", [None, 512])
 def test_gpu_decode_graph_replay_with_new_lengths(window):
-    fn = registry.get("attention", "triton_prefetch").at(dict(registry.get("attention", "triton_prefetch").configs[-1],
-                                                             pdl=True))
+    v = registry.get("attention", "triton_prefetch")
+    fn = v.at(dict(_config(v, 128), pdl=True))
     check_graph_replay(fn, window, poison=True, label="triton_prefetch")
 
 
@@ -103,8 +109,9 @@ def _slow_writer():
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("prefetch_v", [True, False], ids=["k-and-v", "k-only"])
 @pytest.mark.parametrize("context", [4096, 32768])
-def test_gpu_own_key_read_after_the_wait(context):
+def test_gpu_own_key_read_after_the_wait(context, prefetch_v):
     """In a CUDA graph, a kernel that releases PDL at once and writes the query's own K/V row only after
     a long spin, then the decode with PDL: the decode must see the row written (the reference on the
     final cache), where the row held NaN before. The planted fault (the own row loaded before the
@@ -119,7 +126,7 @@ def test_gpu_own_key_read_after_the_wait(context):
     page = int(meta.page_table[0, pos // 64])
     row = cache[page, :, pos % 64, 0].clone()  # [2, hd]: the own K and V
     write = _slow_writer()
-    cfg = dict(registry.get("attention", "triton_prefetch").configs[-1], pdl=True)  # BLOCK_N 128, 8 warps
+    cfg = dict(_config(registry.get("attention", "triton_prefetch"), 128, prefetch_v), pdl=True)
     want = registry.reference("attention").fn(q, cache, meta, window=None, scale=hd ** -0.5)
     outs = {}
     for after_wait in (True, False):

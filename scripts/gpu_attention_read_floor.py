@@ -132,7 +132,8 @@ def summarize(path: str) -> str:
         lines += ["", f"{case['layer']} attention, batch 1, {case['context']} tokens of context: floor "
                   f"{case['floor_bytes']} bytes, {case['floor_us']:.3f} us", "",
                   "| kind | fastest us | x floor | which |", "| --- | ---: | ---: | --- |"]
-        lines += [f"| {kind} | {us:.2f} | {us / case['floor_us']:.2f} | {label} |" for kind, (us, label) in sorted(best.items())]
+        lines += [f"| {kind} | {us:.2f} | {us / case['floor_us']:.2f} | {label} |"
+                  for kind, (us, label) in sorted(best.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -149,9 +149,9 @@ def test_triton_prefetch_is_bitwise_triton(layer):
     for wl in (DECODE.with_(layer=layer), PREFILL.with_(layer=layer)):
         for config in CONFIGS if wl is not PREFILL else CONFIGS[:1]:
             call = _call(wl, seed=4)
-            want = registry.get("attention_out", "triton").at(_without_prefetch(config))(*call.args, **call.kwargs)
-            got = registry.get("attention_out", "triton_prefetch").at(config)(*call.args, **call.kwargs)
-            assert torch.equal(got, want), (wl.label(), config)
+            want = registry.get("attention_out", "triton").at(_without_prefetch(config))
+            got = registry.get("attention_out", "triton_prefetch").at(config)
+            assert torch.equal(got(*call.args, **call.kwargs), want(*call.args, **call.kwargs)), (wl.label(), config)
 
 
 @triton_only

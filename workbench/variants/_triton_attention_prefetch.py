@@ -4,11 +4,12 @@ the numerics; this kernel repeats its decode kernel's arithmetic exactly, so the
 
 Why: a decode kernel launched with programmatic dependent launch starts while the kernel before it
 (qk_prep, which writes the query and the query's own K/V) still runs, but attention:triton's decode
-waits before any load, so its whole KV stream starts after that kernel ends. At batch 1 and 32K keys a
-read-only kernel of the same bytes is a fifth faster when it loads first than when it waits first
-(`runs/attention-read-floor-tp8/attention-read-floor-summary.md`). Before the wait this kernel reads only what no kernel of the step
-writes: lengths, positions and page tables (the host's inputs of the step) and every key before the
-query's own (the cache rows of earlier steps); the query and the query's own K/V row are read after it.
+waits before any load, so its whole KV stream starts after that kernel ends. At batch 1 and 32K keys
+a read-only kernel of the same bytes is a fifth faster when it loads first than when it waits first
+(`runs/attention-read-floor-tp8/attention-read-floor-summary.md`). Before the wait this kernel reads
+only what no kernel of the step writes: lengths, positions and page tables (the host's inputs of the
+step) and every key before the query's own (the cache rows of earlier steps, on pages only this
+sequence holds); the query and the query's own K/V row are read after it.
 A split of one block (32K keys at BLOCK_N 128 and 256 splits; a 512-key window at BLOCK_N 32) then has
 its whole share of the KV in flight before the wait. Splits are merged by attention:triton's merge
 kernel; there is no fused-merge or EARLY_V form: V is loaded beside K before the wait, or (configs

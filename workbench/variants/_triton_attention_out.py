@@ -48,9 +48,15 @@ def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.
     # never single (its store would write `gated` unmerged), never fused: the merge-gate kernel merges
     m, l_part, acc = attn.decode_launch(meta, cfg, q=q, cache=cache, table=table, out=gated, window=window,
                                         qk_scale=scale * attn.LOG2E, splits=splits, single=False, fused=False)
+    merge_gate(m, l_part, acc, g, bias, gated, splits, cfg)
+    return gated
+
+
+def merge_gate(m, l_part, acc, g, bias, gated, splits: int, cfg: dict) -> None:
+    """The merge-gate kernel over a decode kernel's split partials (m, l, acc) into `gated`."""
+    n, heads, hd = acc.shape[0], acc.shape[1], acc.shape[3]
     block_d = min(attn.MERGE_BLOCK_D, triton.next_power_of_2(hd))
-    _merge_gate_kernel[(batch * heads, triton.cdiv(hd, block_d))](
+    _merge_gate_kernel[(n * heads, triton.cdiv(hd, block_d))](
         m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits,
         BLOCK_S=min(attn.MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
         **pdl_launch(cfg.get("pdl")))
-    return gated

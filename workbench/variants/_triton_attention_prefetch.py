@@ -23,7 +23,7 @@ import triton.language as tl
 from workbench.variants import _triton_attention as base
 from workbench.variants._triton_attention import (MERGE_BLOCK_D, MERGE_MAX_SPLITS, MIN_DOT, PV_UNSCALE, _dot,
                                                    _kv_rows, _normalised, _softmax_block, _v_block)
-from workbench.variants._triton_attention_out import _merge_gate_kernel
+from workbench.variants._triton_attention_out import merge_gate
 from workbench.variants._triton_common import INTERPRETED, pdl_launch, pdl_release, pdl_wait, round_to
 
 
@@ -158,11 +158,7 @@ def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.
     gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
     m, l_part, acc = decode_launch(meta, cfg, q=q, cache=cache, out=gated, window=window, scale=scale,
                                    splits=splits, single=False)
-    block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
-    _merge_gate_kernel[(n * heads, triton.cdiv(hd, block_d))](
-        m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits,
-        BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
-        **pdl_launch(cfg.get("pdl")))
+    merge_gate(m, l_part, acc, g, bias, gated, splits, cfg)
     return gated
 
 

@@ -19,7 +19,7 @@ import torch
 
 from beam_model import BeamForCausalLM
 from workbench import bench
-from workbench.lock import Lock, module_key, reference_key, run_by
+from workbench.lock import Lock, LockError, module_key, reference_key, run_by
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
@@ -44,6 +44,7 @@ class OptimizeOptions:
     budget_s: float | None = None  # stop before a new point's search once spent; the run resumes
     backends: tuple[str, ...] | None = None  # search only these backends' candidates (None: all)
     candidate_timeout: float | None = 900.0  # end the run when one candidate takes longer (resume skips it)
+    force: bool = False  # write over the run folder's lock even where this run cannot search all its choices
     command: str = ""
     agent: object | None = None    # workbench.agent.loop.AgentOptions: agent rounds after the search
     # The torch.compile baselines, each a row of the report: "points" (each point's torch_compile variant)
@@ -113,8 +114,43 @@ def check_backends(backends: tuple[str, ...] | None) -> None:
                          + ". Install them, or leave them out of --backends")
 
 
+def check_relock(opts: OptimizeOptions) -> None:
+    """A run in a folder holding a lock writes over it: refuse (unless forced) when this run cannot
+    search one of that lock's choices (its backend missing here, left out of --backends, its point
+    not searched, the variant gone). Otherwise the choice drops out and the lock written is a worse
+    build, as a decode re-lock on a host without FlashInfer once wrote
+    (runs/optimize-decode-b1-beam-501b-tp8/logs/36z-*.log)."""
+    path = os.path.join(opts.out_dir, "lock.yaml")
+    if opts.force or not os.path.exists(path):
+        return
+    try:
+        lock, _ = Lock.load(path)
+    except LockError as e:
+        raise ValueError(f"{e}. This run would write over it: move it away, or pass --force") from None
+    lost = []
+    for point, entry in lock.points.items():
+        if point not in POINTS or entry["variant"] == REFERENCE:
+            continue
+        try:
+            v = get(point, entry["variant"])
+        except KeyError:
+            lost.append(f"{point}:{entry['variant']} (no longer registered)")
+            continue
+        why = (v.unsupported(device=opts.device)
+               or (f"backend {v.backend!r} left out of --backends" if opts.backends and v.backend not in opts.backends
+                   else None)
+               or (f"{point} is not among --points" if point not in opts.points else None))
+        if why:
+            lost.append(f"{v.qualname} ({why})")
+    if lost:
+        raise ValueError(f"{path} locks choices this run cannot search: {'; '.join(lost)}. A re-lock here would "
+                         "replace it with a build without them: run where they can run, write to another --out, "
+                         "or pass --force")
+
+
 def optimize(opts: OptimizeOptions, on_event=None) -> dict:
-    check_backends(opts.backends)  # before anything is written to the run folder
+    check_backends(opts.backends)  # these two before anything is written to the run folder
+    check_relock(opts)
     on_event = on_event or (lambda e: None)
     started = time.monotonic()
     os.makedirs(opts.out_dir, exist_ok=True)

@@ -36,6 +36,9 @@ def add_arguments(p) -> None:
                    help="the report's torch.compile builds, a row each: 'points' (each point's torch_compile "
                         "variant, default) and/or a torch.compile mode for the whole reference step, e.g. "
                         "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size)")
+    p.add_argument("--force", action="store_true",
+                   help="write over the run folder's lock even when this run cannot search some of its choices "
+                        "(a backend missing here or left out of --backends, a point left out of --points)")
     p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
     p.add_argument("--agent", metavar="CMD", help="after the search, run `CMD TASK_DIR` for the points with the "
                    "most headroom and judge the variant it leaves there (see AGENTS.md)")
@@ -68,7 +71,7 @@ def run(args) -> int:
                            out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
-                           candidate_timeout=args.candidate_timeout or None,
+                           candidate_timeout=args.candidate_timeout or None, force=args.force,
                            compile_baselines=tuple(dict.fromkeys(args.compile_baseline)),
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.tui:

@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
     p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to search")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--trust", action="store_true", help="lock speed-ups beyond the roofline (flagged otherwise)")
+    p.add_argument("--force", action="store_true", help="let a search write over the run folder's lock even when "
+                                                        "it cannot search some of that lock's choices")
 
 
 def options(args):
@@ -50,7 +52,7 @@ def options(args):
     dtype = resolve_dtype(args.dtype or saved_dtype, device)
     return OptimizeOptions(target=target, preset=preset, dtype=dtype, device=device,
                            out_dir=args.out or args.run or f"runs/optimize-{target}-{preset}", seed=args.seed,
-                           points=tuple(args.points), trust=args.trust,
+                           points=tuple(args.points), trust=args.trust, force=args.force,
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

@@ -1613,6 +1613,44 @@ def test_a_result_cached_under_older_gates_has_its_choice_gated_again(tmp_path, 
     assert len(gated) == 2 and result.reference_us == 1000.0
 
 
+def test_a_result_cached_under_older_gates_has_its_gate_failures_gated_again(tmp_path, monkeypatch):
+    """A check relaxed since a result was cached (GATE_VERSION) may pass a candidate the older gates
+    failed, which was never timed: it is gated again, and if it passes now the point is searched again;
+    a failure that still fails leaves the cached result in use. Skipped candidates were never gated."""
+    from workbench import gates
+    from workbench.search import CandidateResult, PointResult
+
+    search, _ = _noisy_search(tmp_path, [1000.0, 1000.0])
+    gated, passes = [], set()
+
+    class Report:
+        def __init__(self, name):
+            self.passed = name in passes
+
+        def to_dict(self):
+            return {"gate": "op", "passed": self.passed}
+
+    monkeypatch.setattr(gates, "op_gate", lambda v, wls, **kw: gated.append(v.name) or Report(v.name))
+    failed = CandidateResult("boundary", "triton", "triton", {"num_warps": 4}, False, failed_check="accuracy")
+    skipped = CandidateResult("boundary", "cute", "cute", None, False, skipped="needs a CUDA GPU")
+
+    def cache_under_older_gates():
+        search._save("boundary", PointResult("boundary", "torch", None, 100.0, 100.0, 0.02, [failed, skipped]))
+        with open(search._cache_file("boundary")) as f:
+            saved = json.load(f)
+        saved["gate_version"] = gates.GATE_VERSION - 1
+        with open(search._cache_file("boundary"), "w") as f:
+            json.dump(saved, f)
+
+    cache_under_older_gates()
+    result = search.search_point("boundary")
+    assert gated == ["triton"] and result.reference_us == 100.0  # still fails: the cached result stands
+    cache_under_older_gates()
+    passes.add("triton")
+    result = search.search_point("boundary")  # searched again: the stubbed timings time the reference at 1000 us
+    assert gated[:2] == ["triton", "triton"] and result.reference_us == 1000.0
+
+
 def test_report_counts_pdl_candidates_apart_from_their_backend():
     """The per-backend column shows what launching with PDL gained: triton and triton+pdl apart."""
     from workbench.optimize import backend_bests

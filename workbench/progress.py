@@ -34,9 +34,13 @@ class ConsoleProgress:
         elif kind == "point_start":
             c.print(f"[bold]{e['point']}[/]: gating and timing candidates")
         elif kind == "regated":
-            verdict = "passes" if e["passed"] else "[red]fails[/]: searching the point again"
-            c.print(f"[bold]{e['point']}[/]: cached choice {e['variant']} gated again under the current gates: "
-                    f"{verdict}")
+            if e.get("was_failed"):
+                what = "cached gate failure"
+                verdict = "passes: searching the point again" if e["passed"] else "fails again"
+            else:
+                what = "cached choice"
+                verdict = "passes" if e["passed"] else "[red]fails[/]: searching the point again"
+            c.print(f"[bold]{e['point']}[/]: {what} {e['variant']} gated again under the current gates: {verdict}")
         elif kind == "point_cached":
             c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
         elif kind == "candidate":

@@ -6,8 +6,8 @@ its tuning configs passes the op gate first, then is timed at the shapes the tar
 weighted by how often one step calls it; it replaces the incumbent only if faster beyond the noise
 band (from repeated timings of the reference). Per-point results are cached as JSON under the run
 folder, keyed by the variants' source hashes, so a stopped run resumes where it was (a point is
-searched again once a backend library that was missing then is installed, and a choice cached under
-older gates is gated again before it is reused). A candidate that hangs
+searched again once a backend library that was missing then is installed, and a result cached under
+older gates has its choice and its gate failures gated again before it is reused). A candidate that hangs
 or kills the process (a JIT build that never ends, a kernel that faults) costs one run, not the
 search: the candidate in flight is recorded in `search/<point>.inflight` before it runs and cleared
 after, and a watchdog ends the process (exit code EXIT_STALLED) when one candidate runs past
@@ -298,23 +298,36 @@ class Search:
         return fast["step_us"], bounded_band(gap), fast["spread"]
 
     def _gated_again(self, point: str, result: PointResult) -> bool:
-        """Whether a cached result may be reused under the current gates: one cached under an older
-        GATE_VERSION has its choice gated again (the other candidates' verdicts stay as recorded,
-        since only the choice is locked); if the choice fails now, the point is searched again."""
+        """Whether a cached result may be reused under the current gates. One cached under an older
+        GATE_VERSION has the candidates those gates failed gated again first: one that passes now (a
+        check was relaxed) was never timed, so the point is searched again. Then its choice: if it
+        fails now (a check was added), the point is searched again. The verdicts of the other
+        candidates that passed stay as recorded: only the choice is locked."""
         with open(self._cache_file(point)) as f:
             if json.load(f).get("gate_version") == gates.GATE_VERSION:
                 return True
+        table = variants(point)
+        failed = [c for c in result.candidates
+                  if not c.gate_passed and not c.skipped and c.variant in table and c.variant != result.choice]
+        for c in failed:
+            if self._regate(point, table[c.variant], c.config, was_failed=True).passed:
+                return False
         if result.choice != REFERENCE:
-            report = gates.op_gate(variants(point)[result.choice], list(self.workloads(point).values()),
-                                   device=self.device, seeds=self.seeds, config=result.config)
-            self.on_event({"type": "regated", "point": point, "variant": result.choice, "passed": report.passed})
+            report = self._regate(point, table[result.choice], result.config, was_failed=False)
             if not report.passed:
                 return False
-            for c in result.candidates:
-                if c.variant == result.choice and c.config == result.config:
-                    c.gate = report.to_dict()
+            chosen = result.candidate(result.choice, result.config)
+            if chosen is not None:
+                chosen.gate = report.to_dict()
         self._save(point, result)
         return True
+
+    def _regate(self, point: str, v, config, *, was_failed: bool):
+        report = gates.op_gate(v, list(self.workloads(point).values()), device=self.device, seeds=self.seeds,
+                               config=config)
+        self.on_event({"type": "regated", "point": point, "variant": v.name, "config": config,
+                       "was_failed": was_failed, "passed": report.passed})
+        return report
 
     def _left_out(self, v) -> str | None:
         """Why the search does not try a variant that may well run here: --backends, or quarantine."""

@@ -222,6 +222,23 @@ def test_search_view_notes_the_end_to_end_stage():
     assert view.note == "end to end: experts:triton_rows tied with the choice at the op level: taken"
 
 
+def test_search_view_shows_a_cached_result_gated_again():
+    """A point cached under older gates shows as gated again, with what the gate found and what follows."""
+    from types import SimpleNamespace
+
+    from workbench.tui.search_view import SearchView
+
+    view = SimpleNamespace(note="", state={"boundary": "queued"}, _draw=lambda: None)
+    SearchView.handle(view, {"type": "regated", "point": "boundary", "variant": "triton", "config": None,
+                             "was_failed": True, "passed": True})
+    assert view.state["boundary"] == "gating again"
+    assert view.note == ("boundary: cached gate failure triton gated again under the current gates: "
+                         "passes: searching the point again")
+    SearchView.handle(view, {"type": "regated", "point": "boundary", "variant": "cute", "config": None,
+                             "was_failed": False, "passed": True})
+    assert view.note == "boundary: cached choice cute gated again under the current gates: passes"
+
+
 def test_search_view_takes_a_candidate_timed_again():
     """A re-timed candidate (its first timing past the noisy spread) is a new row and, where it led
     or now leads, the point's leader."""

@@ -11,7 +11,7 @@ from rich.table import Table
 from workbench.optimize import challenge_lines, compile_baselines, noise_line
 from workbench.profiler.idle import idle_line
 from workbench.registry import COMPOUNDS
-from workbench.search import paired_words
+from workbench.search import paired_words, regated_words
 
 
 class ConsoleProgress:
@@ -34,13 +34,7 @@ class ConsoleProgress:
         elif kind == "point_start":
             c.print(f"[bold]{e['point']}[/]: gating and timing candidates")
         elif kind == "regated":
-            if e.get("was_failed"):
-                what = "cached gate failure"
-                verdict = "passes: searching the point again" if e["passed"] else "fails again"
-            else:
-                what = "cached choice"
-                verdict = "passes" if e["passed"] else "[red]fails[/]: searching the point again"
-            c.print(f"[bold]{e['point']}[/]: {what} {e['variant']} gated again under the current gates: {verdict}")
+            c.print(f"[bold]{e['point']}[/]: {regated_words(e)}")
         elif kind == "point_cached":
             c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
         elif kind == "candidate":

@@ -661,6 +661,15 @@ def paired_words(paired: dict) -> str:
     return f"{slower_by(paired['gain'])} in {len(paired['rounds'])} paired rounds (band {100 * paired['band']:.2f}%)"
 
 
+def regated_words(e: dict) -> str:
+    """A `regated` event in words: a cached choice or gate failure gated again, and what follows."""
+    if e.get("was_failed"):
+        return (f"cached gate failure {e['variant']} gated again under the current gates: "
+                f"{'passes: searching the point again' if e['passed'] else 'fails again'}")
+    return (f"cached choice {e['variant']} gated again under the current gates: "
+            f"{'passes' if e['passed'] else 'fails: searching the point again'}")
+
+
 def _gap(a: float, b: float) -> float:
     return abs(a - b) / min(a, b)
 

@@ -1,6 +1,7 @@
 """Live search view: an optimize run as it happens, and the keys that steer it.
 
-Per point: queued, gating & timing, done (or resumed from the run folder, or skipped); each
+Per point: queued, gating & timing, done (or resumed from the run folder, gated again first when its
+results were cached under older gates, or skipped); each
 candidate's result as it arrives (pass, or FAIL with the failing check; median us per step, spread,
 speed-up); the incumbent set and a running end-to-end estimate (the profiled step minus the
 savings the search has measured so far), then the measured end-to-end result and the locked set.
@@ -16,10 +17,10 @@ from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from workbench.registry import REFERENCE
-from workbench.search import slower_by
+from workbench.search import regated_words, slower_by
 from workbench.tui.style import candidate_status, num, percent, styled
 
-_ROLE = {"queued": "muted", "gating & timing": "accent", "done": "success", "resumed": "success",
+_ROLE = {"queued": "muted", "gating again": "accent", "gating & timing": "accent", "done": "success", "resumed": "success",
          "skipped": "warning", "skip asked": "warning"}
 
 
@@ -78,6 +79,9 @@ class SearchView(Vertical):
                 self.state = {p: self.state.get(p, "queued") for p in self.points}
         elif kind == "profile":
             self.profile_us = e["profile"].total_us
+        elif kind == "regated":
+            self.state[e["point"]] = "gating again"
+            self.note = f"{e['point']}: {regated_words(e)}"
         elif kind == "point_start":
             self.state[e["point"]] = "skip asked" if self.state.get(e["point"]) == "skip asked" \
                 else "gating & timing"

@@ -1,6 +1,8 @@
 """Kernels attributed to ranges from a Chrome trace by launch time: driver-API launches (Triton's
 `cuLaunchKernelEx`, which carries no External id) count like runtime launches."""
 
+import pytest
+
 from beam_model.config import BeamConfig
 from workbench.profiler.trace import device_work, summarize
 
@@ -133,3 +135,22 @@ def test_short_names_drop_return_types_parameters_and_long_template_lists():
         assert short_name(whole) == whole  # not demangled C++, or cut short: kept whole
     assert bench.top_kernels([{"kernel": aten, "launches": 2.0, "us": 19.28}]) == \
         [("at::native::elementwise_kernel<...>", "2", "19.28")]
+
+
+def test_profiling_drops_kinetos_start_stop_markers_and_passes_other_stderr_on(capfd):
+    import os
+
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    from workbench.profiler.quiet import _without_markers, profiling
+
+    with profiling([ProfilerActivity.CPU]) as prof:  # torch 2.13 marks both on fd 2
+        torch.ones(4).sum()
+    assert any(e.name == "aten::sum" for e in prof.events())
+    with _without_markers():
+        os.write(2, b"USDT:2026-12-04 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\nwarning: kept\n")
+    with pytest.raises(RuntimeError, match="in the body"), profiling([ProfilerActivity.CPU]):
+        raise RuntimeError("in the body")
+    err = capfd.readouterr().err
+    assert "USDT:" not in err and "warning: kept" in err

@@ -9,9 +9,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity
 
 from workbench.profiler.idle import device_idle
+from workbench.profiler.quiet import profiling
 from workbench.profiler.ranges import LAYER_RANGE, POINT_RANGE, instrument
 from workbench.profiler.trace import device_work, layer_kind, load
 from workbench.registry import COMPOUNDS
@@ -130,7 +131,7 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
         if on_device:
             torch.cuda.synchronize()
         log.calls.clear()
-        with profile(activities=activities) as prof:
+        with profiling(activities) as prof:
             runner._eager()
             if on_device:
                 torch.cuda.synchronize()
@@ -201,7 +202,7 @@ def kernels_per_call(fn, device, calls: int = 5) -> list[dict]:
         fn()
         if on_device:
             torch.cuda.synchronize()
-        with profile(activities=activities) as prof:
+        with profiling(activities) as prof:
             for _ in range(calls):
                 fn()
             if on_device:

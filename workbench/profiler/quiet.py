@@ -21,7 +21,11 @@ MARKER = "USDT:"
 @contextmanager
 def _without_markers():
     sys.stderr.flush()
-    saved = os.dup(2)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to hold (closed by a daemon): nothing would print anyway
+        yield
+        return
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:

@@ -154,3 +154,27 @@ def test_profiling_drops_kinetos_start_stop_markers_and_passes_other_stderr_on(c
         raise RuntimeError("in the body")
     err = capfd.readouterr().err
     assert "USDT:" not in err and "warning: kept" in err
+
+
+def test_profile_table_keeps_point_and_variant_names_whole_at_80_columns():
+    """The decode lock's profile (runs/optimize-decode-b1-beam-501b-tp8/locked_profile.json): rich's
+    default table cut `attention_out` to `attentio…` and `triton_prefetch` to `triton…` at 80 columns."""
+    import io
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from workbench.profiler.attribution import Profile
+    from workbench.progress import profile_table
+
+    with open(Path(__file__).parents[1] / "runs/optimize-decode-b1-beam-501b-tp8/locked_profile.json") as f:
+        profile = Profile.from_dict(json.load(f))
+    out = io.StringIO()
+    Console(file=out, width=80).print(profile_table(profile))
+    rows = {line.split()[0]: line.split() for line in out.getvalue().splitlines() if line.split()}
+    assert max(len(line) for line in out.getvalue().splitlines()) <= 80
+    for p in profile.points:
+        assert rows[p.point][1] == p.variant, rows.get(p.point)
+        assert rows[p.point][3] == f"{p.time_us:.1f}"
+    assert "…" not in out.getvalue()

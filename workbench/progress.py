@@ -5,6 +5,7 @@ Presentation only: it reads the events `workbench.optimize` and `workbench.searc
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -123,12 +124,15 @@ def profile_table(profile) -> Table:
     unit = "device" if profile.time_unit == "device" else "CPU"
     t = Table(title=f"{profile.target} on {profile.preset} ({profile.dtype}, {profile.device}): "
                     f"{profile.total_us / 1e3:.3f} ms of {unit} time, {profile.kernels_per_step} kernels",
-              caption=idle_line(profile.idle))
-    for col in ("point", "variant", "calls", "us/step", "share", "kernels", "floor us", "x floor"):
-        t.add_column(col, justify="left" if col in ("point", "variant") else "right")
-    for p in profile.points:
-        floor = f"{p.floor_us:.1f}" if p.floor_us else "-"
-        head = f"{p.headroom:.1f}" if p.headroom else "-"
-        t.add_row(p.point, p.variant, str(p.calls), f"{p.time_us:.1f}", f"{100 * p.share:.1f}%", str(p.kernels),
-                  floor, head)
+              caption=idle_line(profile.idle), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
+    rows = [(p.point, p.variant, str(p.calls), f"{p.time_us:.1f}", f"{100 * p.share:.1f}%", str(p.kernels),
+             f"{p.floor_us:.1f}" if p.floor_us else "-", f"{p.headroom:.1f}" if p.headroom else "-")
+            for p in profile.points]
+    # names never shrink to an ellipsis ("attentio…", "triton…"): at 80 columns the number headers wrap instead
+    for i, col in enumerate(("point", "variant", "calls", "us/step", "share", "kernels", "floor us", "x floor")):
+        name = i < 2
+        t.add_column(col, justify="left" if name else "right", no_wrap=name,
+                     min_width=max((len(r[i]) for r in rows), default=1) if name else None)
+    for r in rows:
+        t.add_row(*r)
     return t

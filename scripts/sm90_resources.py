@@ -13,9 +13,9 @@ Read this before spending device time on a config. The GPU host's Triton may all
     python3 scripts/sm90_resources.py [--rows | --persistent] [--config JSON ...]
     (default: experts.TRITON_CONFIGS, with --rows experts__triton_rows.CONFIGS, with --persistent
     experts__triton_persistent.CONFIGS)
-    python3 scripts/sm90_resources.py --attention
+    python3 scripts/sm90_resources.py --attention [--config JSON ...]
     (the decode kernels of attention:triton and attention:triton_prefetch at each of the latter's
-    configs, with PDL, at a TP8 rank's full-attention decode: 6 query heads on one KV head of 128)
+    configs or the ones given, with PDL, at a TP8 rank's full-attention decode: 6 query heads on one KV head of 128)
 """
 
 import argparse
@@ -160,7 +160,7 @@ def main() -> int:
     if args.attention:
         from workbench.variants.attention__triton_prefetch import CONFIGS as ATTENTION_CONFIGS
 
-        for config in ATTENTION_CONFIGS:
+        for config in [json.loads(c) for c in args.config] if args.config else ATTENTION_CONFIGS:
             usage = {name: resource_usage(k) for name, k in attention_kernels(config).items()}
             keys = ("BLOCK_N", "num_warps", "num_stages", "PREFETCH_V")
             print(json.dumps({"config": {k: config[k] for k in keys if k in config}, **usage}))

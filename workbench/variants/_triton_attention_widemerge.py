@@ -1,0 +1,73 @@
+"""Triton kernels of `attention:triton_widemerge`: attention:triton_prefetch's decode kernel (imported
+unchanged, `_triton_attention_prefetch.py`), then a merge that reads each head's split partials in one
+round trip, over more programs.
+
+Why: attention:triton's merge (`_merge_head`) first loads the splits' maxima, and only after that
+their sums and accumulators, so a merge program waits on memory twice; its programs cover 32 of
+head_dim's columns, so at batch 1 a 32K-token full-attention decode (256 splits, 6 heads a TP8 rank)
+merges in 24 programs of 32 KB each. Here every program loads its splits' maxima, sums and
+accumulator columns at once (all splits in one tile: at most MAX_MERGE_SPLITS) and covers
+MERGE_BLOCK_D columns, so the same merge takes 16 programs per head of 8 KB each at MERGE_BLOCK_D 8.
+The arithmetic is `_merge_head`'s (FP32, the largest split maximum as the offset, empty splits
+weighted 0), in a different summation order over the splits: not bitwise attention:triton's.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.variants import _triton_attention as base
+from workbench.variants import _triton_attention_prefetch as prefetch
+from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+
+MAX_MERGE_SPLITS = 1024  # splits one merge tile holds: [1024, 8] FP32 is 64 registers a thread at 4 warps
+
+
+@triton.jit
+def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    """One (sequence, query head, BLOCK_D of head_dim): every split's (max, sum, acc columns) loaded
+    together, combined in FP32, rounded once. BLOCK_S >= n_splits."""
+    pdl_enter(PDL)
+    pid = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < n_splits
+    rows = pid * n_splits + s
+    m = tl.load(m_ptr + rows, mask=s_ok, other=float("-inf"))
+    l_part = tl.load(l_ptr + rows, mask=s_ok, other=0.0)
+    acc = tl.load(acc_ptr + rows[:, None] * head_dim + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    top = tl.max(m, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # no split saw a key: weights exp2(-inf) = 0, not NaN
+    w = tl.math.exp2(m - top)
+    total = tl.sum(w * l_part, 0)
+    o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
+    out = out_ptr + (pid // n_heads) * stride_on + (pid % n_heads) * stride_oh + d
+    tl.store(out, round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def paged_attention(q, cache, meta, *, window, scale, config: dict):
+    """The `attention` contract: decode by attention:triton_prefetch's kernel and the merge above,
+    prefill by attention:triton's. `config`: a full attention:triton_prefetch config plus
+    MERGE_BLOCK_D (head_dim columns a merge program)."""
+    if not meta.decode:
+        return base.paged_attention(q, cache, meta, window=window, scale=scale, config=config)
+    base._check(q, cache, window)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    n, heads, hd = q.shape
+    out = torch.empty((n, heads, hd), dtype=q.dtype, device=q.device)
+    if n == 0:
+        return out
+    splits = prefetch._splits(q, cache, meta, window, config)
+    if splits > MAX_MERGE_SPLITS:
+        raise ValueError(f"attention:triton_widemerge merges at most {MAX_MERGE_SPLITS} splits in one tile, "
+                         f"config {config} makes {splits}")
+    m, l_part, acc = prefetch.decode_launch(meta, config, q=q, cache=cache, out=out, window=window, scale=scale,
+                                            splits=splits, single=splits == 1)
+    if splits > 1:
+        block_d = min(config["MERGE_BLOCK_D"], triton.next_power_of_2(hd))
+        _merge_once_kernel[(n * heads, triton.cdiv(hd, block_d))](
+            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4, **pdl_launch(config.get("pdl")))
+    return out

@@ -6,8 +6,9 @@ in turn, then all again: the second round shows the host's drift.
 
 Usage (repository root, GPU host):
     python3 scripts/gpu_decode_fusions.py [RUN_DIR] OUT.json [--points attention_out experts]
-Fusions timed: attention_out:triton, attention_out:triton_merged and attention_out:triton_prefetch;
-experts:triton_persistent.
+Fusions timed: attention_out:triton, attention_out:triton_merged, attention_out:triton_prefetch and
+attention_out:triton_widemerge; experts:triton_persistent. ONLY=NAME,... times only those fusions
+(and the lock's choice).
 """
 
 import functools
@@ -30,7 +31,10 @@ PRESET = os.environ.get("PRESET", "beam-501b-tp8")
 DEVICE = os.environ.get("DEVICE", "cuda")
 
 
-FUSIONS = {"attention_out": ("triton", "triton_merged", "triton_prefetch"), "experts": ("triton_persistent",)}
+FUSIONS = {"attention_out": ("triton", "triton_merged", "triton_prefetch", "triton_widemerge"),
+           "experts": ("triton_persistent",)}
+if os.environ.get("ONLY"):
+    FUSIONS = {p: tuple(n for n in names if n in os.environ["ONLY"].split(",")) for p, names in FUSIONS.items()}
 
 
 def _locked(lock: Lock, point: str):

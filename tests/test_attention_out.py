@@ -158,6 +158,26 @@ def test_triton_prefetch_is_bitwise_triton(layer):
 
 
 @triton_only
+@pytest.mark.parametrize("layer", ["sliding", "full"])
+def test_triton_widemerge_is_triton_prefetch_up_to_the_merges_summation_order(layer):
+    """attention_out:triton_widemerge: the prefetch decode kernel's partials, merged in one round trip:
+    attention_out:triton_prefetch's output within a rounding of the model dtype at decode (the splits
+    summed in another order), its bits at prefill (attention_out:triton's code in both)."""
+    from workbench.variants.attention_out__triton_widemerge import CONFIGS
+
+    cases = [(DECODE.with_(layer=layer), c) for c in CONFIGS]
+    cases += [(PREFILL, CONFIGS[0])] if layer == "sliding" else []
+    for wl, config in cases:
+        call = _call(wl, seed=4)
+        want = registry.get("attention_out", "triton_prefetch").at(config)(*call.args, **call.kwargs)
+        got = registry.get("attention_out", "triton_widemerge").at(config)(*call.args, **call.kwargs)
+        if wl is PREFILL:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3)
+
+
+@triton_only
 def test_triton_passes_the_op_gate_at_decode_and_prefill():
     from workbench.gates import op_gate
 
@@ -205,8 +225,18 @@ def test_gpu_tp8_prefetch_is_bitwise_triton_and_gated(layer, context):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layer, context", [("sliding", 4096), ("full", 4096), ("full", 32768)])
+def test_gpu_tp8_widemerge_gated(layer, context):
+    from tests.variant_helpers import assert_every_config_passes
+
+    wl, _ = _tp8(layer, context)
+    assert_every_config_passes(registry.get("attention_out", "triton_widemerge"), [wl], device="cuda", seeds=(0,))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant, config", [("triton", 0), ("triton_merged", 0), ("triton_merged", 2),
-                                             ("triton_prefetch", 0), ("triton_prefetch", 1)])
+                                             ("triton_prefetch", 0), ("triton_prefetch", 1),
+                                             ("triton_widemerge", 0), ("triton_widemerge", 1)])
 def test_gpu_cuda_graph(variant, config):
     """With PDL, in a CUDA graph, on q and g written after the capture: as eager (triton_merged: one
     head group and two)."""

@@ -1,6 +1,7 @@
-"""Triton kernels of `attention:triton_widemerge`: attention:triton_prefetch's decode kernel (imported
-unchanged, `_triton_attention_prefetch.py`), then a merge that reads each head's split partials in one
-round trip, over more programs.
+"""Triton kernels of `attention:triton_widemerge` and `attention_out:triton_widemerge`:
+attention:triton_prefetch's decode kernel (imported unchanged, `_triton_attention_prefetch.py`), then a
+merge (for attention_out: a merge-gate) that reads each head's split partials in one round trip, over
+more programs.
 
 Why: attention:triton's merge (`_merge_head`) first loads the splits' maxima, and only after that
 their sums and accumulators, so a merge program waits on memory twice; its programs cover 32 of
@@ -24,17 +25,12 @@ MAX_MERGE_SPLITS = 1024  # splits one merge tile holds: [1024, 8] FP32 is 64 reg
 
 
 @triton.jit
-def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
-                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """One (sequence, query head, BLOCK_D of head_dim): every split's (max, sum, acc columns) loaded
-    together, combined in FP32, rounded once. BLOCK_S >= n_splits."""
-    pdl_enter(PDL)
-    pid = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
+def _merge_once(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok, BLOCK_S: tl.constexpr):
+    """One query head's output columns `d` (FP32) from its splits' partials, rows base .. base +
+    n_splits (<= BLOCK_S): maxima, sums and accumulator columns loaded together."""
     s = tl.arange(0, BLOCK_S)
     s_ok = s < n_splits
-    rows = pid * n_splits + s
+    rows = base + s
     m = tl.load(m_ptr + rows, mask=s_ok, other=float("-inf"))
     l_part = tl.load(l_ptr + rows, mask=s_ok, other=0.0)
     acc = tl.load(acc_ptr + rows[:, None] * head_dim + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
@@ -42,9 +38,48 @@ def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_h
     top = tl.where(top == float("-inf"), 0.0, top)  # no split saw a key: weights exp2(-inf) = 0, not NaN
     w = tl.math.exp2(m - top)
     total = tl.sum(w * l_part, 0)
-    o = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
+    return tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
+
+
+@triton.jit
+def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    """One (sequence, query head, BLOCK_D of head_dim): `_merge_once`, rounded once."""
+    pdl_enter(PDL)
+    pid = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    o = _merge_once(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
     out = out_ptr + (pid // n_heads) * stride_on + (pid % n_heads) * stride_oh + d
     tl.store(out, round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _merge_gate_once_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, out_ptr, g_stride, n_heads, head_dim, n_splits,
+                            BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    """attention_out:triton's merge-gate (`_triton_attention_out._merge_gate_kernel`) with `_merge_once`:
+    merge, round to the model dtype (attention's output), gate in FP32 as `attn_out` does, round again."""
+    pdl_enter(PDL)
+    pid = tl.program_id(0).to(tl.int64)
+    token, head = pid // n_heads, pid % n_heads
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    o = _merge_once(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
+    o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
+    g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok).to(tl.float32)
+    b = tl.load(bias_ptr + head).to(tl.float32)
+    gated = o * (1.0 / (1.0 + tl.exp(-(g + b))))  # sigmoid as torch computes it, apart from the product
+    tl.store(out_ptr + token * n_heads * head_dim + head * head_dim + d, round_to(gated, out_ptr.dtype.element_ty),
+             mask=d_ok)
+
+
+def _merge_grid(splits: int, rows: int, hd: int, config: dict):
+    if splits > MAX_MERGE_SPLITS:
+        raise ValueError(f"triton_widemerge merges at most {MAX_MERGE_SPLITS} splits in one tile, "
+                         f"config {config} makes {splits}")
+    block_d = min(config["MERGE_BLOCK_D"], triton.next_power_of_2(hd))
+    return (rows, triton.cdiv(hd, block_d)), dict(BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
+                                                  num_warps=4, **pdl_launch(config.get("pdl")))
 
 
 def paged_attention(q, cache, meta, *, window, scale, config: dict):
@@ -60,14 +95,25 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict):
     if n == 0:
         return out
     splits = prefetch._splits(q, cache, meta, window, config)
-    if splits > MAX_MERGE_SPLITS:
-        raise ValueError(f"attention:triton_widemerge merges at most {MAX_MERGE_SPLITS} splits in one tile, "
-                         f"config {config} makes {splits}")
+    grid, launch = _merge_grid(splits, n * heads, hd, config)
     m, l_part, acc = prefetch.decode_launch(meta, config, q=q, cache=cache, out=out, window=window, scale=scale,
                                             splits=splits, single=splits == 1)
     if splits > 1:
-        block_d = min(config["MERGE_BLOCK_D"], triton.next_power_of_2(hd))
-        _merge_once_kernel[(n * heads, triton.cdiv(hd, block_d))](
-            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4, **pdl_launch(config.get("pdl")))
+        _merge_once_kernel[grid](m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits, **launch)
     return out
+
+
+def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.Tensor:
+    """`_triton_attention_prefetch.decode_gated` (split partials always, then a merge-gate kernel) with
+    the merge-gate above. `cfg`: a full attention:triton_widemerge config."""
+    base._check(q, cache, window)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    n, heads, hd = q.shape
+    splits = prefetch._splits(q, cache, meta, window, cfg)
+    grid, launch = _merge_grid(splits, n * heads, hd, cfg)
+    gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
+    m, l_part, acc = prefetch.decode_launch(meta, cfg, q=q, cache=cache, out=gated, window=window, scale=scale,
+                                            splits=splits, single=False)
+    _merge_gate_once_kernel[grid](m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits, **launch)
+    return gated

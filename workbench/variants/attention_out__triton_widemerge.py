@@ -5,18 +5,22 @@ Prefill (and decode past the gated GEMV's rows) is attention_out:triton's.
 
 Configs: the decode lock's attention config with its o_proj tile, merged 16 and 8 columns a program (at
 batch 1, 4K context, the 16-column merge was the faster at full attention and tied at window 512:
-runs/attention-read-floor-tp8/widemerge-session37/).
+runs/attention-read-floor-tp8/widemerge-session37/), then attention:triton_widemerge's 64-key blocks at
+8 warps (up to 512 splits), which won the attention point of session 37's decode-b1 search
+(runs/optimize-decode-b1-beam-501b-tp8/search/attention.json), merged 16 columns a program.
 """
 
 from workbench.registry import register
 from workbench.variants._triton_common import gemv_config
 from workbench.variants.attention__triton_prefetch import CONFIGS as PREFETCH_CONFIGS
+from workbench.variants.attention__triton_widemerge import CONFIGS as WIDEMERGE_CONFIGS
 from workbench.variants.attention_out__triton import _at as _attention_out_triton
 from workbench.variants.attention_out__triton import _supports
 from workbench.variants.attn_out import _GATED_GEMV_MAX_TOKENS
 
 CONFIGS = [dict(attention=dict(PREFETCH_CONFIGS[4], MERGE_BLOCK_D=block_d), gemv=gemv_config(4, 256))
            for block_d in (16, 8)]
+CONFIGS += [dict(attention=dict(WIDEMERGE_CONFIGS[2], MERGE_BLOCK_D=16), gemv=gemv_config(4, 256))]
 
 
 def _at(config=None):

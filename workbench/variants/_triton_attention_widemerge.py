@@ -7,9 +7,9 @@ Why: attention:triton's merge (`_merge_head`) first loads the splits' maxima, an
 their sums and accumulators, so a merge program waits on memory twice; its programs cover 32 of
 head_dim's columns, so at batch 1 a 32K-token full-attention decode (256 splits, 6 heads a TP8 rank)
 merges in 24 programs of 32 KB each. Here every program loads its splits' maxima, sums and
-accumulator columns at once (all splits in one tile: at most MAX_MERGE_SPLITS) and covers
-MERGE_BLOCK_D columns, so the same merge takes 16 programs per head of 8 KB each at MERGE_BLOCK_D 8.
-The arithmetic is `_merge_head`'s (FP32, the largest split maximum as the offset, empty splits
+accumulator columns at once (attention_out:triton_merged's `_merge_one_tile`: all splits in one tile,
+at most MAX_MERGE_SPLITS) and covers MERGE_BLOCK_D columns, so the same merge takes 16 programs a head
+of 8 KB each at MERGE_BLOCK_D 8. The arithmetic is `_merge_head`'s (FP32, the largest split maximum as the offset, empty splits
 weighted 0), in a different summation order over the splits: not bitwise attention:triton's.
 """
 
@@ -19,37 +19,21 @@ import triton.language as tl
 
 from workbench.variants import _triton_attention as base
 from workbench.variants import _triton_attention_prefetch as prefetch
+from workbench.variants._triton_attention_out_merged import _merge_one_tile
 from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
 
 MAX_MERGE_SPLITS = 1024  # splits one merge tile holds: [1024, 8] FP32 is 64 registers a thread at 4 warps
 
 
 @triton.jit
-def _merge_once(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok, BLOCK_S: tl.constexpr):
-    """One query head's output columns `d` (FP32) from its splits' partials, rows base .. base +
-    n_splits (<= BLOCK_S): maxima, sums and accumulator columns loaded together."""
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < n_splits
-    rows = base + s
-    m = tl.load(m_ptr + rows, mask=s_ok, other=float("-inf"))
-    l_part = tl.load(l_ptr + rows, mask=s_ok, other=0.0)
-    acc = tl.load(acc_ptr + rows[:, None] * head_dim + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    top = tl.max(m, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # no split saw a key: weights exp2(-inf) = 0, not NaN
-    w = tl.math.exp2(m - top)
-    total = tl.sum(w * l_part, 0)
-    return tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
-
-
-@triton.jit
 def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """One (sequence, query head, BLOCK_D of head_dim): `_merge_once`, rounded once."""
+    """One (sequence, query head, BLOCK_D of head_dim): `_merge_one_tile`, rounded once."""
     pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    o = _merge_once(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
+    o = _merge_one_tile(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
     out = out_ptr + (pid // n_heads) * stride_on + (pid % n_heads) * stride_oh + d
     tl.store(out, round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
 
@@ -57,14 +41,14 @@ def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_h
 @triton.jit
 def _merge_gate_once_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, out_ptr, g_stride, n_heads, head_dim, n_splits,
                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """attention_out:triton's merge-gate (`_triton_attention_out._merge_gate_kernel`) with `_merge_once`:
+    """attention_out:triton's merge-gate (`_triton_attention_out._merge_gate_kernel`) with `_merge_one_tile`:
     merge, round to the model dtype (attention's output), gate in FP32 as `attn_out` does, round again."""
     pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     token, head = pid // n_heads, pid % n_heads
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    o = _merge_once(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
+    o = _merge_one_tile(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
     o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
     g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok).to(tl.float32)
     b = tl.load(bias_ptr + head).to(tl.float32)

@@ -124,7 +124,8 @@ def profile_table(profile) -> Table:
     unit = "device" if profile.time_unit == "device" else "CPU"
     t = Table(title=f"{profile.target} on {profile.preset} ({profile.dtype}, {profile.device}): "
                     f"{profile.total_us / 1e3:.3f} ms of {unit} time, {profile.kernels_per_step} kernels",
-              caption=idle_line(profile.idle), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
+              caption=idle_line(profile.idle), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              show_edge=False)
     rows = [(p.point, p.variant, str(p.calls), f"{p.time_us:.1f}", f"{100 * p.share:.1f}%", str(p.kernels),
              f"{p.floor_us:.1f}" if p.floor_us else "-", f"{p.headroom:.1f}" if p.headroom else "-")
             for p in profile.points]

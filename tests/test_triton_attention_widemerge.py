@@ -42,18 +42,14 @@ def test_prefill_is_attention_triton():
     assert torch.equal(got, want)
 
 
-def test_more_splits_than_one_merge_tile_is_refused_by_name():
+def test_more_splits_than_one_merge_tile_is_refused_by_name(monkeypatch):
     from workbench.variants import _triton_attention_widemerge as wide
 
     q, cache, meta = _case([200], [1], heads=2, kv_heads=1, hd=16, page=8, window=None, dtype=torch.float32)
     cfg = dict(SMALL, BLOCK_N=16, WAVES=10 ** 6, MAX_SPLITS=10 ** 6, MERGE_BLOCK_D=8)
-    old = wide.MAX_MERGE_SPLITS
-    wide.MAX_MERGE_SPLITS = 4
-    try:
-        with pytest.raises(ValueError, match="merges at most 4 splits"):
-            available("attention", "triton_widemerge").at(cfg)(q, cache, meta, window=None, scale=0.25)
-    finally:
-        wide.MAX_MERGE_SPLITS = old
+    monkeypatch.setattr(wide, "MAX_MERGE_SPLITS", 4)
+    with pytest.raises(ValueError, match="merges at most 4 splits"):
+        available("attention", "triton_widemerge").at(cfg)(q, cache, meta, window=None, scale=0.25)
 
 
 def test_op_gate_default():

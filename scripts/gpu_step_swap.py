@@ -38,6 +38,41 @@ def _builds(lock: Lock, point: str, variant: str, configs: list[dict | None]) ->
     return builds
 
 
+def build_step(lock: Lock, preset: str, device: str) -> StepRunner:
+    """The lock's target step on a model of `preset` (random weights) at the lock's dtype."""
+    started = time.monotonic()
+    model = BeamForCausalLM.from_preset(preset, dtype=DTYPES[lock.model["dtype"]], device=device)
+    runner = StepRunner(model, for_device(get_target(lock.target), torch.device(device)))
+    print(f"built {preset} and the {lock.target} step in {time.monotonic() - started:.0f} s", flush=True)
+    return runner
+
+
+def time_builds(runner: StepRunner, builds: dict, *, rounds: int, device: str) -> tuple[dict, dict]:
+    """Each build (label -> (selection, configs)) bound and timed in turn, `rounds` times over: every
+    timing by label, and each label's best median in ms. A build that fails is reported, the others
+    still timed."""
+    results = {label: [] for label in builds}
+    for r in range(rounds):
+        for label, (selection, configs) in builds.items():
+            try:
+                runner.rebind(selection, configs)
+                timing = bench.time_fn(runner, device=device, budget_s=STEP_SAMPLES_S)
+            except Exception as e:
+                results[label].append({"error": f"{type(e).__name__}: {e}"})
+                print(f"round {r}: {label}: failed: {type(e).__name__}: {e}", flush=True)
+                continue
+            results[label].append(timing)
+            print(f"round {r}: {label}: {timing['median_us'] / 1e3:.3f} ms (spread {timing['spread']:.1%})",
+                  flush=True)
+    best = {label: min(x["median_us"] for x in runs if "median_us" in x) / 1e3
+            for label, runs in results.items() if any("median_us" in x for x in runs)}
+    first = next(iter(builds))
+    for label, ms in best.items():
+        ratio = f" ({best[first] / ms:.3f}x {first}'s step)" if first in best and label != first else ""
+        print(f"best of {rounds}: {label}: {ms:.3f} ms{ratio}")
+    return results, best
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("lock")
@@ -53,31 +88,10 @@ def main():
     lock, problems = Lock.load(args.lock)
     if problems:
         print("lock problems (timed as written):", problems)
-    preset = args.preset or lock.model["preset"]
-    started = time.monotonic()
-    model = BeamForCausalLM.from_preset(preset, dtype=DTYPES[lock.model["dtype"]], device=args.device)
-    runner = StepRunner(model, for_device(get_target(lock.target), torch.device(args.device)))
-    print(f"built {preset} and the {lock.target} step in {time.monotonic() - started:.0f} s", flush=True)
+    runner = build_step(lock, args.preset or lock.model["preset"], args.device)
     swapped = registry.get(args.point, args.variant).configs if args.all_configs else []
     builds = _builds(lock, args.point, args.variant, [*swapped, *map(json.loads, args.config)] or [None])
-    results = {label: [] for label in builds}
-    for r in range(args.rounds):
-        for label, (selection, configs) in builds.items():
-            try:
-                runner.rebind(selection, configs)
-                timing = bench.time_fn(runner, device=args.device, budget_s=STEP_SAMPLES_S)
-            except Exception as e:  # a build that fails is reported, the others still timed
-                results[label].append({"error": f"{type(e).__name__}: {e}"})
-                print(f"round {r}: {label}: failed: {type(e).__name__}: {e}", flush=True)
-                continue
-            results[label].append(timing)
-            print(f"round {r}: {label}: {timing['median_us'] / 1e3:.3f} ms (spread {timing['spread']:.1%})",
-                  flush=True)
-    best = {label: min(x["median_us"] for x in runs if "median_us" in x) / 1e3
-            for label, runs in results.items() if any("median_us" in x for x in runs)}
-    for label, ms in best.items():
-        ratio = f" ({best['lock'] / ms:.3f}x the lock's step)" if "lock" in best else ""
-        print(f"best of {args.rounds}: {label}: {ms:.3f} ms{ratio}")
+    results, best = time_builds(runner, builds, rounds=args.rounds, device=args.device)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name()

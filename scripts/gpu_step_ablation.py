@@ -8,7 +8,7 @@ fusion is written. The stand-ins compute nothing: the step's values are wrong, o
 
 Each --skip is one build with those points stood in for (default: DEFAULT_SKIPS). Stand-ins: qk_prep
 returns q as [N, heads, hd] (no norm, no RoPE, no KV write); boundary returns (h, y); route the same
-fixed experts for every token; experts and attention_out a fixed zero output. Writes every timing to
+fixed experts for every token; the others a fixed zero output of their point's shape. Writes every timing to
 --out as JSON.
 """
 
@@ -26,7 +26,10 @@ from workbench import registry  # noqa: E402
 from workbench.lock import Lock  # noqa: E402
 
 SKIPPED = "skipped"  # the stand-ins' variant name, registered by this script only
-DEFAULT_SKIPS = ["qk_prep", "boundary", "route", "qk_prep,boundary,route", "attention_out", "experts"]
+# Each point on its own, then the kernels between the weight-streaming ones together (what fusions into
+# those could remove at best), then everything but the routed experts.
+DEFAULT_SKIPS = ["qkvg_proj", "qk_prep", "attention_out", "boundary", "route", "experts", "dense_mlp", "head",
+                 "qk_prep,boundary,route", "qkvg_proj,qk_prep,attention_out,boundary,route,dense_mlp,head"]
 
 # Fixed outputs, made on first use (the step runner's warm-up calls, outside graph capture) and then
 # returned by every call, so a captured step holds no kernel for a stood-in point.
@@ -38,6 +41,15 @@ def _fixed(tag: str, shape: tuple, dtype: torch.dtype, device: torch.device, fil
     if key not in _FIXED:
         _FIXED[key] = fill(torch.empty(shape, dtype=dtype, device=device))
     return _FIXED[key]
+
+
+def _zeros(tag: str, rows: int, width: int, like: torch.Tensor, dtype=None) -> torch.Tensor:
+    return _fixed(tag, (rows, width), dtype or like.dtype, like.device, torch.Tensor.zero_)
+
+
+def _qkvg_proj(x, w):
+    n = x.shape[0]
+    return tuple(_zeros(f"qkvg {p}", n, w[p].shape[0], x) for p in ("q_proj", "k_proj", "v_proj", "gate_proj"))
 
 
 def _qk_prep(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_theta=None, ssmax=None):
@@ -56,15 +68,23 @@ def _route(x, w, *, n_group, topk_group, top_k, scale):
 
 
 def _experts(x, ids, weights, w):
-    return _fixed("experts", tuple(x.shape), x.dtype, x.device, torch.Tensor.zero_)
+    return _zeros("experts", x.shape[0], x.shape[1], x)
+
+
+def _dense_mlp(x, w):
+    return _zeros("dense_mlp", x.shape[0], x.shape[1], x)
 
 
 def _attention_out(q, cache, meta, g, w, *, window, scale):
-    return _fixed("attention_out", (q.shape[0], w["o_proj"].shape[0]), q.dtype, q.device, torch.Tensor.zero_)
+    return _zeros("attention_out", q.shape[0], w["o_proj"].shape[0], q)
 
 
-STAND_INS = {"qk_prep": _qk_prep, "boundary": _boundary, "route": _route, "experts": _experts,
-             "attention_out": _attention_out}
+def _head(h, w, *, eps, softcap):
+    return _zeros("head", h.shape[0], w["lm_head"].shape[0], h, torch.float32)
+
+
+STAND_INS = {"qkvg_proj": _qkvg_proj, "qk_prep": _qk_prep, "attention_out": _attention_out, "boundary": _boundary,
+             "route": _route, "experts": _experts, "dense_mlp": _dense_mlp, "head": _head}
 
 
 def register_stand_ins() -> None:

@@ -45,5 +45,5 @@ def test_the_lock_and_its_ablations_are_timed_in_one_process(stand_ins, tmp_path
                           "qk_prep,boundary,route", "--skip", "experts", "--out", str(out)])
     assert set(best) == {"lock", "qk_prep+boundary+route skipped", "experts skipped"}
     assert set(json.loads(out.read_text())["timings"]) == set(best)
-    with pytest.raises(SystemExit, match="no stand-in for \\['head'\\]"):
-        ablation.ablations(lock, ["head"])
+    with pytest.raises(SystemExit, match="no stand-in for \\['sample'\\]"):
+        ablation.ablations(lock, ["sample"])

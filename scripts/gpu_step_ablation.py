@@ -5,6 +5,7 @@ neighbours can save in the step as the server runs it (graphed decode, PDL betwe
 fusion is written. The stand-ins compute nothing: the step's values are wrong, only its time counts.
 
     python3 scripts/gpu_step_ablation.py LOCK [--skip POINT[,POINT...] ...] [--rounds 2] [--out FILE]
+    python3 scripts/gpu_step_ablation.py --summarize FILE REPORT.json   # the table, beside the run's floors
 
 Each --skip is one build with those points stood in for (default: DEFAULT_SKIPS). Stand-ins: qk_prep
 returns q as [N, heads, hd] (no norm, no RoPE, no KV write); boundary returns (h, y); route the same
@@ -106,7 +107,35 @@ def ablations(lock: Lock, skips: list[str]) -> dict:
     return builds
 
 
+def summarize(ablation_path: str, report_path: str) -> str:
+    """A markdown table: each build's best step, what standing in for its points saved against the
+    lock's step (their cost in the step as it runs), and the points' bytes-and-FLOPs floor from the
+    optimize report beside it."""
+    with open(ablation_path) as f:
+        best = json.load(f)["best_ms"]
+    with open(report_path) as f:
+        floors = {p["point"]: p.get("floor_ms") or 0.0 for p in json.load(f)["points"]}
+    lines = ["| stood in for | step ms | saved ms | their floor ms | saved / floor |", "| --- | ---: | ---: | ---: | ---: |",
+             f"| nothing (the lock) | {best['lock']:.3f} | | | |"]
+    for label, ms in best.items():
+        if label == "lock":
+            continue
+        floor = sum(floors.get(p, 0.0) for p in label.removesuffix(" skipped").split("+"))
+        saved = best["lock"] - ms
+        ratio = f"{saved / floor:.2f}" if floor >= 0.01 else "-"
+        lines.append(f"| {label.removesuffix(' skipped')} | {ms:.3f} | {saved:.3f} | {floor:.3f} | {ratio} |")
+    singles = [label for label in best if label != "lock" and "+" not in label]
+    lines.append(f"\nSum of the {len(singles)} single-point savings: "
+                 f"{sum(best['lock'] - best[label] for label in singles):.3f} ms of the lock's {best['lock']:.3f} ms.")
+    return "\n".join(lines)
+
+
 def main(argv=None):
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--summarize"]:
+        print(summarize(*argv[1:3]))
+        return None
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("lock")
     ap.add_argument("--skip", action="append", help="points to stand in for, comma-separated (repeatable)")
@@ -124,7 +153,7 @@ def main(argv=None):
     results, best = time_builds(runner, builds, rounds=args.rounds, device=args.device)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"command": " ".join(["scripts/gpu_step_ablation.py", *(argv or sys.argv[1:])]),
+            json.dump({"command": " ".join(["scripts/gpu_step_ablation.py", *argv]),
                        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
                        "torch": torch.__version__, "selection": lock.selection, "best_ms": best,
                        "timings": results}, f, indent=1)

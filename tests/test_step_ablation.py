@@ -47,3 +47,13 @@ def test_the_lock_and_its_ablations_are_timed_in_one_process(stand_ins, tmp_path
     assert set(json.loads(out.read_text())["timings"]) == set(best)
     with pytest.raises(SystemExit, match="no stand-in for \\['sample'\\]"):
         ablation.ablations(lock, ["sample"])
+
+
+def test_the_summary_sets_each_builds_saving_beside_its_points_floors(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"best_ms": {"lock": 2.0, "route skipped": 1.75,
+                                                             "route+boundary skipped": 1.5}}))
+    (tmp_path / "r.json").write_text(json.dumps({"points": [{"point": "route", "floor_ms": 0.125},
+                                                            {"point": "boundary", "floor_ms": 0.001}]}))
+    table = ablation.summarize(str(tmp_path / "a.json"), str(tmp_path / "r.json"))
+    assert "| route | 1.750 | 0.250 | 0.125 | 2.00 |" in table
+    assert "| route+boundary | 1.500 | 0.500 | 0.126 | 3.97 |" in table

@@ -25,6 +25,13 @@ def _merge_gate_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, out_ptr, g_stride
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     o = attn._merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
+    gate_store(o, g_ptr, bias_ptr, out_ptr, g_stride, token, head, n_heads, head_dim, d, d_ok)
+
+
+@triton.jit
+def gate_store(o, g_ptr, bias_ptr, out_ptr, g_stride, token, head, n_heads, head_dim, d, d_ok):
+    """A merged head's columns `d` (FP32): round to the model dtype (attention's output), gate in FP32 as
+    `attn_out` does, round once more, store into the gated output [tokens, heads * head_dim]."""
     o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
     g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok).to(tl.float32)
     b = tl.load(bias_ptr + head).to(tl.float32)

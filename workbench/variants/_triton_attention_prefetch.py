@@ -124,8 +124,20 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
         tl.store(acc_ptr + row[:, None] * head_dim + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
 
 
-def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None, own_key_after_wait=True):
-    """The `attention` contract: decode by the kernel above, prefill by attention:triton's."""
+def merge_splits(m, l_part, acc, out, splits: int, cfg: dict) -> None:
+    """attention:triton's merge kernel over a decode kernel's split partials (m, l, acc) into `out`."""
+    n, heads, hd = out.shape
+    block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
+    base._merge_kernel[(n * heads, triton.cdiv(hd, block_d))](
+        m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
+        BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
+        **pdl_launch(cfg.get("pdl")))
+
+
+def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None, own_key_after_wait=True,
+                    merge=merge_splits):
+    """The `attention` contract: decode by the kernel above, prefill by attention:triton's. `merge`: the
+    splits' merge, as `merge_splits` is called."""
     cfg = {**base.DEFAULT, **(config or {})}
     if not meta.decode:
         return base.paged_attention(q, cache, meta, window=window, scale=scale, config=cfg)
@@ -139,17 +151,14 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
     m, l_part, acc = decode_launch(meta, cfg, q=q, cache=cache, out=out, window=window, scale=scale, splits=splits,
                                    single=splits == 1, own_key_after_wait=own_key_after_wait)
     if splits > 1:
-        block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
-        base._merge_kernel[(n * heads, triton.cdiv(hd, block_d))](
-            m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
-            BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
-            **pdl_launch(cfg.get("pdl")))
+        merge(m, l_part, acc, out, splits, cfg)
     return out
 
 
-def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.Tensor:
+def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict, merge=merge_gate) -> torch.Tensor:
     """`_triton_attention_out.decode_gated` (attention_out:triton's decode: split partials always, then
-    its merge-gate kernel) with this module's decode kernel. `cfg`: a full attention config."""
+    its merge-gate kernel) with this module's decode kernel. `cfg`: a full attention config; `merge`:
+    the merge-gate, as `_triton_attention_out.merge_gate` is called."""
     base._check(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = g if g.stride(-1) == 1 else g.contiguous()
@@ -158,7 +167,7 @@ def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.
     gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
     m, l_part, acc = decode_launch(meta, cfg, q=q, cache=cache, out=gated, window=window, scale=scale,
                                    splits=splits, single=False)
-    merge_gate(m, l_part, acc, g, bias, gated, splits, cfg)
+    merge(m, l_part, acc, g, bias, gated, splits, cfg)
     return gated
 
 

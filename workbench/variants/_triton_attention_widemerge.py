@@ -9,16 +9,17 @@ head_dim's columns, so at batch 1 a 32K-token full-attention decode (256 splits,
 merges in 24 programs of 32 KB each. Here every program loads its splits' maxima, sums and
 accumulator columns at once (attention_out:triton_merged's `_merge_one_tile`: all splits in one tile,
 at most MAX_MERGE_SPLITS) and covers MERGE_BLOCK_D columns, so the same merge takes 16 programs a head
-of 8 KB each at MERGE_BLOCK_D 8. The arithmetic is `_merge_head`'s (FP32, the largest split maximum as the offset, empty splits
-weighted 0), in a different summation order over the splits: not bitwise attention:triton's.
+of 8 KB each at MERGE_BLOCK_D 8. The arithmetic is `_merge_head`'s (FP32, the largest split maximum as
+the offset, empty splits weighted 0), in a different summation order over the splits: not bitwise
+attention:triton's.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from workbench.variants import _triton_attention as base
 from workbench.variants import _triton_attention_prefetch as prefetch
+from workbench.variants._triton_attention_out import gate_store
 from workbench.variants._triton_attention_out_merged import _merge_one_tile
 from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
 
@@ -41,20 +42,14 @@ def _merge_once_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_h
 @triton.jit
 def _merge_gate_once_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, out_ptr, g_stride, n_heads, head_dim, n_splits,
                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """attention_out:triton's merge-gate (`_triton_attention_out._merge_gate_kernel`) with `_merge_one_tile`:
-    merge, round to the model dtype (attention's output), gate in FP32 as `attn_out` does, round again."""
+    """attention_out:triton's merge-gate (`_triton_attention_out._merge_gate_kernel`) with `_merge_one_tile`."""
     pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     token, head = pid // n_heads, pid % n_heads
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     o = _merge_one_tile(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S)
-    o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
-    g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok).to(tl.float32)
-    b = tl.load(bias_ptr + head).to(tl.float32)
-    gated = o * (1.0 / (1.0 + tl.exp(-(g + b))))  # sigmoid as torch computes it, apart from the product
-    tl.store(out_ptr + token * n_heads * head_dim + head * head_dim + d, round_to(gated, out_ptr.dtype.element_ty),
-             mask=d_ok)
+    gate_store(o, g_ptr, bias_ptr, out_ptr, g_stride, token, head, n_heads, head_dim, d, d_ok)
 
 
 def _merge_grid(splits: int, rows: int, hd: int, config: dict):
@@ -66,38 +61,25 @@ def _merge_grid(splits: int, rows: int, hd: int, config: dict):
                                                   num_warps=4, **pdl_launch(config.get("pdl")))
 
 
-def paged_attention(q, cache, meta, *, window, scale, config: dict):
-    """The `attention` contract: decode by attention:triton_prefetch's kernel and the merge above,
-    prefill by attention:triton's. `config`: a full attention:triton_prefetch config plus
-    MERGE_BLOCK_D (head_dim columns a merge program)."""
-    if not meta.decode:
-        return base.paged_attention(q, cache, meta, window=window, scale=scale, config=config)
-    base._check(q, cache, window)
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    n, heads, hd = q.shape
-    out = torch.empty((n, heads, hd), dtype=q.dtype, device=q.device)
-    if n == 0:
-        return out
-    splits = prefetch._splits(q, cache, meta, window, config)
+def _merge(m, l_part, acc, out, splits: int, config: dict) -> None:
+    n, heads, hd = out.shape
     grid, launch = _merge_grid(splits, n * heads, hd, config)
-    m, l_part, acc = prefetch.decode_launch(meta, config, q=q, cache=cache, out=out, window=window, scale=scale,
-                                            splits=splits, single=splits == 1)
-    if splits > 1:
-        _merge_once_kernel[grid](m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits, **launch)
-    return out
+    _merge_once_kernel[grid](m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits, **launch)
+
+
+def _merge_gate(m, l_part, acc, g, bias, gated, splits: int, config: dict) -> None:
+    n, heads, hd = acc.shape[0], acc.shape[1], acc.shape[3]
+    grid, launch = _merge_grid(splits, n * heads, hd, config)
+    _merge_gate_once_kernel[grid](m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits, **launch)
+
+
+def paged_attention(q, cache, meta, *, window, scale, config: dict):
+    """The `attention` contract: attention:triton_prefetch's with the merge above. `config`: a full
+    attention:triton_prefetch config plus MERGE_BLOCK_D (head_dim columns a merge program)."""
+    return prefetch.paged_attention(q, cache, meta, window=window, scale=scale, config=config, merge=_merge)
 
 
 def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.Tensor:
-    """`_triton_attention_prefetch.decode_gated` (split partials always, then a merge-gate kernel) with
-    the merge-gate above. `cfg`: a full attention:triton_widemerge config."""
-    base._check(q, cache, window)
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    g = g if g.stride(-1) == 1 else g.contiguous()
-    n, heads, hd = q.shape
-    splits = prefetch._splits(q, cache, meta, window, cfg)
-    grid, launch = _merge_grid(splits, n * heads, hd, cfg)
-    gated = torch.empty((n, heads * hd), dtype=q.dtype, device=q.device)
-    m, l_part, acc = prefetch.decode_launch(meta, cfg, q=q, cache=cache, out=gated, window=window, scale=scale,
-                                            splits=splits, single=False)
-    _merge_gate_once_kernel[grid](m, l_part, acc, g, bias, gated, g.stride(0), heads, hd, splits, **launch)
-    return gated
+    """`_triton_attention_prefetch.decode_gated` with the merge-gate above. `cfg`: a full
+    attention:triton_widemerge config."""
+    return prefetch.decode_gated(q, cache, meta, g, bias, window=window, scale=scale, cfg=cfg, merge=_merge_gate)

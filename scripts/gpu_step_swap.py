@@ -21,8 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from beam_model import BeamForCausalLM  # noqa: E402
-from workbench import bench, registry  # noqa: E402
+from workbench import registry  # noqa: E402
 from workbench.lock import Lock  # noqa: E402
+from workbench.profiler.in_step import time_builds  # noqa: E402
 from workbench.search import STEP_SAMPLES_S  # noqa: E402
 from workbench.targets import StepRunner, for_device, get_target  # noqa: E402
 from workbench.variants._inputs import DTYPES  # noqa: E402
@@ -47,32 +48,6 @@ def build_step(lock: Lock, preset: str, device: str) -> StepRunner:
     return runner
 
 
-def time_builds(runner: StepRunner, builds: dict, *, rounds: int, device: str) -> tuple[dict, dict]:
-    """Each build (label -> (selection, configs)) bound and timed in turn, `rounds` times over: every
-    timing by label, and each label's best median in ms. A build that fails is reported, the others
-    still timed."""
-    results = {label: [] for label in builds}
-    for r in range(rounds):
-        for label, (selection, configs) in builds.items():
-            try:
-                runner.rebind(selection, configs)
-                timing = bench.time_fn(runner, device=device, budget_s=STEP_SAMPLES_S)
-            except Exception as e:
-                results[label].append({"error": f"{type(e).__name__}: {e}"})
-                print(f"round {r}: {label}: failed: {type(e).__name__}: {e}", flush=True)
-                continue
-            results[label].append(timing)
-            print(f"round {r}: {label}: {timing['median_us'] / 1e3:.3f} ms (spread {timing['spread']:.1%})",
-                  flush=True)
-    best = {label: min(x["median_us"] for x in runs if "median_us" in x) / 1e3
-            for label, runs in results.items() if any("median_us" in x for x in runs)}
-    first = next(iter(builds))
-    for label, ms in best.items():
-        ratio = f" ({best[first] / ms:.3f}x {first}'s step)" if first in best and label != first else ""
-        print(f"best of {rounds}: {label}: {ms:.3f} ms{ratio}")
-    return results, best
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("lock")
@@ -91,7 +66,10 @@ def main():
     runner = build_step(lock, args.preset or lock.model["preset"], args.device)
     swapped = registry.get(args.point, args.variant).configs if args.all_configs else []
     builds = _builds(lock, args.point, args.variant, [*swapped, *map(json.loads, args.config)] or [None])
-    results, best = time_builds(runner, builds, rounds=args.rounds, device=args.device)
+    results, best = time_builds(runner, builds, rounds=args.rounds, device=args.device, budget_s=STEP_SAMPLES_S)
+    for label, ms in best.items():
+        ratio = f" ({best['lock'] / ms:.3f}x the lock's step)" if "lock" in best else ""
+        print(f"best of {args.rounds}: {label}: {ms:.3f} ms{ratio}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name()

@@ -137,3 +137,25 @@ def profile_table(profile) -> Table:
     for r in rows:
         t.add_row(*r)
     return t
+
+
+def in_step_table(r: dict) -> Table:
+    """`workbench profile --in-step`: each point's (or group's) cost in the step as it runs, beside its floor."""
+    how = "graphed" if r["graphed"] else "eager"
+    t = Table(title=f"{r['target']} on {r['preset']}: the step ({how}) {r['step_ms']:.3f} ms, and with each point "
+                    f"stood in for by a kernel-free stand-in (best of {r['rounds']} rounds)",
+              caption="cost: the step's time less the step's with it stood in for (the most a fusion of it saves)"
+                      + ("" if r["graphed"] else "; eager: host time included, costs within the timings' spread "
+                                                 "are noise"),
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
+    rows = [(label, ", ".join(sorted(set(c["variants"].values()))), f"{c['step_ms']:.3f}", f"{c['cost_ms']:.3f}",
+             f"{100 * c['cost_ms'] / r['step_ms']:.1f}%", f"{c['floor_ms']:.3f}" if c["floor_ms"] else "-",
+             f"{c['cost_ms'] / c['floor_ms']:.1f}" if c["floor_ms"] >= 0.01 * r["step_ms"] else "-")
+            for label, c in r["costs"].items()]
+    for i, col in enumerate(("stood in for", "variant", "step ms", "cost ms", "share", "floor ms", "x floor")):
+        name = i < 2
+        t.add_column(col, justify="left" if name else "right", no_wrap=name,
+                     min_width=max((len(row[i]) for row in rows), default=1) if name else None)
+    for row in rows:
+        t.add_row(*row)
+    return t

@@ -19,6 +19,15 @@ def add_arguments(p) -> None:
     p.add_argument("--from-trace", metavar="FILE",
                    help="only count a saved trace's kernels per layer and per point (.json or .json.gz; "
                         "--preset names the model it was taken on); runs nothing")
+    p.add_argument("--in-step", action="store_true",
+                   help="then time the step as the server runs it (graphed decode, PDL) against the same step "
+                        "with each point the model calls replaced by a stand-in that launches no kernel: each "
+                        "point's cost in the step, overlap included, and the most a fusion of it could save "
+                        "(in_step.json)")
+    p.add_argument("--in-step-group", action="append", default=[], metavar="P,Q,...",
+                   help="with --in-step: also stand in for these points together (repeatable)")
+    p.add_argument("--in-step-seconds", type=float, default=2.0,
+                   help="with --in-step: seconds of samples per step timing (each build is timed twice)")
     p.add_argument("--json", action="store_true")
 
 
@@ -39,6 +48,11 @@ def run(args) -> int:
     from workbench.progress import profile_table
     from workbench.targets import StepRunner, for_device, get_target
 
+    from workbench.profiler.in_step import check_groups
+
+    groups = check_groups(args.in_step_group)  # before anything runs
+    if groups and not args.in_step:
+        raise ValueError("--in-step-group needs --in-step")
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
     dtype = resolve_dtype(args.dtype, device)
@@ -60,11 +74,42 @@ def run(args) -> int:
 
     with open(os.path.join(out, "profile.json"), "w") as f:
         json.dump(data, f, indent=2)
+    in_step = _in_step(args, model, target, lock, profile, device, groups, out) if args.in_step else None
     if args.json:
-        print_json(data)
-    else:
-        from rich.console import Console
+        print_json({**data, "in_step": in_step} if in_step else data)
+        return 0
+    from rich.console import Console
 
-        Console().print(profile_table(profile))
-        Console().print(f"kernels per layer: {profile.kernels_per_layer}; wrote {out}/profile.json and the trace")
+    Console().print(profile_table(profile))
+    Console().print(f"kernels per layer: {profile.kernels_per_layer}; wrote {out}/profile.json and the trace")
+    if in_step:
+        from workbench.progress import in_step_table
+
+        Console().print(in_step_table(in_step))
+        Console().print(f"wrote {out}/in_step.json")
     return 0
+
+
+def _in_step(args, model, target, lock, profile, device, groups, out) -> dict:
+    """Each point's cost in the step as it runs (`workbench.profiler.in_step`), beside its floor from
+    `profile`; written to in_step.json."""
+    import json
+
+    from workbench.profiler.in_step import in_step_costs
+    from workbench.targets import StepRunner
+
+    selection, configs = (lock.selection, lock.configs) if lock else (model.ops.selection, {})
+    graphed = StepRunner(model, target)  # as the server runs it: a CUDA graph at decode on the GPU
+    quiet = (lambda line: None) if args.json else print
+    result = in_step_costs(graphed, selection, configs, groups=groups, device=device,
+                           budget_s=args.in_step_seconds, log=quiet)
+    floors = {p.point: p.floor_us / 1e3 for p in profile.points if p.floor_us}
+    for label, cost in result["costs"].items():
+        members = label.split("+")
+        cost["variants"] = {p: selection.get(p, "torch") for p in members}
+        cost["floor_ms"] = sum(floors.get(p, 0.0) for p in members)
+    result.update(target=profile.target, preset=profile.preset, dtype=profile.dtype, device=profile.device,
+                  graphed=graphed.graph is not None)
+    with open(os.path.join(out, "in_step.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return result

@@ -82,18 +82,21 @@ def test_profile_command_writes_each_points_cost_in_the_step(tmp_path, capsys):
     assert "no stand-in for ['nope']" in capsys.readouterr().err
 
 
-def test_the_in_step_table_prints_every_row():
+def test_the_in_step_table_cuts_no_name_and_no_number_at_80_columns():
+    """The H200 run of the decode lock (runs/decode-b1-step-ablation-tp8/in-step-session38/): its group of
+    every point but the experts once squeezed every number column to an ellipsis."""
+    from pathlib import Path
+
     from rich.console import Console
 
     from workbench.progress import in_step_table
 
-    r = {"target": "decode-b1", "preset": "beam-501b-tp8", "graphed": True, "rounds": 2, "step_ms": 2.0,
-         "costs": {"attention_out": {"step_ms": 1.5, "cost_ms": 0.5, "floor_ms": 0.1,
-                                     "variants": {"attention_out": "triton_widemerge"}},
-                   "qk_prep+boundary": {"step_ms": 1.75, "cost_ms": 0.25, "floor_ms": 0.002,
-                                        "variants": {"qk_prep": "triton", "boundary": "triton"}}}}
-    console = Console(width=100, record=True)
+    path = Path(__file__).parents[1] / "runs/decode-b1-step-ablation-tp8/in-step-session38/in_step.json"
+    r = json.loads(path.read_text())
+    console = Console(width=80, record=True)
     console.print(in_step_table(r))
     text = console.export_text()
-    assert "triton_widemerge" in text and "0.500" in text and "25.0%" in text and "5.0" in text
-    assert "qk_prep+boundary" in text and "12.5%" in text
+    assert "…" not in text
+    for label, c in r["costs"].items():
+        assert f"{c['cost_ms']:.3f}" in text and all(v in text for v in c["variants"].values())
+        assert all(p in text for p in label.split("+"))

@@ -148,14 +148,15 @@ def in_step_table(r: dict) -> Table:
                       + ("" if r["graphed"] else "; eager: host time included, costs within the timings' spread "
                                                  "are noise"),
               box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
-    rows = [(label, ", ".join(sorted(set(c["variants"].values()))), f"{c['step_ms']:.3f}", f"{c['cost_ms']:.3f}",
-             f"{100 * c['cost_ms'] / r['step_ms']:.1f}%", f"{c['floor_ms']:.3f}" if c["floor_ms"] else "-",
+    # a group's points and variants wrap between names (spaces); no name and no number is ever cut
+    rows = [(" + ".join(label.split("+")), ", ".join(sorted(set(c["variants"].values()))), f"{c['step_ms']:.3f}",
+             f"{c['cost_ms']:.3f}", f"{100 * c['cost_ms'] / r['step_ms']:.1f}%",
+             f"{c['floor_ms']:.3f}" if c["floor_ms"] else "-",
              f"{c['cost_ms'] / c['floor_ms']:.1f}" if c["floor_ms"] >= 0.01 * r["step_ms"] else "-")
             for label, c in r["costs"].items()]
     for i, col in enumerate(("stood in for", "variant", "step ms", "cost ms", "share", "floor ms", "x floor")):
-        name = i < 2
-        t.add_column(col, justify="left" if name else "right", no_wrap=name,
-                     min_width=max((len(row[i]) for row in rows), default=1) if name else None)
+        widest = max((len(word.rstrip(",")) for row in rows for word in row[i].split()), default=1)
+        t.add_column(col, justify="left" if i < 2 else "right", min_width=widest, no_wrap=i >= 2)
     for row in rows:
         t.add_row(*row)
     return t

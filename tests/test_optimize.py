@@ -1729,3 +1729,30 @@ def test_report_says_when_the_files_are_not_the_commit():
     dirty = code_line({"git_commit": "abc", "git_dirty": True, "git_tree": "t2"})
     assert dirty == "commit abc, files changed since (files: git tree t2)"
     assert code_line({"git_commit": None}) == "commit None"
+
+
+def test_in_step_costs_are_a_report_column(run, tmp_path, monkeypatch):
+    """`--in-step`: after the lock, the locked step against it with each point stood in for; each point's
+    cost lands in report.json and in a report.md column, and the run folder keeps in_step.json."""
+    out, _, _ = run
+    resumed = str(tmp_path / "in-step")
+    shutil.copytree(out, resumed)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    events = []
+    report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
+                                      device=torch.device("cpu"), out_dir=resumed, points=POINTS_SEARCHED,
+                                      command="pytest", in_step_s=0.01), on_event=events.append)
+    with open(os.path.join(resumed, "in_step.json")) as f:
+        costs = json.load(f)["costs"]
+    by_point = {p["point"]: p for p in report["points"]}
+    for point, c in costs.items():
+        assert by_point[point]["in_step_ms"] == c["cost_ms"]
+    assert by_point["attention"]["in_step_ms"] is None  # no stand-in: its compound's stands in for it
+    assert report["in_step"]["rounds"] == 2 and any(e["type"] == "in_step" for e in events)
+    md = open(os.path.join(resumed, "report.md")).read()
+    header = next(line for line in md.splitlines() if line.startswith("| point |"))
+    assert "cost in the running step, ms" in header
+    boundary = next(line for line in md.splitlines() if line.startswith("| boundary |"))
+    assert boundary.count("|") == header.count("|") and f"| {costs['boundary']['cost_ms']:.3f} |" in boundary
+    # without it, no column
+    assert "cost in the running step" not in open(os.path.join(out, "report.md")).read()

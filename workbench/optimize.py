@@ -23,6 +23,7 @@ from workbench.lock import Lock, LockError, module_key, reference_key, run_by
 from workbench.profiler import profile_step
 from workbench.profiler.attribution import Profile
 from workbench.profiler.idle import idle_line
+from workbench.profiler.in_step import in_step_costs
 from workbench.registry import COMPOUNDS, POINTS, REFERENCE, _compiled, backend_available, get
 from workbench.search import FINALIZE_RULE, PointResult, Search, paired_words, slower_by
 from workbench.targets import StepRunner, for_device, get_target
@@ -51,6 +52,10 @@ class OptimizeOptions:
     # or a torch.compile mode for the whole reference step, e.g. "max-autotune-no-cudagraphs" (the step is
     # graph-captured anyway). The first fills the report's torch_compile_* fields.
     compile_baselines: tuple[str, ...] = ("points",)
+    # After the lock: each point's cost in the locked step as it runs (`workbench.profiler.in_step`), a
+    # report column: the step's time less its time with the point replaced by a kernel-free stand-in.
+    # Seconds of samples per step timing; None: not timed.
+    in_step_s: float | None = None
 
 
 # The code every timed step runs whatever the variants: the model and the target's step runner.
@@ -225,6 +230,12 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
                                   trace_path=os.path.join(opts.out_dir, "locked_profile.trace.json"))
     _write_json(os.path.join(opts.out_dir, "locked_profile.json"), locked_profile.to_dict())
     in_locked = {pp.point: pp for pp in locked_profile.points}
+    in_step = None
+    if opts.in_step_s is not None:
+        on_event({"type": "stage", "stage": "in-step costs"})
+        in_step = in_step_costs(runner, final["selection"], final["configs"], device=opts.device,
+                                budget_s=opts.in_step_s, log=lambda line: on_event({"type": "in_step", "line": line}))
+        _write_json(os.path.join(opts.out_dir, "in_step.json"), in_step)
 
     # the step's floor from the locked profile: the per-point floors beside it use the same measured ceilings
     floor_us = sum(p.floor_us or 0.0 for p in locked_profile.points)
@@ -275,6 +286,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         "fraction_of_floor": floor_us / final["locked"]["median_us"] if floor_us else None,
         "kernels_per_layer": {"reference": profile.kernels_per_layer, "locked": locked_profile.kernels_per_layer},
         "locked_idle": locked_profile.idle,
+        "in_step": {"step_ms": in_step["step_ms"], "rounds": in_step["rounds"]} if in_step else None,
         "points": [
             {"point": p, "variant": selection[p], "config": final["configs"].get(p),
              "backend": get(p, selection[p]).backend,
@@ -284,7 +296,9 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
              "best_ms_by_backend": backend_bests(results[p]) if p in results else {},
              # the profiler's device time of the point in one locked step (eager), and its bytes/FLOPs floor
              "locked_step_ms": in_locked[p].time_us / 1e3 if p in in_locked else None,
-             "floor_ms": in_locked[p].floor_us / 1e3 if p in in_locked and in_locked[p].floor_us else None}
+             "floor_ms": in_locked[p].floor_us / 1e3 if p in in_locked and in_locked[p].floor_us else None,
+             # the step less the step with the point stood in for (in_step.json)
+             "in_step_ms": in_step["costs"][p]["cost_ms"] if in_step and p in in_step["costs"] else None}
             for p in POINTS
         ],
     }
@@ -553,6 +567,7 @@ def code_line(env: dict) -> str:
 
 def report_markdown(r: dict) -> str:
     idle = idle_line(r.get("locked_idle"))
+    cost = bool(r.get("in_step"))  # each point's cost in the running step, timed (`--in-step`)
     lines = [
         f"# optimize {r['target']} on {r['preset']} ({r['dtype']})", "",
         f"Command: `{r['command']}`", "",
@@ -577,20 +592,26 @@ def report_markdown(r: dict) -> str:
         *([f"In the locked step's profile (eager, under the profiler): {idle} (`locked_profile.json`, `idle`)", ""]
           if idle else []),
         "ms/step: the search's timing of the point at the step's shapes; in the locked step: the profiler's "
-        "device time of the point in one locked step (`locked_profile.json`), beside its floor.", "",
-        "| point | locked variant | backend | ms/step | reference ms/step | in the locked step, ms | floor ms "
+        "device time of the point in one locked step (`locked_profile.json`), beside its floor"
+        + ("; cost in the running step: the locked step's time less its time with the point replaced by a stand-in "
+           "that launches no kernel (`in_step.json`, best of "
+           f"{r['in_step']['rounds']} rounds, the step {r['in_step']['step_ms']:.3f} ms there): what the point costs "
+           "as the step runs, overlap included, and the most a fusion of it could save." if cost else "."), "",
+        "| point | locked variant | backend | ms/step | reference ms/step | in the locked step, ms | "
+        + ("cost in the running step, ms | " if cost else "") + "floor ms "
         "| step ms with it reverted | fastest gated candidate of each backend, ms/step |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | --- | ---: | ---: | ---: | " + ("---: | " if cost else "") + "---: | ---: | --- |",
     ]
     for p in r["points"]:
         bests = ", ".join(f"{b} {ms:.3f}" for b, ms in (p.get("best_ms_by_backend") or {}).items()) or "-"
+        in_step = f"{_fmt(p.get('in_step_ms'))} | " if cost else ""
         if p.get("run_by"):  # its own selection never runs in the locked build: no timing of it
-            lines.append(f"| {p['point']} | run by {p['run_by']} | - | - | {_fmt(p['reference_ms'])} | - | - | - "
-                         f"| {bests} |")
+            lines.append(f"| {p['point']} | run by {p['run_by']} | - | - | {_fmt(p['reference_ms'])} | - | "
+                         f"{'- | ' if cost else ''}- | - | {bests} |")
             continue
         lines.append(f"| {p['point']} | {p['variant']} | {p['backend']} | {_fmt(p['ms'])} | "
-                     f"{_fmt(p['reference_ms'])} | {_fmt(p.get('locked_step_ms'))} | {_fmt(p.get('floor_ms'))} | "
-                     f"{_fmt(p['reverted_ms'])} | {bests} |")
+                     f"{_fmt(p['reference_ms'])} | {_fmt(p.get('locked_step_ms'))} | {in_step}"
+                     f"{_fmt(p.get('floor_ms'))} | {_fmt(p['reverted_ms'])} | {bests} |")
     if r.get("previous"):
         lines += _against_previous_lines(r["previous"], r["locked_ms"], _run_by_points(r))
     return "\n".join(lines) + "\n"

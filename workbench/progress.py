@@ -61,6 +61,8 @@ class ConsoleProgress:
             apart = f", members apart {r['candidates'][0]['step_us']:.1f}" if r["point"] in COMPOUNDS else ""
             c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step{apart}, "
                     f"noise band {100 * r['band']:.1f}%)")
+        elif kind == "in_step":
+            c.print(f"  {e['line']}", highlight=False)
         elif kind == "agent_round":
             c.print(f"[bold]{e['point']}[/]: agent round {e['round']} in {e['task']}")
         elif kind == "agent_attempt":

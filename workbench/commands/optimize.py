@@ -36,6 +36,10 @@ def add_arguments(p) -> None:
                    help="the report's torch.compile builds, a row each: 'points' (each point's torch_compile "
                         "variant, default) and/or a torch.compile mode for the whole reference step, e.g. "
                         "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size)")
+    p.add_argument("--in-step", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                   help="after the lock, time the locked step with each point replaced by a stand-in that launches "
+                        "no kernel: each point's cost in the step as it runs, a report column (in_step.json); "
+                        "SECONDS of samples per timing (default %(const)s)")
     p.add_argument("--force", action="store_true",
                    help="write over the run folder's lock even when this run cannot search some of its choices "
                         "(a backend missing here or left out of --backends, a point left out of --points)")
@@ -72,7 +76,7 @@ def run(args) -> int:
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
                            candidate_timeout=args.candidate_timeout or None, force=args.force,
-                           compile_baselines=tuple(dict.fromkeys(args.compile_baseline)),
+                           compile_baselines=tuple(dict.fromkeys(args.compile_baseline)), in_step_s=args.in_step,
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.tui:
         from workbench.tui import WorkbenchApp

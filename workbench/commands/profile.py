@@ -45,10 +45,9 @@ def run(args) -> int:
     from workbench.lock import load_for_serving
     from workbench.optimize import DTYPE_NAMES
     from workbench.profiler import profile_step
+    from workbench.profiler.in_step import check_groups
     from workbench.progress import profile_table
     from workbench.targets import StepRunner, for_device, get_target
-
-    from workbench.profiler.in_step import check_groups
 
     groups = check_groups(args.in_step_group)  # before anything runs
     if groups and not args.in_step:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.attention_cases import _assert_close, _case, check_graph_replay
-from tests.variant_helpers import assert_every_config_passes, available, callables
+from tests.variant_helpers import TP8, assert_every_config_passes, available, callables, failures, needs_cuda
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -184,18 +184,15 @@ WORKLOADS = [w.with_(layer=k) for w in (Workload(batch=2, context=1000), Workloa
 
 def test_op_gate_default():
     report = gates.op_gate(available("attention", "triton"), WORKLOADS, seeds=(0,))
-    assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
+    assert report.passed, failures(report)
 
 
 def test_op_gate_fp32():
     report = gates.op_gate(available("attention", "triton"), [w.with_(dtype="fp32") for w in WORKLOADS[::3]], seeds=(1,))
-    assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
+    assert report.passed, failures(report)
 
 
 # ---- on the GPU: the op gate at beam-501b-tp8 shapes, and a CUDA-graph replay ----------------------
-
-TP8 = "beam-501b-tp8"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.gpu

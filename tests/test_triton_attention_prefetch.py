@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.attention_cases import NAN, _case, check_graph_replay
-from tests.variant_helpers import assert_every_config_passes, available
+from tests.variant_helpers import TP8, assert_every_config_passes, available, failures, needs_cuda
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -52,13 +52,10 @@ def test_configs_are_the_separate_merge_forms():
 def test_op_gate_default():
     wls = [Workload(batch=2, context=1000, layer=k) for k in ("sliding", "full")]
     report = gates.op_gate(available("attention", "triton_prefetch"), wls, seeds=(0,))
-    assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
+    assert report.passed, failures(report)
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------
-
-TP8 = "beam-501b-tp8"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _config(v, block_n, prefetch_v=True):

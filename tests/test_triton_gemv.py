@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.variant_helpers import needs_cuda
 from workbench import registry
 
 pytest.importorskip("triton")
@@ -162,8 +163,6 @@ def test_supports():
 
 
 # ---- GPU: TP8 shapes ---------------------------------------------------------------------------------
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.gpu

@@ -10,6 +10,9 @@ import torch
 from workbench import gates, registry
 from workbench.quarantine import quarantined
 
+TP8 = "beam-501b-tp8"  # the preset the GPU tests gate at: one tensor-parallel rank of eight
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
 
 def available(point: str, name: str):
     """The variant, or skip the test with the reason its backend cannot run here."""

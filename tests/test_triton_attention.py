@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tests.attention_cases import _assert_close, _case, check_graph_replay
-from tests.variant_helpers import TP8, assert_every_config_passes, available, callables, failures, needs_cuda
+from tests.variant_helpers import (TP8, assert_every_config_passes, available, callables, failures, needs_cuda,
+                                   tp8_decode)
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -200,9 +201,8 @@ def test_op_gate_fp32():
 @pytest.mark.parametrize("context", [4096, 32768])
 @pytest.mark.parametrize("layer", ["sliding", "full"])
 def test_gpu_op_gate_tp8_decode(layer, context):
-    v = registry.get("attention", "triton")
-    wls = [Workload(TP8, batch=b, context=context, layer=layer) for b in (1, 8, 64)]
-    assert_every_config_passes(v, wls, device="cuda", seeds=(0,))
+    assert_every_config_passes(registry.get("attention", "triton"), tp8_decode(layer, context, (1, 8, 64)),
+                               device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

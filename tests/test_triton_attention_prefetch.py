@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.attention_cases import NAN, _case, check_graph_replay
-from tests.variant_helpers import TP8, assert_every_config_passes, available, failures, needs_cuda
+from tests.variant_helpers import assert_every_config_passes, available, failures, needs_cuda, tp8_decode
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -69,8 +69,7 @@ def _config(v, block_n, prefetch_v=True):
 @pytest.mark.parametrize("context", [4096, 32768])
 @pytest.mark.parametrize("layer", ["sliding", "full"])
 def test_gpu_op_gate_tp8_decode(layer, context):
-    v = registry.get("attention", "triton_prefetch")
-    assert_every_config_passes(v, [Workload(TP8, batch=b, context=context, layer=layer) for b in (1, 8)],
+    assert_every_config_passes(registry.get("attention", "triton_prefetch"), tp8_decode(layer, context),
                                device="cuda", seeds=(0,))
 
 

@@ -14,6 +14,13 @@ TP8 = "beam-501b-tp8"  # the preset the GPU tests gate at: one tensor-parallel r
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def tp8_decode(layer: str, context: int, batches=(1, 8)) -> list:
+    """Decode workloads of a TP8 rank at `context` tokens, in a `layer` ("sliding" or "full") layer."""
+    from workbench.points import Workload
+
+    return [Workload(TP8, batch=b, context=context, layer=layer) for b in batches]
+
+
 def available(point: str, name: str):
     """The variant, or skip the test with the reason its backend cannot run here."""
     v = registry.get(point, name)

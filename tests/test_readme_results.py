@@ -1,0 +1,65 @@
+"""The README's results table quotes the committed optimize reports: a re-lock that changes a report
+must change the README too, and no figure there is typed in apart from its file."""
+
+import json
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = os.path.join(ROOT, "workbench", "variants")
+
+
+def _results_rows() -> dict[str, str]:
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("## Results on one H200", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z0-9-]+)` \|.*$", section, re.M)}
+
+
+def _figures(report: dict) -> list[str]:
+    """Every figure the README's row quotes, formatted as the report renders them."""
+    figures = [f"{report['reference_ms']:.3f} ms", f"{report['locked_ms']:.3f} ms",
+               f"{report['speedup']:.2f}x the reference", f"{report['floor_ms']:.3f} ms",
+               f"{round(100 * report['fraction_of_floor'])}%"]
+    for baseline in report["torch_compile_baselines"]:
+        figures += [f"{baseline['ms']:.3f} ms", f"{baseline['speedup']:.2f}x"]
+    return figures
+
+
+def test_results_table_quotes_the_committed_reports():
+    rows = _results_rows()
+    assert set(rows) == {"decode-b1", "prefill-8x2k"}
+    for target, row in rows.items():
+        folder = re.search(r"`(runs/optimize-[^`]+)/`", row).group(1)
+        report = json.load(open(os.path.join(ROOT, folder, "report.json"), encoding="utf-8"))
+        assert report["target"] == target
+        missing = [f for f in _figures(report) if f not in row]
+        assert not missing, f"README's {target} row lacks {missing} from {folder}/report.json"
+
+
+def _table(heading: str) -> list[list[str]]:
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_variants_table_matches_the_registry_and_both_locks():
+    import yaml
+
+    from workbench import registry
+    from workbench.lock import run_by
+
+    locks = []
+    for name in ("optimize-decode-b1-beam-501b-tp8", "optimize-prefill-8x2k-beam-501b-tp8"):
+        points = yaml.safe_load(open(os.path.join(ROOT, "runs", name, "lock.yaml"), encoding="utf-8"))["points"]
+        selection = {point: entry["variant"] for point, entry in points.items()}
+        locks.append((selection, run_by(selection)))
+    rows = _table("## Fusion points and variants")
+    assert [row[0].strip("`") for row in rows] == list(registry.POINTS)
+    for point_cell, names, *choices in rows:
+        point = point_cell.strip("`")
+        shipped = [n for n, v in registry.variants(point).items() if os.path.dirname(v.source_file) == VARIANTS]
+        assert names.split(", ") == shipped, point  # (tests register variants of their own elsewhere)
+        for cell, (selection, by) in zip(choices, locks):
+            expected = f"run by `{by[point].split(':')[0]}`" if point in by else selection[point]
+            assert cell.split(" (")[0] == expected, (point, cell, expected)

@@ -9,9 +9,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = os.path.join(ROOT, "workbench", "variants")
 
 
-def _results_rows() -> dict[str, str]:
+def _section(heading: str) -> str:
+    """The README's text under `heading`, up to the next section."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split("## Results on one H200", 1)[1].split("\n## ", 1)[0]
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def _results_rows() -> dict[str, str]:
+    section = _section("## Results on one H200")
     return {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z0-9-]+)` \|.*$", section, re.M)}
 
 
@@ -37,9 +42,7 @@ def test_results_table_quotes_the_committed_reports():
 
 
 def _table(heading: str) -> list[list[str]]:
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    rows = [line for line in _section(heading).splitlines() if line.startswith("| `")]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
 
 

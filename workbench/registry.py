@@ -65,8 +65,12 @@ class Variant:
         return self.prepare(weights) if self.prepare else weights
 
     def unsupported(self, workload=None, device=None) -> str | None:
-        """Why this variant cannot run here: its backend is missing, it needs CUDA and `device` is the
-        CPU, or its `supports(workload)` answered False or a reason (str). None when it can run."""
+        """Why this variant cannot run here, or None when it can: its backend is missing, it needs CUDA
+        and `device` is the CPU, or its `supports` predicate declines the workload. `supports` is
+        called as `supports(workload)`, or `supports(workload, dtype, device)` when it takes three
+        arguments (dtype: the workload's dtype name); it returns True, or False / the reason (str).
+        A predicate that raises is reported as the reason, never passed through. The one
+        availability rule: the harness, the CLI and the model all ask this."""
         ok, why = backend_available(self.backend)
         if not ok:
             return why
@@ -74,11 +78,21 @@ class Variant:
         if device is not None and str(device).split(":")[0] == "cpu" and self.backend in GPU_BACKENDS \
                 and not interpreted:
             return f"backend {self.backend!r} runs on CUDA devices only"
-        if workload is not None and self.supports is not None:
-            verdict = self.supports(workload)
-            if isinstance(verdict, str) or not verdict:
-                return verdict or f"{self.qualname} does not support {workload.label()}"
-        return None
+        if workload is None or self.supports is None:
+            return None
+        try:
+            try:
+                n_params = len(inspect.signature(self.supports).parameters)
+            except (TypeError, ValueError):
+                n_params = 1
+            args = (workload, workload.dtype, str(device or "cpu")) if n_params >= 3 else (workload,)
+            verdict = self.supports(*args)
+        except Exception as e:  # a broken predicate names itself instead of crashing the caller
+            return f"{self.qualname}.supports() raised {type(e).__name__}: {e}"
+        if verdict is True:
+            return None
+        return verdict if isinstance(verdict, str) and verdict else \
+            f"{self.qualname} does not support {workload.label()}"
 
     def unsupported_config(self, config: dict | None, workload) -> str | None:
         """Why tuning config `config` is not worth timing at `workload` (e.g. it would run another

@@ -17,9 +17,8 @@ import torch
 
 from beam_model.config import FULL, SLIDING
 from beam_model.kv_cache import PAGE_SIZE, PagedKVCache
+from workbench.dtypes import DTYPE_BYTES, DTYPES  # noqa: F401  (specs import DTYPE_BYTES from here)
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 class Rand:

@@ -12,5 +12,5 @@ for layer in sliding full; do
     --config '{"BLOCK_N":64,"MIN_BLOCKS":1,"WAVES":2,"MAX_SPLITS":256,"num_warps":4,"num_stages":2,"PREFILL_BLOCK_M":64,"PREFILL_BLOCK_N":64,"PREFILL_WARPS":4,"PREFILL_STAGES":2,"FUSED_MERGE_MAX_SPLITS":16,"EARLY_V":false,"pdl":false}' \
     --config '{"BLOCK_N":64,"MIN_BLOCKS":1,"WAVES":2,"MAX_SPLITS":256,"num_warps":4,"num_stages":2,"PREFILL_BLOCK_M":64,"PREFILL_BLOCK_N":64,"PREFILL_WARPS":4,"PREFILL_STAGES":2,"FUSED_MERGE_MAX_SPLITS":16,"EARLY_V":false,"pdl":true}' \
     --config '{"BLOCK_N":64,"MIN_BLOCKS":1,"WAVES":2,"MAX_SPLITS":256,"num_warps":4,"num_stages":2,"PREFILL_BLOCK_M":64,"PREFILL_BLOCK_N":64,"PREFILL_WARPS":4,"PREFILL_STAGES":2,"FUSED_MERGE_MAX_SPLITS":0,"EARLY_V":false,"pdl":false}' \
-    --config '{"BLOCK_N":64,"MIN_BLOCKS":1,"WAVES":2,"MAX_SPLITS":256,"num_warps":4,"num_stages":2,"PREFILL_BLOCK_M":64,"PREFILL_BLOCK_N":64,"PREFILL_WARPS":4,"PREFILL_STAGES":2,"FUSED_MERGE_MAX_SPLITS":0,"EARLY_V":false,"pdl":true}' 2>&1 | tee "$out/$layer.log"
+    --config '{"BLOCK_N":64,"MIN_BLOCKS":1,"WAVES":2,"MAX_SPLITS":256,"num_warps":4,"num_stages":2,"PREFILL_BLOCK_M":64,"PREFILL_BLOCK_N":64,"PREFILL_WARPS":4,"PREFILL_STAGES":2,"FUSED_MERGE_MAX_SPLITS":0,"EARLY_V":false,"pdl":true}'
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# attention:triton_prefetch at batch-1 full-attention decode over 32K keys (session 36): session 33's
-# fastest config, then ten changes of it that no registered config makes, gated and timed in one run.
-# Usage (repository root, on the GPU host): bash runs/attention-read-floor-tp8/config-probe-session36/sweep32k.sh DIR
+# attention:triton_prefetch at batch-1 full-attention decode over 32K keys: its fastest config there,
+# then ten changes of it that no registered config makes, gated and timed in one run.
+# Usage (repository root, on the GPU host): bash runs/attention-read-floor-tp8/prefetch-configs-32k/sweep32k.sh DIR
 set -euo pipefail
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 mapfile -t configs < <(python3 - <<'PY'

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # attention:triton_prefetch against attention:triton_widemerge (the same decode kernel, a one-round-trip
 # merge over 8- or 16-column programs) at batch-1 decode, each config run by both variants in one
-# process (the prefetch variant ignores MERGE_BLOCK_D): full attention over 32K keys with session 33's
-# fastest config and seven changes of it, then the decode lock's window-512 config at 4K context.
-# Usage (repository root, on the GPU host): bash runs/attention-read-floor-tp8/widemerge-session37/sweep.sh DIR
+# process (the prefetch variant ignores MERGE_BLOCK_D): full attention over 32K keys with the prefetch
+# variant's fastest config there and seven changes of it, then the decode lock's window-512 config at 4K context.
+# Usage (repository root, on the GPU host): bash runs/attention-read-floor-tp8/widemerge/sweep.sh DIR
 set -euo pipefail
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 configs() {  # $1: the base config's changes for this sweep (a python dict), then one per line

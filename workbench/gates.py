@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench.dtypes import dtype_of, name_of
 from workbench.points import Call, Workload, leaves, map_leaves, named_leaves, spec, step_kinds
 from workbench.registry import POINTS, Variant, reference
 
@@ -464,14 +465,13 @@ def capture_calls(model, input_ids: torch.Tensor, points=POINTS) -> dict[str, li
     the first full layer and the last layer (whose boundary has no next norm). The model must be
     bound to the reference variants so the recorded weights are in the plain layout."""
     from beam_model.config import SLIDING
-    from workbench.commands.common import DTYPES
 
     c, ops = model.config, model.ops
     prepared = [p for p in points if ops.variants[p].prepare is not None]
     if prepared:
         raise ValueError(f"capture_calls needs a model bound to plain-layout variants; {prepared} transform weights")
     keep = {c.sliding_layers[0], c.full_attention_layers[0], c.num_hidden_layers - 1, -1}
-    dtype = next(k for k, v in DTYPES.items() if v == model.dtype)
+    dtype = name_of(model.dtype)
     n = input_ids.numel()
     batch = input_ids.shape[0] if input_ids.dim() == 2 else 1
     out: dict[str, list[CapturedCall]] = {p: [] for p in points}
@@ -560,16 +560,15 @@ def model_gate(selection, *more, configs: dict | None = None, preset: str = "bea
     preset's model (`dtype`, default bf16) or, called as `model_gate(model, selection)`, uses that
     built model at its own dtype and device and restores its variants afterwards."""
     from beam_model.model import BeamForCausalLM
-    from workbench.commands.common import DTYPES
 
     given = isinstance(selection, torch.nn.Module)
     if given:
         model, selection = selection, (more[0] if more else None)
-        dtype = next(k for k, v in DTYPES.items() if v == model.dtype)
+        dtype = name_of(model.dtype)
         preset, restore = model.config.preset, (model.ops.selection, getattr(model.ops, "configs", None))
     else:
         dtype = dtype or "bf16"
-        model = BeamForCausalLM.from_preset(preset, seed=seed, dtype=DTYPES[dtype], device=device)
+        model = BeamForCausalLM.from_preset(preset, seed=seed, dtype=dtype_of(dtype), device=device)
     selection = dict(selection or {})
     subject = ", ".join(f"{p}:{v}" for p, v in sorted(selection.items())) or "reference"
     report = GateReport("model", subject)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 
-from workbench.commands.common import DTYPES, print_json
+from workbench.commands.common import print_json
+from workbench.dtypes import DTYPES, dtype_of
 
 
 def add_arguments(p) -> None:
@@ -77,7 +78,7 @@ def _capture(args, points):
 
     if args.no_capture or BeamConfig.from_preset(args.preset).num_parameters >= 5e9:
         return {}
-    model = BeamForCausalLM.from_preset(args.preset, dtype=DTYPES[args.dtype], device=args.device)
+    model = BeamForCausalLM.from_preset(args.preset, dtype=dtype_of(args.dtype), device=args.device)
     b, t = args.prefill[:2] if all(args.prefill[:2]) else (2, 24)  # the prefill's shape: fewer compiles
     ids = torch.randint(0, model.config.vocab_size, (b, t), generator=torch.Generator().manual_seed(0))
     return capture_calls(model, ids.to(args.device), points)

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from workbench.dtypes import DTYPES, dtype_of
 
 
 def add_model_arguments(p, *, default_preset: str = "beam-tiny", default_dtype: str | None = None) -> None:
@@ -30,7 +30,7 @@ def resolve_device(name: str | None) -> torch.device:
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+    return dtype_of(name)
 
 
 def load_model(args, variants: dict | None = None):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from workbench.commands.common import DTYPES, print_json, resolve_device, resolve_dtype
+from workbench.commands.common import print_json, resolve_device, resolve_dtype
+from workbench.dtypes import DTYPES
 
 
 def add_arguments(p) -> None:

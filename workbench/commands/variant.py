@@ -1,6 +1,6 @@
 """Scaffold a new variant of a fusion point: `workbench variant new POINT --backend B --name NAME`.
 
-Writes `<point>__<name>.py` into `workbench/variants/` (picked up by the registry), or into a
+Writes `workbench/variants/<point>/<name>.py` (picked up by the registry), or `<point>__<name>.py` into a
 plugin directory given by --dir (then pass the same --dir to `check` and `bench`). The module holds
 the point's contract, the shapes of the target, and the reference computation inlined, registered
 as NAME: `workbench check NAME` passes on it as written. Never overwrites a file without --force.
@@ -9,6 +9,7 @@ as NAME: `workbench check NAME` passes on it as written. Never overwrites a file
 from __future__ import annotations
 
 from workbench.commands.common import print_json
+from workbench.dtypes import DTYPES
 
 
 def add_arguments(p) -> None:
@@ -21,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--target", default="decode-b1", help="target whose shapes go in the docstring (default: %(default)s)")
     p.add_argument("--preset", default=None, help="preset of those shapes (default: beam-501b-tp8 on CUDA, "
                    "beam-tiny on CPU)")
-    p.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"), help="default: bf16")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bf16")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,10 +1,16 @@
 """The terminal UI driven headless with textual's Pilot on beam-tiny (CPU): a real search started
 from the Search view (one point skipped) whose candidates arrive live, the profile view of it and
 of the run folder it wrote, the lock it wrote opened and verified in the Lock view, pause, close
-and resume, a broken lock file, the help screen."""
+and resume, a broken lock file, the help screen. Then the committed decode-b1 run opened as
+`workbench tui --run` opens it: its search results and the device it was measured on, and a copy
+with broken or missing files, each named with its problem in its view."""
 
+import argparse
 import asyncio
+import glob
+import json
 import os
+import shutil
 import threading
 import time
 
@@ -12,6 +18,10 @@ import pytest
 import torch
 from textual.widgets import DataTable, Static
 
+from workbench.commands.tui import add_arguments
+from workbench.commands.tui import options as tui_options
+from workbench.events import PointStarted, StageStarted
+from workbench.lock import Lock
 from workbench.optimize import OptimizeOptions
 from workbench.registry import POINTS, variants
 from workbench.tui import WorkbenchApp
@@ -21,6 +31,8 @@ from workbench.tui.session import SearchSession, SessionClosed
 POINTS_SEARCHED = ("boundary", "qkvg_proj")
 SKIPPED = "qkvg_proj"
 SIZE = (160, 48)
+DECODE_RUN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "runs", "optimize-decode-b1-beam-501b-tp8")
 
 
 def options(out, points=POINTS_SEARCHED):
@@ -91,11 +103,11 @@ def session(tmp_path_factory):
 def test_candidates_arrive_while_the_search_runs(session):
     assert session["candidates_while_running"] >= 1
     assert session["status"].startswith("done: 2/2 points"), session["status"]
-    by_variant = {r[1]: r for r in session["candidates"]}
+    by_variant = {r[1].rstrip(" *"): r for r in session["candidates"]}
     assert set(by_variant) == set(variants("boundary")) - {"torch"}
     compiled = by_variant["torch_compile"]
-    assert compiled[3] == "pass" and float(compiled[4]) > 0 and compiled[6].startswith("x")
-    assert by_variant["triton"][3].startswith("skipped:")  # no GPU and no interpreter here
+    assert compiled[2] == "pass" and float(compiled[3]) > 0 and compiled[5].startswith("x")
+    assert by_variant["triton"][2].startswith("skipped:")  # no GPU and no interpreter here
     states = {r[0]: r[1] for r in session["points"]}
     assert states == {"boundary": "done", SKIPPED: "skipped"}
     assert session["incumbents_while_running"].startswith("incumbents: ")
@@ -142,7 +154,7 @@ def test_profile_view_of_a_run_folder_and_a_selected_point(session):
             assert "search chose" in text(app, "#point-title")
             found = {r[0].rstrip(" *"): r for r in rows(app, "#point-variants")}
             assert set(found) == set(variants("boundary"))
-            assert found["torch"][3] == "reference" and found["torch_compile"][3] == "pass"
+            assert found["torch"][2] == "reference" and found["torch_compile"][2] == "pass"
             assert rows(app, "#point-kernels") and all(r[0].startswith("aten::") for r in rows(app, "#point-kernels"))
             await pilot.press("enter")
             assert app.focused.id == "point-variants"
@@ -188,7 +200,7 @@ def test_session_applies_pause_and_skip_asked_before_the_search_exists():
     session.pause(True)
     session.skip("route")
     search = FakeSearch()
-    session._event({"type": "stage", "stage": "search", "order": ["route"], "search": search})
+    session._event(StageStarted("search", order=["route"], search=search))
     assert search.skip == {"route"} and not search.resume.is_set()
     session.pause(False)
     assert search.resume.is_set()
@@ -198,7 +210,7 @@ def test_session_applies_pause_and_skip_asked_before_the_search_exists():
     session.close()
     assert search.resume.is_set()  # a paused search is released so that it can stop
     with pytest.raises(SessionClosed):
-        session._event({"type": "candidate", "point": "route", "result": {}})
+        session._event(PointStarted("route"))
     assert [m.event["type"] for m in posted] == ["stage"]
 
 
@@ -312,5 +324,97 @@ def test_help_screen_lists_the_bindings():
             assert app.query_one("TabbedContent").active == "search"
             await pilot.press("shift+tab", "shift+tab")
             assert app.query_one("TabbedContent").active == "lock"
+
+    asyncio.run(drive())
+
+
+def read_search(run):
+    """point -> the `result` of each search/<point>.json, read as the run wrote it."""
+    out = {}
+    for path in glob.glob(os.path.join(run, "search", "*.json")):
+        with open(path) as f:
+            out[os.path.basename(path)[:-len(".json")]] = json.load(f)["result"]
+    return out
+
+
+def test_a_finished_run_shows_its_search_results_and_the_device_it_ran_on():
+    saved = read_search(DECODE_RUN)
+    gpu = Lock.load(os.path.join(DECODE_RUN, "lock.yaml"))[0].environment["gpu"]
+    with open(os.path.join(DECODE_RUN, "report.json")) as f:
+        assert json.load(f)["environment"]["gpu"] == gpu  # the two records of the device agree
+    # a point whose choice is not its first candidate, and a candidate of it that is not the choice
+    point = next(p for p, r in sorted(saved.items()) if r["candidates"][0]["variant"] != r["choice"])
+    other = next(c["variant"] for c in saved[point]["candidates"] if c["variant"] != saved[point]["choice"])
+
+    async def drive():
+        app = WorkbenchApp(options("unused"), run_dir=DECODE_RUN)  # options name this machine's CPU
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert gpu in app.sub_title and "cpu" not in app.sub_title, app.sub_title
+            assert gpu in text(app, "#profile-summary")
+            await pilot.press("2")
+            points = {r[0]: r for r in rows(app, "#search-points")}
+            assert set(points) == set(saved)
+            assert points[point][6] == saved[point]["choice"]
+            assert points[point][2] == str(len(saved[point]["candidates"]))
+            candidates = rows(app, "#search-candidates")
+            assert len(candidates) == sum(len(r["candidates"]) for r in saved.values())
+            mine = [r for r in candidates if r[0] == point]
+            assert [r[1].rstrip(" *") for r in mine] == [c["variant"] for c in saved[point]["candidates"]]
+            assert other in {r[1] for r in mine}
+            assert [r[1] for r in mine].count(saved[point]["choice"] + " *") == 1  # the choice, marked once
+            assert all(r[2] in ("pass", "reference") or r[2].startswith(("FAIL", "skipped:")) for r in candidates)
+            status = text(app, "#search-status")
+            assert status.startswith(f"finished run: {len(saved)}/{len(saved)} points") and gpu in status, status
+            assert not app.query_one("#search-problems").display
+            await pilot.press(*["down"] * list(points).index(point))  # the candidates follow the point
+            table = app.query_one("#search-candidates", DataTable)
+            assert str(table.get_row_at(table.cursor_row)[1]) == saved[point]["choice"] + " *"
+            assert text(app, "#search-detail").startswith(f"{point}:{saved[point]['choice']} (the search's choice)")
+
+    asyncio.run(drive())
+
+
+def test_a_run_folder_with_broken_files_names_each_in_its_view(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(os.path.join(DECODE_RUN, "search"), run / "search")
+    for name in ("report.json", "lock.yaml"):
+        shutil.copy(os.path.join(DECODE_RUN, name), run / name)
+    saved = read_search(DECODE_RUN)
+    broken, emptied, kept = sorted(saved)[:3]
+    (run / "search" / f"{broken}.json").write_text('{"result": {"point": ')
+    (run / "search" / f"{emptied}.json").write_text(json.dumps({"result": {"point": emptied}}))
+    (run / "profile.json").write_text("[1, 2]")
+
+    async def drive():
+        app = WorkbenchApp(options("unused"), run_dir=str(run))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            summary = text(app, "#profile-summary")
+            assert f"{run / 'profile.json'}: holds a JSON list, not an object" in summary, summary
+            await pilot.press("2")
+            problems = text(app, "#search-problems")
+            assert f"{run / 'search' / broken}.json: not valid JSON" in problems, problems
+            assert f"{run / 'search' / emptied}.json: its result lacks 'choice'" in problems, problems
+            points = {r[0] for r in rows(app, "#search-points")}
+            assert kept in points and broken not in points and emptied not in points
+            assert app.is_running
+
+    asyncio.run(drive())
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    opts = tui_options(parser.parse_args(["--run", str(run)]))  # what g would search: the run's own
+    assert (opts.target, opts.preset, opts.out_dir) == ("decode-b1", "beam-501b-tp8", str(run))
+
+
+def test_an_empty_run_folder_says_what_is_missing(tmp_path):
+    async def drive():
+        app = WorkbenchApp(options("unused"), run_dir=str(tmp_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert f"{tmp_path / 'profile.json'}: missing" in text(app, "#profile-summary")
+            assert f"{tmp_path / 'search'}{os.sep}: missing" in text(app, "#search-problems")
+            assert "device not recorded" in app.sub_title and "cpu" not in app.sub_title
+            assert "no lock file" in text(app, "#lock-summary")
 
     asyncio.run(drive())

@@ -1,14 +1,14 @@
 """Open the terminal UI: watch and steer a profile, a search and a lock from the keyboard.
 
 `workbench tui` opens an empty session (r profiles the target, g starts a search with the options
-below); `--run DIR` shows a run folder (its profile, search results and lock; g then resumes that
-run); `--lock FILE` opens a lock; `--start` starts the search at once (`workbench optimize --tui`
-does the same). Press ? in the app for every key.
+below); `--run DIR` shows a finished run folder (its profile, every point's search results and its
+lock, under the device the run was measured on; g then resumes that run here); `--lock FILE` opens
+a lock; `--start` starts the search at once (`workbench optimize --tui` does the same). Press ? in
+the app for every key.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -18,7 +18,8 @@ from workbench.registry import POINTS
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--run", metavar="DIR", help="open a run folder: profile.json, search/, lock.yaml")
+    p.add_argument("--run", metavar="DIR", help="open a finished run folder: profile.json, search/, report.json, "
+                                                "lock.yaml (shown under the device the run was measured on)")
     p.add_argument("--lock", metavar="FILE", help="open a lock file in the Lock view")
     p.add_argument("--start", action="store_true", help="start the search at once")
     p.add_argument("--target", default=None, help="decode-b1, decode-b8, decode-b64 or prefill-8x2k "
@@ -40,16 +41,13 @@ def add_arguments(p) -> None:
 def options(args):
     """The search a `g` in the app starts: the optimize options, defaulting to the opened run's own."""
     from workbench.optimize import OptimizeOptions
+    from workbench.tui.run_files import read_run
 
-    saved = {}
-    if args.run and os.path.isfile(os.path.join(args.run, "profile.json")):
-        with open(os.path.join(args.run, "profile.json")) as f:
-            saved = json.load(f)  # so that g resumes the run: same target, preset and dtype
+    saved = read_run(args.run) if args.run else None  # so that g resumes the run: same target, preset, dtype
     device = resolve_device(args.device)
-    target = args.target or saved.get("target") or "decode-b1"
-    preset = args.preset or saved.get("preset") or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
-    saved_dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(saved.get("dtype"))
-    dtype = resolve_dtype(args.dtype or saved_dtype, device)
+    target = args.target or (saved and saved.target) or "decode-b1"
+    preset = args.preset or (saved and saved.preset) or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
+    dtype = resolve_dtype(args.dtype or (saved.dtype if saved and saved.dtype in DTYPES else None), device)
     return OptimizeOptions(target=target, preset=preset, dtype=dtype, device=device,
                            out_dir=args.out or args.run or f"runs/optimize-{target}-{preset}", seed=args.seed,
                            points=tuple(args.points), trust=args.trust, force=args.force,

@@ -3,7 +3,9 @@
 It owns the worker threads (the optimize run, a live profile) and routes their results to the
 views. It only calls the library API the CLI calls (`workbench.optimize.optimize`,
 `workbench.profiler.profile_step`, `workbench.lock.verify`) and reads the files a run wrote;
-it must never time, gate, rank or lock anything itself.
+it must never time, gate, rank or lock anything itself. The header names the device the shown
+results were measured on: a finished run's recorded device, never the viewing machine's, until a
+search or profile started here replaces them.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from textual.app import App
 from textual.binding import Binding
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
-from workbench.optimize import DTYPE_NAMES, OptimizeOptions
+from workbench.dtypes import DTYPE_NAMES
+from workbench.optimize import OptimizeOptions
 from workbench.tui.help import HelpScreen
 from workbench.tui.lock_view import LockView
-from workbench.tui.profile_view import ProfileView, load_point_results, load_profile
+from workbench.tui.profile_view import ProfileView
+from workbench.tui.run_files import read_run
 from workbench.tui.search_view import SearchView
 from workbench.tui.session import OptimizeEvent, SearchSession, profile_target
 
@@ -30,13 +34,14 @@ class WorkbenchApp(App):
     CSS = """
     #profile-points { height: 1fr; min-height: 8; }
     #point-details { height: 1fr; }
-    #point-variants { width: 3fr; }
-    #point-kernels { width: 2fr; }
+    #point-variants { width: 2fr; }
+    #point-kernels { width: 1fr; }
     #search-points { height: auto; max-height: 14; }
     #search-candidates { height: 1fr; }
     #lock-entries { height: 1fr; }
-    #profile-summary, #point-title, #search-status, #search-estimate, #lock-summary, #lock-verdict {
-        padding: 0 1; height: auto; }
+    #profile-summary, #point-title, #search-status, #search-problems, #search-estimate, #search-detail,
+    #lock-summary, #lock-detail, #lock-verdict { padding: 0 1; height: auto; }
+    #search-detail, #lock-detail { background: $boost; }
     #point-title { background: $boost; }
     #open-lock { width: 80%; height: auto; padding: 1 2; background: $panel; border: tall $accent; }
     OpenLockScreen, HelpScreen { align: center middle; }
@@ -88,8 +93,7 @@ class WorkbenchApp(App):
         return self.query_one(LockView)
 
     def on_mount(self) -> None:
-        o = self.options
-        self.sub_title = f"{o.target} on {o.preset} ({DTYPE_NAMES.get(o.dtype, o.dtype)}, {o.device})"
+        self.show_live_header()
         view = "profile"
         if self.run_dir:
             self.open_run(self.run_dir)
@@ -101,23 +105,19 @@ class WorkbenchApp(App):
             view = "search"
         self.action_view(view)
 
+    def show_live_header(self) -> None:
+        """The header for what this machine runs: the options' target, preset, dtype and device."""
+        o = self.options
+        self.sub_title = f"{o.target} on {o.preset} ({DTYPE_NAMES.get(o.dtype, o.dtype)}, {o.device})"
+
     def open_run(self, run_dir: str) -> None:
-        """Show what a run folder holds: its profile, its per-point search results and its lock."""
-        path = os.path.join(run_dir, "profile.json")
-        if os.path.isfile(path):
-            try:
-                self.profile_view.show_profile(load_profile(path))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                self.notify(f"cannot read {path}: {e}", severity="error")
-        else:
-            self.notify(f"{run_dir} holds no profile.json", severity="warning")
-        try:
-            for point, result in load_point_results(run_dir).items():
-                self.profile_view.record_result(point, result)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self.notify(f"cannot read the search results in {run_dir}: {e}", severity="error")
-        if os.path.isfile(os.path.join(run_dir, "lock.yaml")):
-            self.lock_view.open(os.path.join(run_dir, "lock.yaml"))
+        """Show what a finished run folder holds (its profile, per-point search results and lock) and
+        the device it was measured on; the views name any file that cannot be read."""
+        run = read_run(run_dir)
+        self.sub_title = f"{run.describe()}: run {run_dir}"
+        self.profile_view.show_run(run)
+        self.search_view.show_run(run)
+        self.lock_view.open(run.lock_path)
 
     # ---- the search: started, steered and stopped here; shown by the views ----------------------
     @property
@@ -132,6 +132,8 @@ class WorkbenchApp(App):
         if self.start_paused:
             self.session.pause(True)
         self.search_view.start(self.options)
+        self.profile_view.run_path = None  # what follows is measured here
+        self.show_live_header()
         self.search_worker = self.run_worker(self.session.run, thread=True, name="optimize", exit_on_error=False)
         self.action_view("search")
 
@@ -183,6 +185,7 @@ class WorkbenchApp(App):
             self.search_view.failed(f"{type(worker.error).__name__}: {worker.error}")
         elif worker.name == "profile" and state == "SUCCESS":
             self.profile_view.show_profile(worker.result)
+            self.show_live_header()
         elif worker.name == "profile" and state == "ERROR":
             self.notify(f"profiling failed: {worker.error}", severity="error")
 

@@ -7,6 +7,7 @@ gates). Presentation only: it never edits a lock and never judges one beyond wha
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.markup import escape
@@ -14,7 +15,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label, Static
 
 from workbench.lock import Lock, LockError, verify
-from workbench.tui.style import num, styled
+from workbench.tui.style import config_line, num, styled
+
+CONFIG_WIDTH = 42  # a table cell; the highlighted entry's line below shows it whole
 
 
 class OpenLockScreen(ModalScreen[str]):
@@ -51,17 +54,19 @@ class LockView(Vertical):
     def compose(self):
         yield Static("No lock open: press o to open one.", id="lock-summary")
         yield DataTable(id="lock-entries", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="lock-detail")
         yield Static("", id="lock-verdict")
 
     def on_mount(self) -> None:
         self.query_one("#lock-entries", DataTable).add_columns(
-            "point", "variant", "backend", "source hash", "config", "us/step", "reference us/step", "gate")
+            "point", "variant", "backend", "us/step", "reference us/step", "gate", "source hash", "config")
 
     # ---- data in -----------------------------------------------------------------------------
     def open(self, path: str) -> None:
         table, summary = self.query_one("#lock-entries", DataTable), self.query_one("#lock-summary", Static)
         table.clear()
         self.path, self.lock = path, None
+        self.query_one("#lock-detail", Static).update("")
         self._verdict("")
         try:
             lock, problems = Lock.load(path)
@@ -96,9 +101,18 @@ class LockView(Vertical):
             gate_text = (styled(self.app, "reference", "primary") if gate.get("reference") else
                          styled(self.app, "passed", "success") if gate.get("passed") else
                          styled(self.app, "no evidence", "error"))
-            table.add_row(point, e["variant"], e.get("backend", "?"), str(e.get("source_hash")),
-                          str(e.get("config") or ""), num(timing.get("step_us")), num(timing.get("reference_us")),
-                          gate_text, key=point)
+            table.add_row(point, e["variant"], e.get("backend", "?"), num(timing.get("step_us")),
+                          num(timing.get("reference_us")), gate_text, str(e.get("source_hash")),
+                          config_line(e.get("config"), CONFIG_WIDTH), key=point)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The highlighted entry's config whole (the table cuts it)."""
+        if event.data_table.id != "lock-entries" or self.lock is None or event.row_key.value not in self.lock.points:
+            return
+        point = event.row_key.value
+        e = self.lock.points[point]
+        self.query_one("#lock-detail", Static).update(
+            Text(f"{point}:{e['variant']}", style="bold") + Text(f"  {config_line(e.get('config')) or 'no config'}"))
 
     def show_verification(self, result) -> None:
         notes = "".join(f"\nnote: {n}" for n in result.notes)

@@ -5,22 +5,36 @@ results were cached under older gates, or skipped); each
 candidate's result as it arrives (pass, or FAIL with the failing check; median us per step, spread,
 speed-up); the incumbent set and a running end-to-end estimate (the profiled step minus the
 savings the search has measured so far), then the measured end-to-end result and the locked set.
-Presentation only: it draws the events `workbench.optimize` emits and forwards `s` to the app; it
-never decides anything.
+A finished run folder (`workbench tui --run DIR`) is drawn from its files instead (`show_run`): every
+point's candidates as the run recorded them, its choice marked, the run's end-to-end result and the
+device it was measured on; a file that cannot be read is named with its problem above the tables.
+Presentation only: it draws the events `workbench.optimize` emits or the files a run wrote, and
+forwards `s` to the app; it never decides, re-ranks or recomputes anything.
 """
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from workbench.registry import REFERENCE
-from workbench.search import regated_words, slower_by
-from workbench.tui.style import candidate_status, num, percent, styled
+from workbench.report import regated_words, slower_by
+from workbench.tui.style import (
+    candidate_status,
+    candidate_words,
+    config_line,
+    num,
+    percent,
+    styled,
+)
 
-_ROLE = {"queued": "muted", "gating again": "accent", "gating & timing": "accent", "done": "success", "resumed": "success",
+CONFIG_WIDTH, GATE_WIDTH = 44, 28  # table cells; the highlighted candidate's line below shows them whole
+FINISHED = "finished run"
+_ROLE = {"queued": "muted", "gating again": "accent", "gating & timing": "accent", "done": "success",
+         "resumed": "success",
          "skipped": "warning", "skip asked": "warning"}
 
 
@@ -43,18 +57,22 @@ class SearchView(Vertical):
         self.profile_us: float | None = None
         self.locked: dict[str, str] | None = None  # the lock's selection, once written
         self.paused = False
+        self.problems: list[str] = []       # files of an opened run folder that could not be read
 
     def compose(self):
         yield Static("Press g to start a search.", id="search-status")
+        yield Static("", id="search-problems")
         yield Static("", id="search-estimate")
         yield DataTable(id="search-points", cursor_type="row")
         yield DataTable(id="search-candidates", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="search-detail")
 
     def on_mount(self) -> None:
         self.query_one("#search-points", DataTable).add_columns(
             "point", "state", "tried", "passed", "reference us", "best us", "choice", "speed-up")
         self.query_one("#search-candidates", DataTable).add_columns(
-            "point", "variant", "config", "gate", "us/step", "spread", "speed-up")
+            "point", "variant", "gate", "us/step", "spread", "speed-up", "config")
+        self.query_one("#search-problems", Static).display = False
 
     # ---- events in ----------------------------------------------------------------------------
     def start(self, options) -> None:
@@ -64,11 +82,38 @@ class SearchView(Vertical):
         self.query_one("#search-candidates", DataTable).clear()
         self._draw()
 
+    def show_run(self, run) -> None:
+        """A finished run folder (`workbench.tui.run_files.RunFiles`): its points by reference time,
+        every candidate each recorded, the choices and the lock the run wrote."""
+        results = run.results
+        self.reset(sorted(results, key=lambda p: -results[p]["reference_us"]))
+        self.stage, self.problems = FINISHED, list(run.problems.get("search", []))
+        for p in self.points:
+            self.state[p] = "done"
+            for c in results[p]["candidates"]:
+                self._count(p, c)
+        self.results, self.locked = dict(results), run.locked()
+        self.candidates = [c for p in self.points for c in results[p]["candidates"]]
+        self.note = f"{run.path}, measured on {run.device or 'a device the run did not record'}"
+        report = run.report
+        if report is None:
+            self.note += "; no report.json: the run's end-to-end stage did not finish"
+        elif all(isinstance(report.get(k), (int, float)) for k in ("reference_ms", "locked_ms", "speedup")):
+            compiled = report.get("torch_compile_ms")
+            compiled = f"; torch.compile build {compiled:.3f} ms" if isinstance(compiled, (int, float)) else ""
+            self.note += (f"; reference {report['reference_ms']:.3f} ms -> locked {report['locked_ms']:.3f} ms "
+                          f"per step (x{report['speedup']:.2f}{compiled})")
+        self.redraw()
+        self._show_point_candidates(0)
+
     def redraw(self) -> None:
+        self._fill_candidates()
+        self._draw()
+
+    def _fill_candidates(self) -> None:
         self.query_one("#search-candidates", DataTable).clear()
         for r in self.candidates:
-            self._add_candidate_row(r)
-        self._draw()
+            self._add_candidate_row(r, follow=self.stage != FINISHED)
 
     def handle(self, e: dict) -> None:
         kind = e["type"]
@@ -81,7 +126,7 @@ class SearchView(Vertical):
             self.profile_us = e["profile"].total_us
         elif kind == "regated":
             self.state[e["point"]] = "gating again"
-            self.note = f"{e['point']}: {regated_words(e)}"
+            self.note = f"{e['point']}: {regated_words(e['variant'], e['passed'], e['was_failed'])}"
         elif kind == "point_start":
             self.state[e["point"]] = "skip asked" if self.state.get(e["point"]) == "skip asked" \
                 else "gating & timing"
@@ -99,6 +144,7 @@ class SearchView(Vertical):
             self.results[p] = e["result"]
             self.state[p] = "resumed" if kind == "point_cached" else \
                 "skipped" if self.state.get(p) == "skip asked" else "done"
+            self._fill_candidates()  # the choice is marked now that it is known
         elif kind == "revert":
             self.note = (f"end to end: locked step {e['locked_us'] / 1e3:.3f} ms, "
                          f"{e['reverted_us'] / 1e3:.3f} ms with {e['point']} reverted")
@@ -131,23 +177,72 @@ class SearchView(Vertical):
         self.stage, self.note = "failed", message
         self._draw()
 
-    def _candidate(self, point: str, r: dict) -> None:
+    def _count(self, point: str, r: dict) -> None:
         self.tried[point] = self.tried.get(point, 0) + 1
         if r["step_us"] is not None:
             self.passed[point] = self.passed.get(point, 0) + 1
             if point not in self.leader or r["step_us"] < self.leader[point]["step_us"]:
                 self.leader[point] = r
+
+    def _candidate(self, point: str, r: dict) -> None:
+        self._count(point, r)
         self.candidates.append(r)
         self._add_candidate_row(r)
 
-    def _add_candidate_row(self, r: dict) -> None:
+    def _chosen(self, r: dict) -> bool:
+        result = self.results.get(r["point"])
+        return bool(result) and (r["variant"], r["config"] or None) == (result["choice"], result.get("config") or None)
+
+    def _add_candidate_row(self, r: dict, follow: bool = True) -> None:
         table = self.query_one("#search-candidates", DataTable)
-        table.add_row(r["point"], r["variant"], str(r["config"] or ""), candidate_status(self.app, r),
-                      num(r["step_us"]), percent(r["spread"]), num(r["speedup"], "x{:.2f}"))
-        table.move_cursor(row=table.row_count - 1)  # follow the newest result
+        chosen = self._chosen(r)
+        variant = styled(self.app, r["variant"] + (" *" if chosen else ""), "success" if chosen else None, bold=chosen)
+        table.add_row(r["point"], variant,
+                      candidate_status(self.app, r, GATE_WIDTH), num(r["step_us"]), percent(r["spread"]),
+                      num(r["speedup"], "x{:.2f}"), config_line(r["config"], CONFIG_WIDTH))
+        if follow:
+            table.move_cursor(row=table.row_count - 1)  # follow the newest result
+
+    def _show_point_candidates(self, row: int) -> None:
+        """A finished run: the candidates table moves to the highlighted point's choice."""
+        if not self.points:
+            return
+        point = self.points[min(row, len(self.points) - 1)]
+        rows = [i for i, c in enumerate(self.candidates) if c["point"] == point]
+        chosen = [i for i in rows if self._chosen(self.candidates[i])]
+        if rows:
+            table = self.query_one("#search-candidates", DataTable)
+            row = (chosen or rows)[0]
+            table.move_cursor(row=row)
+            if row - rows[0] < table.scrollable_content_region.height:  # the point's first rows at the top
+                table.call_after_refresh(table.scroll_to, y=rows[0], animate=False)
+
+    def _show_detail(self, row: int) -> None:
+        """The highlighted candidate whole: its config and its gate outcome uncut."""
+        detail = self.query_one("#search-detail", Static)
+        if not 0 <= row < len(self.candidates):
+            detail.update("")
+            return
+        r = self.candidates[row]
+        words, role, _ = candidate_words(r)
+        chosen = " (the search's choice)" if self._chosen(r) else ""
+        line = Text(f"{r['point']}:{r['variant']}{chosen}", style="bold")
+        line.append(f"  {config_line(r['config']) or 'no config'}\n")
+        line.append_text(styled(self.app, words, role))
+        detail.update(line)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "search-candidates":
+            self._show_detail(event.cursor_row)
+        elif event.data_table.id == "search-points" and self.stage == FINISHED:
+            self._show_point_candidates(event.cursor_row)
 
     # ---- drawing ------------------------------------------------------------------------------
     def _draw(self) -> None:
+        problems = self.query_one("#search-problems", Static)
+        problems.display = bool(self.problems)
+        problems.update(styled(self.app, "cannot show:\n" + "\n".join(f"- {p}" for p in self.problems), "error",
+                               bold=True) if self.problems else "")
         paused = " [b]paused[/] (after the current candidate)" if self.paused else ""
         done = sum(s in ("done", "resumed", "skipped") for s in self.state.values())
         self.query_one("#search-status", Static).update(

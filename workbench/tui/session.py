@@ -1,6 +1,7 @@
 """One optimize run driven from the TUI: `workbench.optimize.optimize` in a worker thread.
 
-The run's events are posted to the app as messages (thread-safe, never blocking the run). Pause
+The run's events (`workbench.events`) are posted to the app as messages in their dict form
+(`Event.as_dict()`, what the views read), thread-safe and never blocking the run. Pause
 and skip go to the live `Search` the run announces with its "search" stage event (`search.resume`,
 `search.skip`); asked for before that, they are applied the moment it arrives, in the run's thread,
 so none is lost. Closing the app stops the run at its next event: points already searched stay
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from workbench.optimize import DTYPE_NAMES, OptimizeOptions, optimize
+from workbench.dtypes import DTYPE_NAMES
+from workbench.events import Event
+from workbench.optimize import OptimizeOptions, optimize
 
 
 class SessionClosed(Exception):
@@ -21,7 +24,7 @@ class SessionClosed(Exception):
 
 
 class OptimizeEvent(Message):
-    """One event of the run (`stage`, `profile`, `point_start`, `candidate`, ... `done`)."""
+    """One event of the run as a dict: {"type": "stage" | "profile" | "point_start" | ... | "done", ...}."""
 
     def __init__(self, event: dict):
         super().__init__()
@@ -43,9 +46,10 @@ class SearchSession:
         except SessionClosed:
             return None
 
-    def _event(self, e: dict) -> None:
+    def _event(self, event: Event) -> None:
         if self.closing:
             raise SessionClosed
+        e = event.as_dict()
         if e.get("search") is not None:
             self.search = e["search"]
             self.search.skip |= self.skipped
@@ -76,12 +80,12 @@ class SearchSession:
 def profile_target(o: OptimizeOptions):
     """One eager step of the target profiled, as `workbench profile` does (the reference build)."""
     from beam_model import BeamForCausalLM
-    from workbench import bench
     from workbench.profiler import profile_step
+    from workbench.roofline import measure_device_ceilings
     from workbench.targets import StepRunner, for_device, get_target
 
     model = BeamForCausalLM.from_preset(o.preset, seed=o.seed, dtype=o.dtype, device=o.device)
     target = for_device(get_target(o.target), o.device)
     runner = StepRunner(model, target, use_graph=False)
     return profile_step(runner, workload_for=lambda kind: target.workload(o.preset, DTYPE_NAMES[o.dtype], kind),
-                        ceilings=bench.measure_device_ceilings(o.device))
+                        ceilings=measure_device_ceilings(o.device))

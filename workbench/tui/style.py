@@ -49,12 +49,40 @@ def percent(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def candidate_status(app, r: dict) -> Text:
-    """A candidate's gate outcome: reference, pass, FAIL (the failing check) or skipped (why)."""
+def clip(text: str, limit: int | None) -> str:
+    """`text`'s first line, cut to `limit` characters with an ellipsis (whole when limit is None)."""
+    if limit is None:
+        return text
+    lines = text.splitlines() or [""]
+    line, more = lines[0], len(lines) > 1
+    if len(line) + more > limit:
+        line, more = line[:limit - 1], True
+    return line + ("…" if more else "")
+
+
+def config_line(config, limit: int | None = None) -> str:
+    """A variant's config as `key=value` pairs (a compound's member configs in brackets), or ""."""
+    def pairs(c) -> str:
+        return " ".join(f"{k}({pairs(v)})" if isinstance(v, dict) else f"{k}={v}" for k, v in c.items())
+
+    if not config:
+        return ""
+    return clip(pairs(config) if isinstance(config, dict) else str(config), limit)
+
+
+def candidate_words(r: dict) -> tuple[str, str | None, bool]:
+    """A candidate's gate outcome in words, its colour role and boldness: reference, pass, FAIL (the
+    failing check) or skipped (why)."""
     if r.get("skipped"):
-        return styled(app, f"skipped: {r['skipped']}", "warning")
+        return f"skipped: {r['skipped']}", "warning", False
     if r.get("variant") == REFERENCE and not r.get("gate"):
-        return styled(app, "reference", "primary")
+        return "reference", "primary", False
     if not r.get("gate_passed"):
-        return styled(app, f"FAIL {r.get('failed_check') or ''}".rstrip(), "error", bold=True)
-    return styled(app, "pass", "success", bold=True)
+        return f"FAIL {r.get('failed_check') or ''}".rstrip(), "error", True
+    return "pass", "success", True
+
+
+def candidate_status(app, r: dict, limit: int | None = None) -> Text:
+    """A candidate's gate outcome as a table cell, its first line cut to `limit` characters."""
+    words, role, bold = candidate_words(r)
+    return styled(app, clip(words, limit), role, bold=bold)

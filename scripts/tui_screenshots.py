@@ -1,13 +1,13 @@
-"""SVG screenshots of the terminal UI on a real beam-tiny search (CPU), for docs/tui/.
+"""SVG screenshots of the terminal UI opened on a finished run folder, for docs/tui/.
 
-Drives `workbench.tui.WorkbenchApp` headless with textual's Pilot, exactly as a person would:
-g starts the search, the Search view is captured while candidates arrive and when it is done,
-then the Profile view (a searched point selected), the Lock view after v (verify), the help
-screen and the Profile view in the light theme. The run folder is a temporary one (shown as
-runs/tui-demo) unless --out names one. It only presses keys and saves screenshots; every number
-in them comes from the run.
+Opens `workbench.tui.WorkbenchApp` on the run folder as `workbench tui --run DIR` does (default: the
+committed decode-b1 run on the H200) and drives it headless with textual's Pilot, as a person would:
+the Profile view (a searched point selected), the Search view (every point's candidates and
+choice), the Lock view, the help screen, and the Profile view in the light theme. The header shows
+the device the run recorded, whatever machine this runs on. It only presses keys and saves
+screenshots: every number in them comes from the run folder's files. It never writes there.
 
-    python scripts/tui_screenshots.py [--out RUN_DIR] [--docs docs/tui]
+    python scripts/tui_screenshots.py [--run RUN_DIR] [--point POINT] [--docs docs/tui]
 """
 
 from __future__ import annotations
@@ -15,75 +15,54 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import tempfile
-import time
 
-import torch
-
-from workbench.optimize import OptimizeOptions
+from workbench.commands.tui import add_arguments, options
 from workbench.tui import WorkbenchApp
 
 SIZE = (150, 42)
-POINTS = ("boundary", "qkvg_proj", "route")
+RUN = "runs/optimize-decode-b1-beam-501b-tp8"
 
 
-async def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-async def shoot(out: str, docs: str) -> None:
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=out, points=POINTS, command="python scripts/tui_screenshots.py")
-    app = WorkbenchApp(opts)
+async def shoot(run: str, point: str, docs: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    app = WorkbenchApp(options(parser.parse_args(["--run", run])), run_dir=run)
 
     def save(name: str) -> None:
         path = app.save_screenshot(filename=f"{name}.svg", path=docs)
         print(f"wrote {path} ({os.path.getsize(path) // 1024} KiB)")
 
+    async def show(*keys: str) -> None:
+        await pilot.press(*keys)
+        await pilot.pause(0.5)  # the view's table takes the focus after a refresh, and the footer its keys
+
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("g")
-        await wait_for(lambda: len(app.search_view.candidates) >= 2, 300, "candidates")
-        await pilot.pause()
-        save("search-live")
-        await wait_for(lambda: not app.searching, 600, "the search to finish")
-        await pilot.pause()
-        save("search-done")
-        await pilot.press("1")
-        names = [str(app.query_one("#profile-points").get_row_at(i)[0])
-                 for i in range(app.query_one("#profile-points").row_count)]
-        await pilot.press(*["down"] * names.index("boundary"))
-        await pilot.pause()
+        await show()
+        table = app.query_one("#profile-points")
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        await show(*["down"] * names.index(point))
         save("profile")
-        await pilot.press("3", "v")
-        await wait_for(lambda: not app.lock_view.verdict.startswith("verifying"), 300, "verify")
-        await pilot.pause()
+        await show("2")
+        save("search-done")
+        await show("3")
         save("lock")
-        await pilot.press("question_mark")
-        await pilot.pause()
+        await show("question_mark")
         save("help")
-        await pilot.press("escape", "1", "t")  # the same profile in the light theme
-        await pilot.pause()
+        await show("escape", "1", "t")  # the same profile in the light theme
         save("profile-light")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="run folder (default: a temporary one)")
+    ap.add_argument("--run", default=RUN, help="finished run folder to open (default: %(default)s)")
+    ap.add_argument("--point", default="boundary", help="the point selected in the Profile view (default: %(default)s)")
     ap.add_argument("--docs", default="docs/tui", help="where the SVGs go (default: %(default)s)")
     args = ap.parse_args()
-    os.environ.pop("TRITON_INTERPRET", None)  # interpreted Triton is for correctness tests, not timing
+    if not os.path.isdir(args.run):
+        raise SystemExit(f"no run folder at {args.run}")
     docs = os.path.abspath(args.docs)
     os.makedirs(docs, exist_ok=True)
-    if args.out:
-        asyncio.run(shoot(args.out, docs))
-        return
-    with tempfile.TemporaryDirectory() as scratch:
-        os.chdir(scratch)  # the screenshots show a readable run folder, not a temporary path
-        asyncio.run(shoot("runs/tui-demo", docs))
+    asyncio.run(shoot(args.run, args.point, docs))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Time a lock's whole target step against the same build with one point's variant swapped, in one
 process on one model: a new variant's end-to-end effect before a re-lock (which searches every point
 and times a dozen builds). Builds alternate, A B A B ..., so drift hits both alike. Each timing is
-`bench.time_fn` over the step as the search's end-to-end stage times it (eager prefill, graphed decode).
+`timing.time_fn` over the step as the search's end-to-end stage times it (eager prefill, graphed decode).
 
     python3 scripts/gpu_step_swap.py LOCK POINT VARIANT [--config JSON ... | --all-configs] [--rounds 2]
         [--out FILE]
@@ -24,9 +24,9 @@ from beam_model import BeamForCausalLM  # noqa: E402
 from workbench import registry  # noqa: E402
 from workbench.lock import Lock  # noqa: E402
 from workbench.profiler.in_step import time_builds  # noqa: E402
-from workbench.search import STEP_SAMPLES_S  # noqa: E402
+from workbench.end_to_end import STEP_SAMPLES_S  # noqa: E402
 from workbench.targets import StepRunner, for_device, get_target  # noqa: E402
-from workbench.variants._inputs import DTYPES  # noqa: E402
+from workbench.variants.inputs import DTYPES  # noqa: E402
 
 
 def _builds(lock: Lock, point: str, variant: str, configs: list[dict | None]) -> dict:

@@ -28,7 +28,7 @@ from beam_model import BeamForCausalLM  # noqa: E402
 from beam_model.tokenizer import ByteTokenizer  # noqa: E402
 from server.engine import Engine, SamplingParams  # noqa: E402
 from workbench.lock import Lock  # noqa: E402
-from workbench.variants._inputs import DTYPES  # noqa: E402
+from workbench.variants.inputs import DTYPES  # noqa: E402
 
 
 def main():

@@ -406,7 +406,7 @@ def optimize_reference(args) -> dict | None:
 
 def write_results(args, out: Path, server: Server, levels, probe, error, metrics_text: str) -> None:
     try:
-        from workbench.bench import environment
+        from workbench.provenance import environment
 
         env = environment(args.device)
     except Exception as e:  # noqa: BLE001

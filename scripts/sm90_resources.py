@@ -7,7 +7,7 @@ cubin's resource usage.
 
 A config whose kernel spills (STACK > 0: registers spilled to local memory) streams its weights
 slower, whatever the tiles suggest: on the H200, the 8 x 1024 and wider gate/up tiles at 2 warps
-spill and ran 1.7-2.1x slower than the 8 x 512 winner (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md).
+spill and ran 1.7-2.1x slower than the 8 x 512 winner (docs/decisions.md #26).
 Read this before spending device time on a config. The GPU host's Triton may allocate differently.
 
     python3 scripts/sm90_resources.py [--rows | --persistent] [--config JSON ...]
@@ -44,7 +44,7 @@ def _sizes(n_pairs: int) -> dict:
 def gemv_kernels(config: dict, top_k: int) -> dict:
     """Both GEMV kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a GEMV tuning
     config (decode at batch 1, BF16, beam-501b-tp8's sizes)."""
-    from workbench.variants import _triton_moe as moe
+    from workbench.variants.kernels import moe as moe
 
     ints = _sizes(top_k)
     steps = -(-ints["HIDDEN"] // config["BLOCK_K"])  # hidden slices of whole BLOCK_K steps, as the launch
@@ -67,7 +67,7 @@ def gemv_kernels(config: dict, top_k: int) -> dict:
 def rows_kernels(config: dict, top_k: int) -> dict:
     """`experts:triton_rows`' kernels (gate_up, down) compiled for sm_90 at one of its configs (decode,
     BF16, beam-501b-tp8's sizes); a config with BLOCK_K runs experts:triton's gate/up kernel."""
-    from workbench.variants import _triton_moe_rows as rows
+    from workbench.variants.kernels import moe_rows as rows
 
     ints = _sizes(top_k)
     hidden, ff = ints["HIDDEN"], ints["FF"]
@@ -91,7 +91,7 @@ def rows_kernels(config: dict, top_k: int) -> dict:
 def persistent_kernels(config: dict, top_k: int) -> dict:
     """`experts:triton_persistent`'s one kernel (both phases and the barrier) compiled for sm_90 at one of
     its configs (decode, BF16, beam-501b-tp8's sizes)."""
-    from workbench.variants import _triton_moe_persistent as persistent
+    from workbench.variants.kernels import moe_persistent as persistent
 
     ints = _sizes(top_k)
     hidden, ff = ints["HIDDEN"], ints["FF"]
@@ -108,7 +108,7 @@ def persistent_kernels(config: dict, top_k: int) -> dict:
 def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
     """Both grouped (prefill) kernels of `experts:triton` (gate_up, down) compiled for sm_90 at a
     grouped tuning config (BF16; `rounded`: experts:triton_rounded's down epilogue)."""
-    from workbench.variants import _triton_moe as moe
+    from workbench.variants.kernels import moe as moe
 
     ints = _sizes(8 * 2048 * top_k)  # an 8 x 2048-token prefill
     common = dict(pairs_ptr="*i32", block_expert_ptr="*i32")
@@ -132,8 +132,8 @@ def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
 def attention_kernels(config: dict) -> dict:
     """attention:triton's decode kernel (separate merge, V after the scores) and attention:triton_prefetch's,
     with PDL, at `config`: beam-501b-tp8's rank (6 query heads on one KV head of 128), 16-token pages."""
-    from workbench.variants import _triton_attention as base
-    from workbench.variants import _triton_attention_prefetch as prefetch
+    from workbench.variants.kernels import attention as base
+    from workbench.variants.kernels import attention_prefetch as prefetch
 
     i32 = "i32"
     sig = dict(q_ptr="*bf16", cache_ptr="*bf16", table_ptr="*i32", seq_lens_ptr="*i32", pos_ptr="*i64",
@@ -158,7 +158,7 @@ def main() -> int:
     p.add_argument("--attention", action="store_true", help="attention:triton(_prefetch)'s decode kernels")
     args = p.parse_args()
     if args.attention:
-        from workbench.variants.attention__triton_prefetch import CONFIGS as ATTENTION_CONFIGS
+        from workbench.variants.attention.triton_prefetch import CONFIGS as ATTENTION_CONFIGS
 
         for config in [json.loads(c) for c in args.config] if args.config else ATTENTION_CONFIGS:
             usage = {name: resource_usage(k) for name, k in attention_kernels(config).items()}
@@ -166,8 +166,8 @@ def main() -> int:
             print(json.dumps({"config": {k: config[k] for k in keys if k in config}, **usage}))
         return 0
     from workbench.variants.experts import TRITON_CONFIGS
-    from workbench.variants.experts__triton_persistent import CONFIGS as PERSISTENT_CONFIGS
-    from workbench.variants.experts__triton_rows import CONFIGS as ROWS_CONFIGS
+    from workbench.variants.experts.triton_persistent import CONFIGS as PERSISTENT_CONFIGS
+    from workbench.variants.experts.triton_rows import CONFIGS as ROWS_CONFIGS
 
     configs = [json.loads(c) for c in args.config] if args.config else ROWS_CONFIGS if args.rows \
         else PERSISTENT_CONFIGS if args.persistent else TRITON_CONFIGS

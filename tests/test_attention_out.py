@@ -123,7 +123,7 @@ triton_only = pytest.mark.skipif(registry.backend_available("triton")[0] is Fals
 def test_triton_decode_is_bitwise_the_members_triton_variants_apart(layer):
     """Merge and gate in one kernel give the bits of attention:triton's merge kernel, then
     attn_out:triton_gemv's gate kernel and GEMV, at the same configs."""
-    from workbench.variants.attention_out__triton import CONFIGS
+    from workbench.variants.attention_out.triton import CONFIGS
 
     wl = DECODE.with_(layer=layer)
     for config in CONFIGS:
@@ -144,7 +144,7 @@ def _without_prefetch(config):
 def test_triton_prefetch_is_bitwise_triton(layer):
     """attention_out:triton_prefetch's decode (each split's first block loaded before the PDL wait, off on
     the CPU) gives attention_out:triton's bits at the same tiles, at decode and prefill."""
-    from workbench.variants.attention_out__triton_prefetch import CONFIGS
+    from workbench.variants.attention_out.triton_prefetch import CONFIGS
 
     # decode: K and V prefetched, then only K (the third config is the second's tiles with both);
     # prefill is attention_out:triton's own code: one layer kind
@@ -163,7 +163,7 @@ def test_triton_widemerge_is_triton_prefetch_up_to_the_merges_summation_order(la
     """attention_out:triton_widemerge: the prefetch decode kernel's partials, merged in one round trip:
     attention_out:triton_prefetch's output within a rounding of the model dtype at decode (the splits
     summed in another order), its bits at prefill (attention_out:triton's code in both)."""
-    from workbench.variants.attention_out__triton_widemerge import CONFIGS
+    from workbench.variants.attention_out.triton_widemerge import CONFIGS
 
     cases = [(DECODE.with_(layer=layer), c) for c in CONFIGS]
     cases += [(PREFILL, CONFIGS[0])] if layer == "sliding" else []
@@ -198,7 +198,7 @@ def _tp8(layer, context, batch=1):
                                                    ("sliding", 4096, 8)])
 def test_gpu_tp8_bitwise_apart_and_gated(layer, context, batch):
     from workbench.gates import op_gate
-    from workbench.variants.attention_out__triton import CONFIGS
+    from workbench.variants.attention_out.triton import CONFIGS
 
     wl, call = _tp8(layer, context, batch)
     for config in CONFIGS + [dict(c, pdl=True) for c in CONFIGS]:
@@ -214,7 +214,7 @@ def test_gpu_tp8_bitwise_apart_and_gated(layer, context, batch):
 @pytest.mark.parametrize("layer, context", [("sliding", 4096), ("full", 4096), ("full", 32768)])
 def test_gpu_tp8_prefetch_is_bitwise_triton_and_gated(layer, context):
     from workbench.gates import op_gate
-    from workbench.variants.attention_out__triton_prefetch import CONFIGS
+    from workbench.variants.attention_out.triton_prefetch import CONFIGS
 
     wl, call = _tp8(layer, context)
     for config in CONFIGS + [dict(c, pdl=True) for c in CONFIGS]:

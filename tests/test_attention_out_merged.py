@@ -14,12 +14,12 @@ B1 = Workload(batch=1, context=1000)
 
 
 def _configs():
-    from workbench.variants.attention_out__triton_merged import CONFIGS
+    from workbench.variants.attention_out.triton_merged import CONFIGS
     return CONFIGS
 
 
 def _merged_calls(monkeypatch) -> list:
-    from workbench.variants import _triton_attention_out_merged as merged
+    from workbench.variants.kernels import attention_merged_gemv as merged
 
     calls, run = [], merged.decode_merged
     monkeypatch.setattr(merged, "decode_merged", lambda *a, **k: calls.append(k["merged_cfg"]) or run(*a, **k))
@@ -68,7 +68,7 @@ def test_more_splits_or_tokens_than_the_config_allows_take_three_launches(monkey
 
 def test_a_config_that_would_merge_too_many_splits_in_one_program_is_refused():
     """A hand-made config past the one-tile merge's limit fails with the reason, not a spilling kernel."""
-    from workbench.variants._triton_attention_out_merged import MAX_SPLITS
+    from workbench.variants.kernels.attention_merged_gemv import MAX_SPLITS
 
     config = _configs()[0]
     config = dict(config, max_splits=10 ** 6, attention=dict(config["attention"], BLOCK_N=16, WAVES=100, MIN_BLOCKS=1))

@@ -26,7 +26,7 @@ from tests.variant_helpers import callables, failures
 from workbench import gates, registry
 from workbench.points import Workload
 
-MODULE = "workbench.variants._flashinfer_attention"
+MODULE = "workbench.variants.kernels.flashinfer_attention"
 
 
 def _attend(q, keys, values, q_pos, window_left, scale):

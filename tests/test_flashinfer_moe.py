@@ -18,8 +18,8 @@ from tests.variant_helpers import (assert_every_config_passes, failures, prefill
                                    with_config)
 from workbench import gates, registry
 from workbench.points import Workload
-from workbench.variants import experts__flashinfer as fi_moe
-from workbench.variants import experts__flashinfer_down as fi_down
+from workbench.variants.experts import flashinfer as fi_moe
+from workbench.variants.experts import flashinfer_down as fi_down
 
 PREFILL = Workload("beam-tiny", batch=2, tokens_per_seq=512, context=512, dtype="bf16")
 SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
@@ -86,7 +86,7 @@ def test_interleave_puts_each_up_block_before_its_gate_block():
 
 
 def _triton_grouping(ids, experts, tile):
-    from workbench.variants._triton_moe import align_by_expert
+    from workbench.variants.kernels.moe import align_by_expert
 
     return fi_down.routing_of(*align_by_expert(ids.int(), experts, tile), ids.numel(), experts, tile)
 

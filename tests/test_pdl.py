@@ -23,7 +23,7 @@ from triton.runtime import interpreter  # noqa: E402
 from workbench import gates, registry  # noqa: E402
 from workbench.points import Workload, spec  # noqa: E402
 import workbench.variants as variants_package  # noqa: E402
-from workbench.variants import _triton_common  # noqa: E402
+from workbench.variants.kernels import triton_common as _triton_common  # noqa: E402
 
 WORKLOADS = {
     "decode": Workload("beam-tiny", batch=2, tokens_per_seq=1, context=40),

@@ -18,8 +18,8 @@ import torch
 from tests.variant_helpers import assert_every_config_passes, failures, prefill_workloads, with_config
 from workbench import gates, registry
 from workbench.points import Workload
-from workbench.variants import experts__quack as quack_moe
-from workbench.variants import experts__quack_gated as gated_moe
+from workbench.variants.experts import quack as quack_moe
+from workbench.variants.experts import quack_gated as gated_moe
 
 SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
 
@@ -103,7 +103,7 @@ def test_sort_pairs_is_a_stable_sort_by_expert(n_experts):
 
 
 def test_gate_rejects_gate_and_up_swapped(stand_in, monkeypatch):
-    from workbench.variants import _triton_moe_grouped_mm as kernels
+    from workbench.variants.kernels import moe_grouped_mm as kernels
 
     real = kernels.swiglu
     monkeypatch.setattr(kernels, "swiglu", lambda g, u: real(u, g))

@@ -1,4 +1,4 @@
-"""`route:cublas` against the reference and under the op gate.
+"""`route:triton_cublas` against the reference and under the op gate.
 
 CPU: the GEMMs run as FP32 matmuls of the same exact BF16 products (no out_dtype kernels on the CPU) and
 the selection kernel under the Triton interpreter, so these check the plumbing: the pieces, their order,
@@ -18,7 +18,7 @@ from tests.variant_helpers import assert_every_config_passes, failures  # noqa: 
 from workbench import gates  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get, reference  # noqa: E402
-from workbench.variants import route__cublas as mod  # noqa: E402
+from workbench.variants.route import triton_cublas as mod  # noqa: E402
 
 
 @pytest.mark.parametrize("config", mod.CONFIGS, ids=str)
@@ -26,14 +26,14 @@ from workbench.variants import route__cublas as mod  # noqa: E402
 @pytest.mark.parametrize("shape", ["tiny", "e256", "long"])
 def test_matches_reference(shape, n, config):
     x, w, kw = _route_case(shape, n, seed=n)
-    v = get("route", "cublas")
+    v = get("route", "triton_cublas")
     _assert_routes_equal(v.at(config)(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
 
 
 def test_other_activation_dtypes_take_route_triton():
     """FP32 activations are not exact in one BF16 piece: route:triton's regimes split them too."""
     x, w, kw = _route_case("e256", 100, torch.float32, seed=4)
-    v = get("route", "cublas")
+    v = get("route", "triton_cublas")
     _assert_routes_equal(v.fn(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
 
 
@@ -44,7 +44,7 @@ def test_op_gate_passes_each_gemm_plan():
     """One config per GEMM plan (chain, split, batched): every config is checked against the reference
     above and op-gated by `test_gpu_op_gate_tp8`; gating all eleven interpreted took a minute of CI.
     (Decode sizes run route:triton's kernels, gated in its own tests; one seed keeps the interpreter quick.)"""
-    v = get("route", "cublas")
+    v = get("route", "triton_cublas")
     plans = {c["gemms"]: c for c in reversed(mod.CONFIGS)}  # each plan's first config
     assert sorted(plans) == ["batched", "chain", "split"]
     for config in plans.values():
@@ -56,7 +56,7 @@ def test_op_gate_rejects_a_chain_that_drops_its_running_sum(monkeypatch):
     """Planted fault: an epilogue that overwrites instead of adding keeps only x @ w1 (W to 8 bits)."""
     real = mod._mm_f32
     monkeypatch.setattr(mod, "_mm_f32", lambda x, w, *, acc=None, out=None: real(x, w, out=out))
-    report = gates.op_gate(get("route", "cublas"), [PREFILL], seeds=(0,))
+    report = gates.op_gate(get("route", "triton_cublas"), [PREFILL], seeds=(0,))
     assert not report.passed
     assert {c.name for c in report.failures} & {"route_ids", "route_weights"}, failures(report)
 
@@ -66,13 +66,13 @@ def test_op_gate_rejects_batched_partials_that_lose_a_piece(monkeypatch):
     real = mod._bmm_f32
     monkeypatch.setattr(mod, "_bmm_f32", lambda x, pieces: real(x, pieces) * torch.tensor([1.0, 0, 0])[:, None, None])
     batched = next(c for c in mod.CONFIGS if c["gemms"] == "batched")
-    report = gates.op_gate(get("route", "cublas"), [PREFILL], seeds=(0,), config=batched)
+    report = gates.op_gate(get("route", "triton_cublas"), [PREFILL], seeds=(0,), config=batched)
     assert not report.passed
     assert {c.name for c in report.failures} & {"route_ids", "route_weights"}, failures(report)
 
 
 def test_supports_and_config_supports_say_why():
-    v = get("route", "cublas")
+    v = get("route", "triton_cublas")
     assert v.supports(PREFILL) is True
     assert "BF16 activations" in v.supports(dataclasses.replace(PREFILL, dtype="fp16"))
     decode = Workload("beam-tiny", batch=8)
@@ -86,4 +86,4 @@ def test_supports_and_config_supports_say_why():
 def test_gpu_op_gate_tp8():
     workloads = [Workload("beam-501b-tp8", batch=b) for b in (1, 64)] + \
         [Workload("beam-501b-tp8", batch=2, tokens_per_seq=512, context=512)]
-    assert_every_config_passes(get("route", "cublas"), workloads, device="cuda")
+    assert_every_config_passes(get("route", "triton_cublas"), workloads, device="cuda")

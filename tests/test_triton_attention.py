@@ -73,7 +73,7 @@ def test_decode_ignores_host_copies_and_reads_lengths_on_the_device():
 
 
 def test_decode_splits_follow_shapes_not_lengths():
-    from workbench.variants._triton_attention import DEFAULT, decode_splits
+    from workbench.variants.kernels.attention import DEFAULT, decode_splits
 
     cfg = dict(DEFAULT, BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256)
     cpu = torch.device("cpu")  # 4 "SMs" under the interpreter
@@ -87,7 +87,7 @@ def test_decode_splits_follow_shapes_not_lengths():
 def test_decode_merge_over_head_dim_blocks_and_split_chunks(monkeypatch):
     """The merge runs one program per MERGE_BLOCK_D columns of head_dim (here 64: two) and walks the
     splits MERGE_MAX_SPLITS at a time (forced to 2 here, so 8 splits take four chunks)."""
-    from workbench.variants import _triton_attention
+    from workbench.variants.kernels import attention as _triton_attention
 
     monkeypatch.setattr(_triton_attention, "MERGE_MAX_SPLITS", 2)
     q, cache, meta = _case([70, 33], [1, 1], heads=2, kv_heads=1, hd=64, page=8, window=None, dtype=torch.bfloat16)
@@ -97,7 +97,7 @@ def test_decode_merge_over_head_dim_blocks_and_split_chunks(monkeypatch):
 def test_fused_merge_leaves_its_counters_at_zero():
     """The last split program resets its (sequence, kv head) counter: the next call, with no memset in
     between, merges right again (and the cached counters stay all zero)."""
-    from workbench.variants import _arrivals
+    from workbench.variants.kernels import arrivals as _arrivals
 
     q, cache, meta = _case([70, 5, 33], [1] * 3, heads=4, kv_heads=2, hd=16, page=8, window=None,
                            dtype=torch.bfloat16)
@@ -166,7 +166,7 @@ def test_prefill_head_dim_not_a_power_of_two():
 
 def test_default_is_first_config_and_supports():
     from workbench.variants import attention
-    from workbench.variants._triton_attention import DEFAULT
+    from workbench.variants.kernels.attention import DEFAULT
 
     v = registry.get("attention", "triton")
     assert v.backend == "triton" and v.configs is attention.TRITON_CONFIGS and v.configs[0] == DEFAULT

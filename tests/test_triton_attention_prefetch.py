@@ -86,7 +86,7 @@ def _slow_writer():
     import triton
     import triton.language as tl
 
-    from workbench.variants._triton_common import pdl_release
+    from workbench.variants.kernels.triton_common import pdl_release
 
     @triton.jit
     def _write_late(src_ptr, k_ptr, v_ptr, n, spins, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -112,8 +112,8 @@ def test_gpu_own_key_read_after_the_wait(context, prefetch_v):
     a long spin, then the decode with PDL: the decode must see the row written (the reference on the
     final cache), where the row held NaN before. The planted fault (the own row loaded before the
     wait) must not: it reads the NaN, which proves the decode did start during the spin."""
-    from workbench.variants._triton_attention_prefetch import paged_attention
-    from workbench.variants._triton_common import pdl_launch
+    from workbench.variants.kernels.attention_prefetch import paged_attention
+    from workbench.variants.kernels.triton_common import pdl_launch
 
     dev, hd = torch.device("cuda"), 128
     q, cache, meta = _case([context - 1], [1], heads=6, kv_heads=1, hd=hd, page=64, window=None,

@@ -43,7 +43,7 @@ def test_prefill_is_attention_triton():
 
 
 def test_more_splits_than_one_merge_tile_is_refused_by_name(monkeypatch):
-    from workbench.variants import _triton_attention_widemerge as wide
+    from workbench.variants.kernels import attention_widemerge as wide
 
     q, cache, meta = _case([200], [1], heads=2, kv_heads=1, hd=16, page=8, window=None, dtype=torch.float32)
     cfg = dict(SMALL, BLOCK_N=16, WAVES=10 ** 6, MAX_SPLITS=10 ** 6, MERGE_BLOCK_D=8)

@@ -1,4 +1,4 @@
-"""The packed and Triton variants of `qkvg_proj` and `dense_mlp` (workbench/variants/_triton_gemv.py).
+"""The packed and Triton variants of `qkvg_proj` and `dense_mlp` (workbench/variants/kernels/gemv.py).
 
 CPU: the Triton interpreter at tiny shapes (odd sizes, so every mask and split-K tail is exercised),
 every tuning config, M = 1, 3, 16 (GEMV sizes) and 40 (tiled path), FP32 and BF16, against the
@@ -97,7 +97,7 @@ def test_triton_default_is_first_config():
 
 def test_split_k_tail_and_strided_x():
     """Split-K with several live splits and an empty one, a K tail, and x a strided view."""
-    from workbench.variants import _triton_gemv as tg
+    from workbench.variants.kernels import gemv as tg
 
     locks = tg.new_locks("cpu")
     x, w = torch.randn(5, 300)[:, :200], torch.randn(37, 200)

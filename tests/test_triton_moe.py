@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from beam_model.config import BeamConfig  # noqa: E402
 from workbench.registry import get  # noqa: E402
-from workbench.variants import _triton_moe  # noqa: E402  (conftest has set TRITON_INTERPRET)
+from workbench.variants.kernels import moe as _triton_moe  # noqa: E402  (conftest has set TRITON_INTERPRET)
 from workbench.variants.experts import TRITON_CONFIGS, experts as reference  # noqa: E402
 
 TINY = BeamConfig.from_preset("beam-tiny")  # hidden 64, ff 32, 16 experts, top_k 4
@@ -129,7 +129,7 @@ def test_gemv_split_k(split, dtype):
     """SPLIT_K: hidden 200 in 16-wide steps (13, the last one partial) cut into slices (7 + 6 steps, or
     4 + 4 + 4 + 1), the last program of each (pair, n-block) summing them; calls in a row leave the
     arrival counters at 0."""
-    from workbench.variants import _arrivals
+    from workbench.variants.kernels import arrivals as _arrivals
 
     cfg = dict(GEMV, BLOCK_K=16, SPLIT_K=split)
     for seed in (1, 2):  # a second call reuses the counters the first left

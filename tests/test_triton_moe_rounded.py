@@ -12,7 +12,7 @@ from beam_model.config import BeamConfig  # noqa: E402
 from tests.test_triton_moe import TOL, _problem, _rel_err, _truth  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
-from workbench.variants.experts__triton_rounded import GROUPED_CONFIGS  # noqa: E402
+from workbench.variants.experts.triton_rounded import GROUPED_CONFIGS  # noqa: E402
 
 ROUNDED = get("experts", "triton_rounded")
 GROUPED_PAIRS = 17  # tokens: 68 pairs at beam-tiny's top_k 4, past the GEMV path's 64

@@ -68,7 +68,7 @@ def test_route_matches_reference(shape, n, config):
 def test_route_fused_select_leaves_its_counter_at_zero():
     """fused_select: the GEMV's last program selects and resets the arrival counter, so calls in a row
     (a graph replaying the step, no memset between) route right each time."""
-    from workbench.variants import _arrivals
+    from workbench.variants.kernels import arrivals as _arrivals
 
     fused = [c for c in route_mod.ROUTE_CONFIGS if c["fused_select"]]
     assert fused

@@ -23,7 +23,7 @@ import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import gemv_kernels
 from workbench.sm90 import compile_sm90
-import workbench.variants._triton_attention as attention
+import workbench.variants.kernels.attention as attention
 import workbench.variants.route as route
 
 def ptx(fn, sig, consts):
@@ -44,7 +44,7 @@ out["route GEMV, fused selection"] = ptx(route._route_gemv, dict(
     ids_ptr="*i64", wts_ptr="*fp32", count_ptr="*i32", EPG=I32, scale="fp32"), dict(
     BLOCK_N=1, BLOCK_E=4, BLOCK_K=1024, FUSED=True, SPLIT=5, N_GROUP=8, TOPK_GROUP=4, TOP_K=8, BLOCK_T=1,
     BLOCK_G=8, BLOCK_J=32))
-import workbench.variants._triton_attention_out_merged as merged
+import workbench.variants.kernels.attention_merged_gemv as merged
 out["attention_out merged GEMV, head groups"] = ptx(merged._merged_gemv_kernel, dict(
     m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16",
     part_ptr="*fp32", count_ptr="*i32", M=I32, N=I32, n_heads=I32, head_dim=I32, n_splits=I32, g_stride=I32), dict(
@@ -59,7 +59,7 @@ PERSISTENT = r'''
 import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import persistent_kernels
-from workbench.variants.experts__triton_persistent import CONFIGS
+from workbench.variants.experts.triton_persistent import CONFIGS
 
 json.dump({"ptx": persistent_kernels(CONFIGS[0], top_k=8)["one_launch"].asm["ptx"]}, sys.stdout)
 '''
@@ -142,7 +142,7 @@ def test_triton_rows_configs_do_not_spill():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    from workbench.variants.experts__triton_rows import CONFIGS
+    from workbench.variants.experts.triton_rows import CONFIGS
 
     assert len(lines) == len(CONFIGS) and not any(line.endswith(" SPILLS") for line in lines), lines
 
@@ -150,7 +150,7 @@ def test_triton_rows_configs_do_not_spill():
 GROUPING_SCRIPT = r'''
 import json
 from workbench.sm90 import compile_sm90, resource_usage
-import workbench.variants._triton_moe as moe
+import workbench.variants.kernels.moe as moe
 
 ints = dict(N_PAIRS=131072, N_EXPERTS=256, N_CHUNKS=256, MAX_BLOCKS=1278)  # 8 x 2048 tokens, top 8 of 256
 sizes = dict(E_P2=256, CHUNK=moe.ALIGN_CHUNK)
@@ -176,8 +176,8 @@ import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import _sizes
 from workbench.sm90 import compile_sm90
-import workbench.variants._triton_gemv as gemv
-import workbench.variants._triton_moe as moe
+import workbench.variants.kernels.gemv as gemv
+import workbench.variants.kernels.moe as moe
 
 out = {}
 for pdl in (False, True):
@@ -215,8 +215,8 @@ def test_pdl_kernels_wait_in_the_ptx_and_only_a_gemv_reads_weights_before():
 MERGED = r'''
 import json, sys, triton
 from workbench.sm90 import compile_sm90, resource_usage
-import workbench.variants._triton_attention_out_merged as merged
-from workbench.variants.attention_out__triton_merged import CONFIGS
+import workbench.variants.kernels.attention_merged_gemv as merged
+from workbench.variants.attention_out.triton_merged import CONFIGS
 
 sig = dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*bf16",
            out_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", n_heads="i32", head_dim="i32",

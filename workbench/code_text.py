@@ -1,10 +1,10 @@
 """A module's code as text that one Python version writes as any other would: tokens without comments,
-blank lines, layout or top-level tuning-config lists (`X_CONFIGS = ...`), one per line.
+docstrings, blank lines, layout or (optionally) top-level tuning-config lists (`X_CONFIGS = ...`), one
+per line: what the module runs, not what it says to readers.
 
-`lock.code_key` hashes it: a lock made on the GPU host (Python 3.12) must read the same key on a
-laptop or CI (3.11), where `ast.dump`, which the key used first, spells the same tree differently.
-Tokens agree across versions except f-strings, which 3.12 splits into pieces (PEP 701): they are
-taken whole from the source here, as 3.11 gives them. Stdlib only.
+The lock's keys hash it: a lock made on the GPU host's Python must read the same key on another
+version (3.11 in CI). Tokens agree across versions except f-strings, which 3.12 splits into pieces
+(PEP 701): they are taken whole from the source here. Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import tokenize
 
 _LAYOUT = {tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.ENDMARKER}
 _DROPPED = {tokenize.COMMENT, tokenize.NL}
+_BLOCKS = {tokenize.INDENT, tokenize.DEDENT}  # kept where a dropped docstring opens a block
 
 
 def is_config_list(node: ast.stmt) -> bool:
@@ -23,14 +24,26 @@ def is_config_list(node: ast.stmt) -> bool:
     return all(isinstance(t, ast.Name) and t.id.endswith("CONFIGS") for t in targets)
 
 
-def code_text(source: str) -> str:
-    skipped = {line for node in ast.parse(source).body if is_config_list(node)
-               for line in range(node.lineno, node.end_lineno + 1)}
+def _docstrings(tree: ast.Module):
+    """The docstring statements of a module, its classes and functions."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                yield first
+
+
+def code_text(source: str, *, configs: bool = False) -> str:
+    """The module's tokens, one a line; tuning-config lists are kept only with `configs`."""
+    tree = ast.parse(source)
+    dropped = list(_docstrings(tree)) + ([] if configs else [n for n in tree.body if is_config_list(n)])
+    skipped = {line for node in dropped for line in range(node.lineno, node.end_lineno + 1)}
     lines = source.splitlines(keepends=True)
     out, depth, start = [], 0, None
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         kind = tokenize.tok_name[tok.type]
-        if tok.start[0] in skipped or tok.type in _DROPPED:
+        if (tok.start[0] in skipped and tok.type not in _BLOCKS) or tok.type in _DROPPED:
             continue
         if kind == "FSTRING_START":  # Python >= 3.12
             depth += 1

@@ -32,8 +32,20 @@ class LockError(ValueError):
     """A lock file that cannot be read or does not describe a build."""
 
 
-# Harness modules a variant module imports to declare its point; they are not the variant's code.
-_HARNESS = {"workbench.registry", "workbench.points", "workbench.variants._inputs"}
+# Op-layer modules a variant module imports to declare itself; they are not the variant's code.
+_HARNESS = {"workbench.registry", "workbench.points", "workbench.variants.inputs", "workbench.dtypes"}
+_PROJECT = ("workbench", "beam_model")
+
+
+def _module_file(name: str) -> str | None:
+    """The file of project module `name` (a package's `__init__.py`), or None if it is not one."""
+    if name.split(".")[0] not in _PROJECT:
+        return None
+    base = os.path.join(ROOT, *name.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
 
 
 def _outside_functions(node):
@@ -44,61 +56,90 @@ def _outside_functions(node):
             yield from _outside_functions(child)
 
 
-def _imported_files(nodes, seen: set[str], at_import: bool) -> None:
-    """Adds to `seen` the project files the import statements among `nodes` name, and theirs in turn."""
+def _imported_modules(nodes) -> set[str]:
+    """The project modules the import statements among `nodes` run code from. `from pkg import mod`
+    names the submodule only; the package's `__init__` counts when a name is taken from it."""
     names = set()
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                names.add(sub if _module_file(sub) else node.module)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-    for name in sorted(names - _HARNESS):
-        candidate = os.path.join(ROOT, *name.split(".")) + ".py"
-        if name.split(".")[0] in ("workbench", "beam_model") and os.path.isfile(candidate) and candidate not in seen:
-            seen.add(candidate)
-            _project_imports(candidate, seen, at_import=at_import)
+    return {n for n in names - _HARNESS if _module_file(n)}
+
+
+def _imported_files(nodes, seen: set[str], at_import: bool) -> None:
+    """Adds to `seen` the project files the import statements among `nodes` name, and theirs in turn."""
+    for name in sorted(_imported_modules(nodes)):
+        path = _module_file(name)
+        if path not in seen:
+            seen.add(path)
+            _project_imports(path, seen, at_import=at_import)
 
 
 def _project_imports(path: str, seen: set[str] | None = None, *, at_import: bool = False) -> list[str]:
     """Project files a module imports, transitively (module level or inside functions; with
     `at_import`, only what importing it runs), read statically."""
     seen = set() if seen is None else seen
-    with open(path) as f:
-        tree = ast.parse(f.read())
+    tree = ast.parse(_read(path))
     _imported_files(_outside_functions(tree) if at_import else ast.walk(tree), seen, at_import)
     return sorted(seen)
 
 
+def _read(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.read().decode()
+
+
 def _source_paths(point: str, variant: str) -> list[str]:
-    """The files a variant's hash covers: its module, the project modules it imports, the wrapper's."""
+    """The files a variant's key covers: its module, the project modules it imports, the wrapper's."""
     v = get(point, variant)
     wrapper = inspect.getsourcefile(v.fn)  # torch_compile: the compile call wraps the point's reference
     return [v.source_file, *_project_imports(v.source_file), *([wrapper] if wrapper != v.source_file else [])]
 
 
+def file_key(path: str, *, configs: bool = True) -> str:
+    """sha256 (16 hex) of a module's code: its tokens without comments, docstrings or layout
+    (`code_text`), and without top-level tuning-config lists unless `configs`. Where a file lives
+    and what it says to readers are not part of what runs."""
+    return hashlib.sha256(code_text(_read(path), configs=configs).encode()).hexdigest()[:16]
+
+
+def _hash_files(paths, *, configs: bool = True, extra: str = "") -> str:
+    """sha256 (16 hex) over the files' code keys, sorted: the same code under other paths keys the same."""
+    h = hashlib.sha256()
+    for key in sorted(file_key(p, configs=configs) for p in set(paths)):
+        h.update(key.encode())
+    h.update(extra.encode())
+    return h.hexdigest()[:16]
+
+
 def source_hash(point: str, variant: str) -> str:
-    """sha256 over the variant's module and the project modules it imports (kernels, math helpers)."""
+    """The key of what a variant runs: its module and the project modules it imports, transitively
+    (kernels, math helpers), config lists included. Moving or adding a file it does not import leaves
+    it as it is; editing any code it imports changes it."""
     return _hash_files(_source_paths(point, variant))
 
 
 def reference_key(point: str) -> str:
-    """sha256 over what the point's reference runs: its module and what importing it runs, plus the
-    imports inside the reference function itself; not the kernels other variants of the module import
+    """The key of what the point's reference runs: its module and what importing it runs, plus the
+    imports inside the reference function itself; not the kernels other variants of the package import
     on their first call. Keys the reference profile and the whole-step torch.compile baselines of an
     optimize run folder, so an edit to a Triton kernel module does not re-time the reference step
-    (minutes of device time at full size). Lock entries keep `source_hash`, which covers everything."""
+    (minutes of device time at full size)."""
     v = get(point, REFERENCE)
     seen = _run_at_import([v.source_file])
     fn = inspect.unwrap(v.fn)
     _imported_files(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))), seen, at_import=True)
-    return _hash_files(sorted(seen))
+    return _hash_files(seen)
 
 
 def module_key(*modules: str) -> str:
-    """sha256 over project modules (paths from the repository root) and what importing them runs:
+    """The key of project modules (paths from the repository root) and what importing them runs:
     e.g. the model and the target's step runner, which every timing of a step depends on."""
-    return _hash_files(sorted(_run_at_import([os.path.join(ROOT, m) for m in modules])))
+    return _hash_files(_run_at_import([os.path.join(ROOT, m) for m in modules]))
 
 
 def _run_at_import(paths: list[str]) -> set[str]:
@@ -109,53 +150,24 @@ def _run_at_import(paths: list[str]) -> set[str]:
     return seen
 
 
-def _hash_files(paths) -> str:
-    """sha256 (16 hex) over the files' bytes, in the order given."""
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:16]
-
-
-def code_key(point: str, variant: str, *, own_configs: bool = True, legacy: bool = False) -> str:
+def code_key(point: str, variant: str, *, own_configs: bool = True) -> str:
     """`source_hash` with the tuning-config lists left out (top-level assignments to names ending in
-    CONFIGS, in every covered file; comments and layout too: `code_text`) and, with `own_configs`, the
-    variant's own configs hashed instead. The search remembers a candidate that hung by it: adding
-    configs to a module that another variant shares (experts.py holds the reference, which
-    torch_compile compiles, and experts:triton's configs) then does not make the search wait on a
-    known hang again. A lock keeps it without `own_configs`: its entry names the config it runs.
-    `legacy`: the first form, over `ast.dump`, which differs between Python versions (keys stored
-    before session 16 have it; `code_key_matches` accepts either)."""
-    h = hashlib.sha256()
-    for path in _source_paths(point, variant):
-        with open(path) as f:
-            source = f.read()
-        if legacy:
-            tree = ast.parse(source)
-            tree.body = [node for node in tree.body if not is_config_list(node)]
-            h.update(ast.dump(tree).encode())
-        else:
-            h.update(code_text(source).encode())
-    if own_configs:
-        h.update(json.dumps(get(point, variant).configs, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
+    CONFIGS, in every covered file) and, with `own_configs`, the variant's own configs hashed instead.
+    The search remembers a candidate that hung by it, so adding configs to a module does not make the
+    search wait on a known hang again. A lock keeps it without `own_configs`: its entry names the
+    config it runs."""
+    own = json.dumps(get(point, variant).configs, sort_keys=True, default=str) if own_configs else ""
+    return _hash_files(_source_paths(point, variant), configs=False, extra=own)
 
 
 def code_key_matches(stored, point: str, variant: str, *, own_configs: bool = True) -> bool:
-    """Whether a stored `code_key` is this code's, in the current form or the legacy one (which only
-    the Python version that stored it computes alike)."""
-    return stored is not None and (stored == code_key(point, variant, own_configs=own_configs)
-                                   or stored == code_key(point, variant, own_configs=own_configs, legacy=True))
+    """Whether a stored `code_key` is this code's."""
+    return stored is not None and stored == code_key(point, variant, own_configs=own_configs)
 
 
 def source_files(point: str, variant: str) -> dict[str, str]:
-    """Each covered file's own sha256 (16 hex), so `verify` can name the file that changed."""
-    out = {}
-    for path in _source_paths(point, variant):
-        with open(path, "rb") as f:
-            out[_relative(path)] = hashlib.sha256(f.read()).hexdigest()[:16]
-    return out
+    """Each covered file's own key, so `verify` can name the file that changed."""
+    return {_relative(path): file_key(path) for path in _source_paths(point, variant)}
 
 
 def _changed_files(locked: dict, now: dict) -> str:
@@ -305,7 +317,7 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
             else:
                 problems.append(f"{point}: {changed}")
     if environment is None:
-        from workbench.bench import environment as current_environment
+        from workbench.provenance import environment as current_environment
 
         environment = current_environment()
     for key in ENV_KEYS:

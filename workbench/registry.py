@@ -1,7 +1,8 @@
 """The variant registry: fusion points, the variants registered on them, and binding a selection.
 
-This is the only part of `workbench` the model imports. A fusion point is declared once (in
-`workbench/variants/<point>.py`, which also holds its variants, reference first); the model asks
+This is the only part of `workbench` the model imports. A fusion point is declared once, in its
+package `workbench/variants/<point>/` (`__init__.py`: the contract, the reference and the spec; one
+module per other variant, named after it); the model asks
 `bind(selection)` for an `Ops` table and calls `ops.<point>(...)`. Selection is explicit: the
 reference unless a lock file or the CLI names another variant, and a named variant that cannot run
 here is an error, never a silent fallback. This module must stay free of heavy imports (no
@@ -146,7 +147,7 @@ def compound_split(point: str) -> Callable[[Callable], Callable]:
 def split_of(point: str) -> Callable:
     variants(point)  # imports the compound's module, which declares its split
     if point not in _SPLITS:
-        raise RuntimeError(f"workbench/variants/{point}.py declares no compound_split for {point!r}")
+        raise RuntimeError(f"workbench/variants/{point}/__init__.py declares no compound_split for {point!r}")
     return _SPLITS[point]
 
 
@@ -183,23 +184,22 @@ def register(point: str, name: str, backend: str, **kw) -> Callable[[Callable], 
 
 def _load(point: str) -> None:
     if point not in _LOADED:
-        importlib.import_module(f"workbench.variants.{point}")
+        importlib.import_module(f"workbench.variants.{point}")  # the contract, reference and spec
         _LOADED.add(point)
-        for module in _added_modules(point):  # `workbench variant new` scaffolds: <point>__<name>.py
-            importlib.import_module(f"workbench.variants.{module}")
+        for module in variant_modules(point):
+            importlib.import_module(f"workbench.variants.{point}.{module}")
         ref = _VARIANTS[point].get(REFERENCE)
         if ref is None:
-            raise RuntimeError(f"workbench/variants/{point}.py registers no reference variant {REFERENCE!r}")
+            raise RuntimeError(f"workbench/variants/{point}/__init__.py registers no reference variant {REFERENCE!r}")
         if "torch_compile" not in _VARIANTS[point]:
             _VARIANTS[point]["torch_compile"] = Variant(point, "torch_compile", "torch_compile", _compiled(ref.fn),
                                                         prepare=ref.prepare)
 
 
-def _added_modules(point: str) -> list[str]:
-    """Modules `workbench/variants/<point>__<name>.py` that add variants to a point, sorted."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants")
-    prefix = f"{point}__"
-    return sorted(f[:-3] for f in os.listdir(folder) if f.startswith(prefix) and f.endswith(".py"))
+def variant_modules(point: str) -> list[str]:
+    """The modules of a point's package that each register a variant (`<point>/<variant>.py`), sorted."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants", point)
+    return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
 
 
 def _compiled(fn: Callable) -> Callable:

@@ -23,9 +23,9 @@ BACKENDS = ("torch", "triton", "cute")
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "variants")
 _KERNEL_NOTE = {
     "triton": "Where the kernel goes: define `@triton.jit` kernels in this module (`from "
-              "workbench.variants._triton_common import round_to, tl, triton`) and launch them from the "
+              "workbench.variants.kernels.triton_common import round_to, tl, triton`) and launch them from the "
               "function below in place of the torch ops, allocating outputs with torch.empty (the gates "
-              "poison unwritten memory). `workbench/variants/boundary.py` holds a complete example.",
+              "poison unwritten memory). `workbench/variants/boundary/__init__.py` holds a complete example.",
     "cute": "Where the kernel goes: write the CuTe DSL kernel (`import cutlass`) in this module and call it "
             "from the function below in place of the torch ops.",
     "torch": "Replace the body with a faster composition of torch ops (fewer kernels, less memory traffic).",
@@ -79,8 +79,8 @@ def _free_names(node: ast.AST) -> set[str]:
 
 def _strip_docstrings(node: ast.AST) -> ast.AST:
     for n in ast.walk(node):
-        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.body and isinstance(n.body[0], ast.Expr) \
-                and isinstance(getattr(n.body[0], "value", None), ast.Constant) and isinstance(n.body[0].value.value, str):
+        first = n.body[0] if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
             n.body = n.body[1:] or [ast.Pass()]
     return node
 
@@ -160,7 +160,7 @@ def render(point: str, name: str, backend: str, shapes: str = "", *, fn_name: st
              f"`workbench check {name}` passes at once. {_KERNEL_NOTE[backend]}")
     doc = [f"`{point}` variant `{name}` ({backend}), scaffolded by `workbench variant new` from the reference.",
            "", textwrap.fill(intro, 100),
-           "", "Contract (from workbench/variants/{}.py):".format(point), "", textwrap.indent(contract, "    ")]
+           "", f"Contract (from workbench/variants/{point}/__init__.py):", "", textwrap.indent(contract, "    ")]
     if shapes:
         doc += ["", "Shapes the target calls it with:", "", textwrap.indent(shapes, "    ")]
     parts = ['"""' + "\n".join(doc).replace('"""', "'''").rstrip() + '\n"""', "\n".join(imports)]
@@ -171,14 +171,16 @@ def render(point: str, name: str, backend: str, shapes: str = "", *, fn_name: st
 
 def write(point: str, name: str, backend: str, *, directory: str | None = None, shapes: str = "",
           force: bool = False) -> str:
-    """Write the scaffold to `directory` (default: the package's variants folder); returns its path."""
+    """Write the scaffold to plugin `directory`, or into the point's package; returns its path."""
     if point not in registry.POINTS:
         raise KeyError(f"unknown fusion point {point!r}; points: {', '.join(registry.POINTS)}")
     check_name(name)
     if name in registry.variants(point):
         raise ValueError(f"{point}:{name} is already registered ({registry.get(point, name).source_file})")
-    directory = os.path.abspath(directory or PACKAGE_DIR)
-    path = os.path.join(directory, file_name(point, name))
+    # In the package a variant is `<point>/<name>.py`; a plugin directory is flat: `<point>__<name>.py`.
+    path = os.path.join(os.path.abspath(directory), file_name(point, name)) if directory \
+        else os.path.join(PACKAGE_DIR, point, f"{name}.py")
+    directory = os.path.dirname(path)
     if os.path.exists(path) and not force:
         raise ValueError(f"{path} exists (use --force to overwrite)")
     source = render(point, name, backend, shapes)

@@ -19,7 +19,8 @@ def add_arguments(p) -> None:
                    help="the variant's backend (default: %(default)s)")
     p.add_argument("--name", required=True, help="variant name, lower_snake_case")
     p.add_argument("--dir", metavar="DIR", help="plugin directory to write to (default: workbench/variants/)")
-    p.add_argument("--target", default="decode-b1", help="target whose shapes go in the docstring (default: %(default)s)")
+    p.add_argument("--target", default="decode-b1",
+                   help="target whose shapes go in the docstring (default: %(default)s)")
     p.add_argument("--preset", default=None, help="preset of those shapes (default: beam-501b-tp8 on CUDA, "
                    "beam-tiny on CPU)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bf16")

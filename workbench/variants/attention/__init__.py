@@ -15,7 +15,7 @@ import torch
 
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand, paged_kv, visible_keys
+from workbench.variants.inputs import DTYPE_BYTES, Rand, paged_kv, visible_keys
 
 
 def _attend(q, k, v, q_pos, valid_len, window, scale):
@@ -136,7 +136,7 @@ def _triton_supports(wl):
 
 def _triton_at(config=None):
     def attention_triton(q, cache, meta, *, window, scale):
-        from workbench.variants._triton_attention import paged_attention
+        from workbench.variants.kernels.attention import paged_attention
 
         return paged_attention(q, cache, meta, window=window, scale=scale, config=config)
     return attention_triton
@@ -163,7 +163,7 @@ def _flashinfer_supports(wl):
 
 
 def _flashinfer_replan(meta):
-    module = sys.modules.get("workbench.variants._flashinfer_attention")
+    module = sys.modules.get("workbench.variants.kernels.flashinfer_attention")
     if module is not None:  # never called yet: nothing planned
         module.replan(meta)
 
@@ -172,7 +172,7 @@ def _flashinfer_at(config=None):
     tensor_cores = bool((config or {}).get("tensor_cores", False))
 
     def attention_flashinfer(q, cache, meta, *, window, scale):
-        from workbench.variants._flashinfer_attention import paged_attention
+        from workbench.variants.kernels.flashinfer_attention import paged_attention
 
         return paged_attention(q, cache, meta, window=window, scale=scale, tensor_cores=tensor_cores)
     attention_flashinfer.replan = _flashinfer_replan

@@ -16,7 +16,7 @@ CONFIGS += [dict(c, PREFETCH_V=False) for c in (CONFIGS[-1], CONFIGS[0])]
 def _at(config=None):
     def attention_triton_prefetch(q, cache, meta, *, window, scale):
         # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
-        from workbench.variants._triton_attention_prefetch import paged_attention
+        from workbench.variants.kernels.attention_prefetch import paged_attention
 
         return paged_attention(q, cache, meta, window=window, scale=scale, config=config)
     return attention_triton_prefetch

@@ -10,7 +10,7 @@ without spilling, `scripts/sm90_resources.py --attention`), each merged 8 column
 
 from workbench.registry import register
 from workbench.variants.attention import _triton_supports
-from workbench.variants.attention__triton_prefetch import CONFIGS as PREFETCH_CONFIGS
+from workbench.variants.attention.triton_prefetch import CONFIGS as PREFETCH_CONFIGS
 
 CONFIGS = [dict(PREFETCH_CONFIGS[4], MERGE_BLOCK_D=8), dict(PREFETCH_CONFIGS[6], MERGE_BLOCK_D=8),
            dict(PREFETCH_CONFIGS[6], BLOCK_N=64, WAVES=4, MAX_SPLITS=512, PREFETCH_V=True, MERGE_BLOCK_D=8)]
@@ -21,7 +21,7 @@ def _at(config=None):
 
     def attention_triton_widemerge(q, cache, meta, *, window, scale):
         # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
-        from workbench.variants._triton_attention_widemerge import paged_attention
+        from workbench.variants.kernels.attention_widemerge import paged_attention
 
         return paged_attention(q, cache, meta, window=window, scale=scale, config=config)
     return attention_triton_widemerge

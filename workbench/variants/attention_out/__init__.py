@@ -14,7 +14,7 @@ from workbench.points import Call, PointSpec, declare, spec
 from workbench.registry import References, compound_split, register
 from workbench.variants import attention as attention_point
 from workbench.variants import attn_out as attn_out_point
-from workbench.variants._inputs import DTYPE_BYTES
+from workbench.variants.inputs import DTYPE_BYTES
 
 
 @compound_split("attention_out")

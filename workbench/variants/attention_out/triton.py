@@ -10,7 +10,7 @@ the o_proj GEMV's (`gemv`); "pdl" applies to every launch.
 import torch.nn.functional as F
 
 from workbench.registry import register
-from workbench.variants._triton_common import gemv_config
+from workbench.variants.kernels.triton_common import gemv_config
 from workbench.variants.attention import TRITON_CONFIGS as ATTENTION_CONFIGS
 from workbench.variants.attention import _triton_supports as _attention_supports
 from workbench.variants.attn_out import _GATED_GEMV_MAX_TOKENS, _attn_out_triton_supports
@@ -39,9 +39,9 @@ def _at(config=None):
 
     def attention_out_triton(q, cache, meta, g, w, *, window, scale):
         # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
-        from workbench.variants._triton_attention import paged_attention
-        from workbench.variants._triton_attention_out import decode_gated
-        from workbench.variants._triton_gemv import linear
+        from workbench.variants.kernels.attention import paged_attention
+        from workbench.variants.kernels.attention_gated_merge import decode_gated
+        from workbench.variants.kernels.gemv import linear
         from workbench.variants.attn_out import _attn_gate
 
         if meta.decode and 0 < q.shape[0] <= _GATED_GEMV_MAX_TOKENS:  # static shape dispatch: graph-safe

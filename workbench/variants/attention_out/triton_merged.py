@@ -12,9 +12,9 @@ calls it takes), `max_splits`, `max_tokens`; "pdl" applies to every launch.
 
 from workbench.registry import register
 from workbench.variants.attention import TRITON_CONFIGS as ATTENTION_CONFIGS
-from workbench.variants.attention_out__triton import _at as _three_launches
-from workbench.variants.attention_out__triton import _supports
-from workbench.variants._triton_common import gemv_config
+from workbench.variants.attention_out.triton import _at as _three_launches
+from workbench.variants.attention_out.triton import _supports
+from workbench.variants.kernels.triton_common import gemv_config
 
 
 def _config(attention, block_n, heads, warps=4, max_splits=32, max_tokens=1):
@@ -44,7 +44,7 @@ def _at(config=None):
 
     def attention_out_triton_merged(q, cache, meta, g, w, *, window, scale):
         # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
-        from workbench.variants import _triton_attention_out_merged as merged
+        from workbench.variants.kernels import attention_merged_gemv as merged
 
         # static shape dispatch (graph-safe): the split count comes from shapes and the SM count
         if meta.decode and 0 < q.shape[0] <= config["max_tokens"]:

@@ -11,11 +11,11 @@ runs/attention-read-floor-tp8/widemerge-session37/), then attention:triton_widem
 """
 
 from workbench.registry import register
-from workbench.variants._triton_common import gemv_config
-from workbench.variants.attention__triton_prefetch import CONFIGS as PREFETCH_CONFIGS
-from workbench.variants.attention__triton_widemerge import CONFIGS as WIDEMERGE_CONFIGS
-from workbench.variants.attention_out__triton import _at as _attention_out_triton
-from workbench.variants.attention_out__triton import _supports
+from workbench.variants.kernels.triton_common import gemv_config
+from workbench.variants.attention.triton_prefetch import CONFIGS as PREFETCH_CONFIGS
+from workbench.variants.attention.triton_widemerge import CONFIGS as WIDEMERGE_CONFIGS
+from workbench.variants.attention_out.triton import _at as _attention_out_triton
+from workbench.variants.attention_out.triton import _supports
 from workbench.variants.attn_out import _GATED_GEMV_MAX_TOKENS
 
 CONFIGS = [dict(attention=dict(PREFETCH_CONFIGS[4], MERGE_BLOCK_D=block_d), gemv=gemv_config(4, 256))
@@ -31,8 +31,8 @@ def _at(config=None):
 
     def attention_out_triton_widemerge(q, cache, meta, g, w, *, window, scale):
         # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
-        from workbench.variants._triton_attention_widemerge import decode_gated
-        from workbench.variants._triton_gemv import linear
+        from workbench.variants.kernels.attention_widemerge import decode_gated
+        from workbench.variants.kernels.gemv import linear
 
         if meta.decode and 0 < q.shape[0] <= _GATED_GEMV_MAX_TOKENS:  # static shape dispatch: graph-safe
             gated = decode_gated(q, cache, meta, g, w["gate_bias"], window=window, scale=scale, cfg=attention_cfg)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
 @register("attn_out", "torch", "torch")
@@ -50,12 +50,12 @@ declare(PointSpec(
 # registry reports the backend as unavailable.
 import functools
 
-from workbench.variants._triton_common import INTERPRETED, pdl_launch, triton
+from workbench.variants.kernels.triton_common import INTERPRETED, pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import pdl_enter, round_to
+    from workbench.variants.kernels.triton_common import pdl_enter, round_to
 
     @triton.jit
     def _gate(o, g, bias):

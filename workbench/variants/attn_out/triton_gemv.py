@@ -8,7 +8,7 @@ locks stay valid."""
 import torch.nn.functional as F
 
 from workbench.registry import register
-from workbench.variants._triton_common import gemv_config
+from workbench.variants.kernels.triton_common import gemv_config
 from workbench.variants.attn_out import _GATED_GEMV_MAX_TOKENS, _attn_gate, _attn_out_triton_supports
 
 # o_proj rows are q_width (768 at TP8) long: a 1024-wide tile takes a whole row in one step. The 4 x 256
@@ -22,7 +22,7 @@ def _triton_gemv_at(o, g, w, *, pdl=False, **cfg):
     gated = _attn_gate(o, g, w["gate_bias"], pdl=pdl)
     if not 0 < gated.shape[0] <= _GATED_GEMV_MAX_TOKENS:  # static shape dispatch: graph-safe
         return F.linear(gated, w["o_proj"])
-    from workbench.variants._triton_gemv import linear  # kernels: imported on use (needs triton)
+    from workbench.variants.kernels.gemv import linear  # kernels: imported on use (needs triton)
 
     return linear(gated, w["o_proj"].contiguous(), {**cfg, "pdl": pdl})
 

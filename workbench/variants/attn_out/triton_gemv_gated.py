@@ -9,14 +9,14 @@ kernel + cuBLAS). A module of its own so that existing locks stay valid."""
 import torch
 
 from workbench.registry import register
-from workbench.variants._triton_common import pdl_launch, triton
+from workbench.variants.kernels.triton_common import pdl_launch, triton
 from workbench.variants.attn_out import (_ATTN_GATE_CONFIGS, _GATED_GEMV_MAX_TOKENS, _attn_out_triton_at,
                                          _attn_out_triton_supports)
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import pdl_enter, round_to
+    from workbench.variants.kernels.triton_common import pdl_enter, round_to
     from workbench.variants.attn_out import _gated_a
 
     @triton.jit

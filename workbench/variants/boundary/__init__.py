@@ -18,7 +18,7 @@ import torch.distributed as dist
 from beam_model.functional import residual_coefficients, rms_norm
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
 def _reduced(y, group):
@@ -67,12 +67,12 @@ declare(PointSpec(
 # reports the backend as unavailable.
 import functools
 
-from workbench.variants._triton_common import pdl_launch, triton
+from workbench.variants.kernels.triton_common import pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import pdl_enter, round_to
+    from workbench.variants.kernels.triton_common import pdl_enter, round_to
 
     @triton.jit
     def _boundary_kernel(y_ptr, h_ptr, post_w_ptr, next_w_ptr, res_ptr, h_out_ptr, x_out_ptr,
@@ -144,9 +144,9 @@ def boundary_triton(y, h, w, *, eps, group=None):
 
 
 # ---- CuTe DSL: the same one-row-per-CTA kernel, with 16-byte accesses ------------------------------
-# The kernel (workbench/variants/_cute_boundary.py) imports cutlass, so it is imported by the variant's
+# The kernel (workbench/variants/kernels/cute_boundary.py) imports cutlass, so it is imported by the variant's
 # first call; the variant is registered either way and the registry reports the backend as unavailable.
-from workbench.variants._cute_common import vector_rows_supported  # noqa: E402
+from workbench.variants.kernels.cute_common import vector_rows_supported  # noqa: E402
 
 _CUTE_MAX_HIDDEN = 16384  # the row stays in registers between the two norms
 # Threads per row; 20 warps give one vector per thread at hidden 5120 (beam-501b).
@@ -155,7 +155,7 @@ _BOUNDARY_CUTE_CONFIGS = [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16},
 
 def _boundary_cute_at(y, h, w, *, eps, group=None, num_warps=4):
     y = _reduced(y, group)
-    from workbench.variants import _cute_boundary
+    from workbench.variants.kernels import cute_boundary as _cute_boundary
 
     return _cute_boundary.boundary(y, h, w["post_norm"], w["next_norm"], w["residual"], eps=eps, num_warps=num_warps)
 

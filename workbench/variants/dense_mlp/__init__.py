@@ -7,7 +7,7 @@ Contract: `dense_mlp(x, w) -> y`; x [N, hidden]; w {"gate_proj", "up_proj": [ff,
 from beam_model.functional import swiglu
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
 @register("dense_mlp", "torch", "torch")
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 try:  # the Triton variants are registered either way; the registry reports a missing triton
-    from workbench.variants import _triton_gemv
+    from workbench.variants.kernels import gemv as _triton_gemv
 except ImportError:
     _triton_gemv = None
 
@@ -72,7 +72,7 @@ def dense_mlp_triton(x, w, cfg=ACT_CONFIGS[0]):
     return F.linear(_triton_gemv.silu_mul(F.linear(x, w["gate_up"]), cfg), w["down"])
 
 
-from workbench.variants._triton_common import gemv_config as _cfg  # noqa: E402
+from workbench.variants.kernels.triton_common import gemv_config as _cfg  # noqa: E402
 
 # One config drives both GEMVs (TP8: gate/up 5120 -> 2x2560 rows, down 2560 -> 5120 rows). FMA for
 # M = 1-4, tl.dot with M padded to 16 for M = 8-16, tiled tl.dot for M = 64 and prefill.

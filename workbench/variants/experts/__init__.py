@@ -17,7 +17,7 @@ import torch
 from beam_model.functional import swiglu
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 DENSE_MAX_TOKENS = 256
 
@@ -99,7 +99,7 @@ declare(PointSpec(
 ))
 
 
-# ---- triton: fused MoE, two kernels per path (workbench/variants/_triton_moe.py) -----------------
+# ---- triton: fused MoE, two kernels per path (workbench/variants/kernels/moe.py) -----------------
 # The kernels are imported on the first call: this module must import without triton, and under the
 # CPU interpreter TRITON_INTERPRET must be set before they are defined. A config's "path" forces
 # GEMV (few pairs: reads only the selected experts) or grouped (tensor-core GEMMs over pairs sorted
@@ -150,7 +150,7 @@ def _triton_supports(wl):
 
 
 def _triton_config_supports(config, wl):
-    from workbench.variants._triton_moe import GEMV_HARD_MAX_PAIRS  # kernels: imported on use
+    from workbench.variants.kernels.moe import GEMV_HARD_MAX_PAIRS  # kernels: imported on use
 
     pairs = wl.tokens * wl.config.num_experts_per_tok
     if config["path"] == "gemv" and pairs > GEMV_HARD_MAX_PAIRS:
@@ -160,7 +160,7 @@ def _triton_config_supports(config, wl):
 
 def _triton_at(config=None):
     def experts_triton(x, ids, weights, w):
-        from workbench.variants._triton_moe import fused_experts
+        from workbench.variants.kernels.moe import fused_experts
 
         return fused_experts(x, ids, weights, w, config)
     return experts_triton

@@ -155,7 +155,7 @@ def _experts_at(x, ids, weights, w, *, tile, gemm1_n, swizzle, gemm2_n, cluster_
     from flashinfer.fused_moe.cute_dsl.sm90_contiguous_gather_grouped_gemm_act_fusion import (
         sm90_contiguous_gather_grouped_gemm_act_fusion as gemm1)
 
-    from workbench.variants._triton_moe import combine
+    from workbench.variants.kernels.moe import combine
 
     n, top_k = ids.shape
     if n == 0:

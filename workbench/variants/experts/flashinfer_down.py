@@ -19,7 +19,7 @@ import functools
 import torch
 
 from workbench.registry import register
-from workbench.variants.experts__flashinfer import Routing, cluster_supports, cute_moe_limits, down_rows
+from workbench.variants.experts.flashinfer import Routing, cluster_supports, cute_moe_limits, down_rows
 
 MIN_TOKENS = 1024
 
@@ -55,7 +55,7 @@ def routing_of(sorted_pairs: torch.Tensor, block_expert: torch.Tensor, n_pairs: 
 
 
 def _experts_at(x, ids, weights, w, *, tile, BLOCK_N, BLOCK_K, num_warps, num_stages, gemm2_n, cluster_n):
-    from workbench.variants._triton_moe import checked_weights, combine, grouped_gate_up
+    from workbench.variants.kernels.moe import checked_weights, combine, grouped_gate_up
 
     wg, wu, _ = checked_weights(w, "experts:flashinfer_down", down=False)  # FlashInfer reads down as it is
     n, top_k = ids.shape

@@ -15,7 +15,7 @@ from workbench.registry import register
 
 
 def _supports(wl):
-    from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
 
     if not hasattr(torch, "_grouped_mm"):
         return f"experts:grouped_mm needs torch._grouped_mm (torch >= 2.8), not torch {torch.__version__}"
@@ -28,7 +28,7 @@ def _supports(wl):
 
 @register("experts", "grouped_mm", "triton", supports=_supports)
 def experts_grouped_mm(x, ids, weights, w):
-    from workbench.variants._triton_moe_grouped_mm import combine_sorted, swiglu
+    from workbench.variants.kernels.moe_grouped_mm import combine_sorted, swiglu
 
     n, top_k = ids.shape
     if n == 0:

@@ -109,7 +109,7 @@ def sort_pairs(ids: torch.Tensor, n_experts: int):
 
 def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, down_m, down_n, down_pingpong,
                 down_cluster_m):
-    from workbench.variants._triton_moe_grouped_mm import combine_sorted, swiglu
+    from workbench.variants.kernels.moe_grouped_mm import combine_sorted, swiglu
 
     n, top_k = ids.shape
     if n == 0:

@@ -24,7 +24,7 @@ import importlib.util
 import torch
 
 from workbench.registry import register
-from workbench.variants import experts__quack as quack_moe
+from workbench.variants.experts import quack as quack_moe
 
 # gated: M x N tile over the [gate; up] columns (N a multiple of 32 for the gated epilogue), pingpong,
 # CTA cluster along M, quack's dynamic persistent scheduler; down: as experts:quack's. The H200 probe of
@@ -105,7 +105,7 @@ def gated_gemm(x, gate_up, cu_seqlens, a_idx, config):
 
 def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, gu_dynamic, down_m, down_n,
                 down_pingpong, down_cluster_m):
-    from workbench.variants._triton_moe_grouped_mm import combine_sorted
+    from workbench.variants.kernels.moe_grouped_mm import combine_sorted
 
     n, top_k = ids.shape
     if n == 0:

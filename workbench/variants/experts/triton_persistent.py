@@ -5,7 +5,7 @@ only at decode. A module of its own so that the locks holding other experts vari
 """
 
 from workbench.registry import register
-from workbench.variants.experts__triton_rows import decode_supports, gemv_or_grouped
+from workbench.variants.experts.triton_rows import decode_supports, gemv_or_grouped
 
 # BLOCK_N gate/up rows and DOWN_BLOCK_N hidden rows (of all top_k experts) a unit, PER_SM programs on
 # each SM. The tiles are experts:triton_rows' decode lock's (1 row at 8 warps, 2 rows). Compiled for
@@ -20,7 +20,7 @@ CONFIGS = [
 
 
 def _persistent():
-    from workbench.variants._triton_moe_persistent import fused_experts_persistent
+    from workbench.variants.kernels.moe_persistent import fused_experts_persistent
     return fused_experts_persistent
 
 

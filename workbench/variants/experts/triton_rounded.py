@@ -11,7 +11,7 @@ GROUPED_CONFIGS = [c for c in TRITON_CONFIGS if c["path"] == "grouped"]
 
 
 def _supports(wl):
-    from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
 
     if wl.dtype not in ("bf16", "fp16", "fp32"):
         return f"experts:triton_rounded takes bf16, fp16 or fp32 weights, not {wl.dtype}"
@@ -22,7 +22,7 @@ def _supports(wl):
 
 def _at(config=None):
     def experts_triton_rounded(x, ids, weights, w):
-        from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
+        from workbench.variants.kernels.moe import GEMV_MAX_PAIRS, fused_experts
 
         if ids.numel() <= GEMV_MAX_PAIRS:  # decode: the GEMV path keeps no per-pair rows
             return fused_experts(x, ids, weights, w, {"pdl": bool(config and config.get("pdl"))})

@@ -25,7 +25,7 @@ CONFIGS = [
 def decode_supports(variant: str):
     """The `supports` of a decode-GEMV experts variant: a float dtype, at most GEMV_MAX_PAIRS routed pairs."""
     def supports(wl):
-        from workbench.variants._triton_moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+        from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
 
         if wl.dtype not in ("bf16", "fp16", "fp32"):
             return f"experts:{variant} takes bf16, fp16 or fp32 weights, not {wl.dtype}"
@@ -39,7 +39,7 @@ def gemv_or_grouped(config: dict, kernel):
     """The variant at `config`: `kernel()` (a function the kernels' module gives on first call) for up
     to GEMV_MAX_PAIRS routed pairs, experts:triton's own choice by size past them."""
     def experts(x, ids, weights, w):
-        from workbench.variants._triton_moe import GEMV_MAX_PAIRS, fused_experts
+        from workbench.variants.kernels.moe import GEMV_MAX_PAIRS, fused_experts
 
         if ids.numel() > GEMV_MAX_PAIRS:  # static shape dispatch: graph-safe
             return fused_experts(x, ids, weights, w, {"pdl": bool(config.get("pdl"))})
@@ -48,7 +48,7 @@ def gemv_or_grouped(config: dict, kernel):
 
 
 def _config_supports(config, wl):
-    from workbench.variants._triton_moe_rows import MAX_ELEMENTS_PER_THREAD, elements_per_thread
+    from workbench.variants.kernels.moe_rows import MAX_ELEMENTS_PER_THREAD, elements_per_thread
 
     c = wl.config
     per_thread = elements_per_thread(config, c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok)
@@ -59,7 +59,7 @@ def _config_supports(config, wl):
 
 
 def _rows():
-    from workbench.variants._triton_moe_rows import fused_experts_rows
+    from workbench.variants.kernels.moe_rows import fused_experts_rows
     return fused_experts_rows
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from beam_model.functional import rms_norm, soft_cap
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
 @register("head", "torch", "torch")
@@ -63,7 +63,7 @@ import os
 
 import torch
 
-from workbench.variants._triton_common import jit as _jit, pdl_enter, pdl_launch, tl, triton  # noqa: E402
+from workbench.variants.kernels.triton_common import jit as _jit, pdl_enter, pdl_launch, tl, triton  # noqa: E402
 
 
 @_jit

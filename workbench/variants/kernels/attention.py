@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels.arrivals import arrival_counters
+from workbench.variants.kernels.triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256   # one [rows, head_dim] FP32 accumulator per program must fit in registers

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants import _triton_attention as attn
-from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels import attention as attn
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
 
 
 @triton.jit

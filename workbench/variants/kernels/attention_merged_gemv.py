@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants import _triton_attention as attn
-from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels import attention as attn
+from workbench.variants.kernels.arrivals import arrival_counters
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
 
 MAX_SPLITS = 64  # one [splits, head_dim] FP32 tile per program: a [64, 128] one is 64 registers a thread
 

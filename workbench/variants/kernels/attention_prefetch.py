@@ -20,11 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants import _triton_attention as base
-from workbench.variants._triton_attention import (MERGE_BLOCK_D, MERGE_MAX_SPLITS, MIN_DOT, PV_UNSCALE, _dot,
+from workbench.variants.kernels import attention as base
+from workbench.variants.kernels.attention import (MERGE_BLOCK_D, MERGE_MAX_SPLITS, MIN_DOT, PV_UNSCALE, _dot,
                                                    _kv_rows, _normalised, _softmax_block, _v_block)
-from workbench.variants._triton_attention_out import merge_gate
-from workbench.variants._triton_common import INTERPRETED, pdl_launch, pdl_release, pdl_wait, round_to
+from workbench.variants.kernels.attention_gated_merge import merge_gate
+from workbench.variants.kernels.triton_common import INTERPRETED, pdl_launch, pdl_release, pdl_wait, round_to
 
 
 @triton.jit

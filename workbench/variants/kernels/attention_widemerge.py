@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants import _triton_attention_prefetch as prefetch
-from workbench.variants._triton_attention_out import gate_store
-from workbench.variants._triton_attention_out_merged import _merge_one_tile
-from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels import attention_prefetch as prefetch
+from workbench.variants.kernels.attention_gated_merge import gate_store
+from workbench.variants.kernels.attention_merged_gemv import _merge_one_tile
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
 
 MAX_MERGE_SPLITS = 1024  # splits one merge tile holds: [1024, 8] FP32 is 64 registers a thread at 4 warps
 

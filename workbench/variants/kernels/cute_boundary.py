@@ -23,7 +23,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import from_dlpack
 
-from workbench.variants._cute_common import VEC
+from workbench.variants.kernels.cute_common import VEC
 
 ALIGN = 16
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels.triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
 
 # The interpreter's tl.dot multiplies 16-bit floats as raw bits, so interpreted dots take exact FP32
 # operands; its truncating FP32 -> BF16 cast is handled by `round_to` (both: see _triton_common).

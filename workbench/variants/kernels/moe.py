@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels.arrivals import arrival_counters
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
 
 GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
 GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group

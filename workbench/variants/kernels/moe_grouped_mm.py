@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._triton_moe import _swiglu_store, combine
+from workbench.variants.kernels.moe import _swiglu_store, combine
 
 
 @triton.jit

@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._arrivals import arrival_counters
-from workbench.variants._triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
-from workbench.variants._triton_moe import _swiglu_store
-from workbench.variants._triton_moe_rows import _down_tiles, _gate_up_tiles, decode_operands, pieces
+from workbench.variants.kernels.arrivals import arrival_counters
+from workbench.variants.kernels.triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels.moe import _swiglu_store
+from workbench.variants.kernels.moe_rows import _down_tiles, _gate_up_tiles, decode_operands, pieces
 
 BOTH = 3  # PHASES: gate/up, barrier, down in one launch
 

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.variants._triton_common import pdl_enter, pdl_launch, round_to
-from workbench.variants._triton_moe import _gate_up_gemv, _swiglu_store, checked_weights
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
+from workbench.variants.kernels.moe import _gate_up_gemv, _swiglu_store, checked_weights
 
 # Registers: a config is only run where each thread's share of the largest tile (bf16 weight elements)
 # stays under this; past it the kernel spills and streams slower (runs/sm90-resources-experts/).

@@ -14,7 +14,7 @@ Returns q_out [N, heads, hd] in the model dtype.
 from beam_model.functional import apply_rope, rms_norm, rope_cos_sin, ssmax_scale
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand, layer_kwargs, paged_kv
+from workbench.variants.inputs import DTYPE_BYTES, Rand, layer_kwargs, paged_kv
 
 
 @register("qk_prep", "torch", "torch")
@@ -70,12 +70,12 @@ import functools
 import numpy as np
 import torch
 
-from workbench.variants._triton_common import pdl_launch, triton
+from workbench.variants.kernels.triton_common import pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
 
-    from workbench.variants._triton_common import pdl_enter, round_to
+    from workbench.variants.kernels.triton_common import pdl_enter, round_to
 
     @triton.jit
     def _norm_weight(w_ptr, HD: tl.constexpr, HALF: tl.constexpr):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
 @register("qkvg_proj", "torch", "torch")
@@ -49,7 +49,7 @@ import functools  # noqa: E402
 import torch  # noqa: E402
 
 try:  # the Triton variant is registered either way; the registry reports a missing triton
-    from workbench.variants import _triton_gemv
+    from workbench.variants.kernels import gemv as _triton_gemv
 except ImportError:
     _triton_gemv = None
 
@@ -75,7 +75,7 @@ def qkvg_packed(x, w):
     return tuple(outs)
 
 
-from workbench.variants._triton_common import gemv_config as _cfg  # noqa: E402
+from workbench.variants.kernels.triton_common import gemv_config as _cfg  # noqa: E402
 
 # Tuned for TP8 (5120 -> 1792 rows): FMA GEMVs for M = 1-4 (224-560 CTAs, so 132 SMs keep enough
 # weight loads in flight), tl.dot with M padded to 16 for M = 8-16, tiled tl.dot for M = 64 and prefill.
@@ -108,9 +108,9 @@ def qkvg_triton(x, w, cfg=GEMV_CONFIGS[0]):
 
 # ---- CuTe DSL GEMV: decode (1-16 tokens) on the packed weight ----------------------------------------
 
-# The kernel (workbench/variants/_cute_gemv.py) imports cutlass, so it is imported by the variant's
+# The kernel (workbench/variants/kernels/cute_gemv.py) imports cutlass, so it is imported by the variant's
 # first call; the variant is registered either way and the registry reports the backend as unavailable.
-from workbench.variants._cute_common import vector_rows_supported  # noqa: E402
+from workbench.variants.kernels.cute_common import vector_rows_supported  # noqa: E402
 
 _CUTE_MAX_TOKENS = 16  # the per-lane FP32 sums (tokens x rows per warp) are registers
 # W rows per warp, warps per CTA, W vectors per lane per step. At TP8 (1792 x 5120) a lane has 20
@@ -129,7 +129,7 @@ def _qkvg_cute_at(x, w, **cfg):
     on the same packed weight (`packed`), so a decode-searched lock also serves prefill steps."""
     if x.shape[0] > _CUTE_MAX_TOKENS:
         return qkvg_packed(x, w)
-    from workbench.variants import _cute_gemv
+    from workbench.variants.kernels import cute_gemv as _cute_gemv
 
     return _cute_gemv.linear(x, w["qkvg"], w["sizes"], **cfg)
 

@@ -15,7 +15,7 @@ import torch
 
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
 @register("route", "torch", "torch")
@@ -133,8 +133,8 @@ declare(PointSpec(
 
 import os
 
-from workbench.variants._arrivals import arrival_counters  # noqa: E402
-from workbench.variants._triton_common import jit as _jit, pdl_enter, pdl_launch, tl, triton  # noqa: E402
+from workbench.variants.kernels.arrivals import arrival_counters  # noqa: E402
+from workbench.variants.kernels.triton_common import jit as _jit, pdl_enter, pdl_launch, tl, triton  # noqa: E402
 
 ROUTE_GEMV_MAX = 16   # tokens: up to here the FP32 GEMV
 ROUTE_FP32_MAX = 96   # tokens: up to here FP32 tiles; above, tensor cores on the BF16x3 split

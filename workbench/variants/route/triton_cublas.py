@@ -1,4 +1,4 @@
-"""`route:cublas`: at prefill sizes, the FP32 router GEMM as cuBLAS BF16 GEMMs on route:triton's exact
+"""`route:triton_cublas`: at prefill sizes, the FP32 router GEMM as cuBLAS BF16 GEMMs on route:triton's exact
 split of the weight, then route:triton's selection kernel.
 
 The split (`route._route_prepare`) is W = w1 + w2 + w3, each BF16; with BF16 activations every product
@@ -91,9 +91,9 @@ def _at(config=None):
 
 def _supports(wl):
     if wl.dtype != "bf16":
-        return f"route:cublas splits only the weight: its products are exact for BF16 activations, not {wl.dtype}"
+        return f"route:triton_cublas splits only the weight: its products are exact for BF16 activations, not {wl.dtype}"
     if not (hasattr(torch.ops.aten.addmm, "dtype") and hasattr(torch.ops.aten.bmm, "dtype")):
-        return f"route:cublas needs matmuls with out_dtype (torch >= 2.8), not torch {torch.__version__}"
+        return f"route:triton_cublas needs matmuls with out_dtype (torch >= 2.8), not torch {torch.__version__}"
     return True
 
 
@@ -103,5 +103,5 @@ def _config_supports(config, wl):
     return True
 
 
-register("route", "cublas", "triton", prepare=_route_prepare, supports=_supports, configs=CONFIGS,
+register("route", "triton_cublas", "triton", prepare=_route_prepare, supports=_supports, configs=CONFIGS,
          config_supports=_config_supports, configure=_at)(_at())

@@ -13,7 +13,7 @@ import torch
 
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants._inputs import Rand
+from workbench.variants.inputs import Rand
 
 
 @register("sample", "torch", "torch")
@@ -140,7 +140,7 @@ declare(PointSpec(
 #    reference pairs noise with sorted positions and this kernel with vocab positions: the same
 #    distribution, not the same ids.
 
-from workbench.variants._triton_common import jit as _jit, pdl_enter, pdl_launch, tl  # noqa: E402
+from workbench.variants.kernels.triton_common import jit as _jit, pdl_enter, pdl_launch, tl  # noqa: E402
 
 
 @_jit

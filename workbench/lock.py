@@ -23,7 +23,8 @@ import yaml
 from workbench.code_text import code_text, is_config_list
 from workbench.registry import COMPOUNDS, POINTS, REFERENCE, get
 
-SCHEMA = 1
+SCHEMA = 2  # its code keys: the code a variant runs (`source_hash`); schema 1 hashed file bytes
+READABLE = (1, SCHEMA)  # schema 1 locks are read to be shown and to say they must be made again
 ENV_KEYS = ("gpu", "torch", "triton", "flashinfer", "cutlass")  # a difference here invalidates timings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -195,6 +196,7 @@ class Lock:
     end_to_end: dict = field(default_factory=dict)
     command: str = ""
     created: str = ""
+    schema: int = SCHEMA             # the form of its code keys; only SCHEMA's can be verified
 
     # ---- building ----------------------------------------------------------------------
     @staticmethod
@@ -216,7 +218,7 @@ class Lock:
 
     # ---- (de)serialisation -------------------------------------------------------------
     def _body(self) -> dict:
-        body = {"schema": SCHEMA, "created": self.created, "command": self.command, "model": self.model,
+        body = {"schema": self.schema, "created": self.created, "command": self.command, "model": self.model,
                 "target": self.target, "environment": self.environment, "points": self.points,
                 "end_to_end": self.end_to_end}
         return json.loads(json.dumps(body, default=str))  # plain types only (versions are str subclasses)
@@ -246,7 +248,7 @@ class Lock:
         missing = [k for k in ("schema", "model", "target", "environment", "points", "digest") if k not in raw]
         if missing:
             raise LockError(f"{path} lacks the fields {missing}")
-        if raw["schema"] != SCHEMA:
+        if raw["schema"] not in READABLE:
             raise LockError(f"{path} has lock schema {raw['schema']}, this workbench reads {SCHEMA}")
         if not isinstance(raw["points"], dict):
             raise LockError(f"{path}: 'points' must map fusion points to entries")
@@ -255,7 +257,7 @@ class Lock:
                 raise LockError(f"{path}: point {point!r} has no variant")
         lock = cls(model=raw["model"], target=raw["target"], environment=raw["environment"],
                    points=raw["points"], end_to_end=raw.get("end_to_end") or {},
-                   command=raw.get("command", ""), created=raw.get("created", ""))
+                   command=raw.get("command", ""), created=raw.get("created", ""), schema=raw["schema"])
         problems = []
         if cls._digest(lock._body()) != raw["digest"]:
             problems.append("lock contents were edited after it was written (digest mismatch)")
@@ -296,6 +298,10 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
     """Re-check a lock: its digest, every point's variant and source hash, the environment, the gates."""
     lock, problems = Lock.load(path)
     notes = []
+    if lock.schema != SCHEMA:
+        problems.append(f"lock schema {lock.schema}: its code keys hash the files of the tree it was made on, "
+                        f"which this workbench (schema {SCHEMA}) does not compute; make it again on its device "
+                        f"(`workbench optimize` with the lock's command) to verify it")
     for point, e in lock.points.items():
         if point not in POINTS:
             continue
@@ -305,8 +311,10 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
         except KeyError as err:
             problems.append(f"{point}: {err.args[0]}")
             continue
+        if lock.schema != SCHEMA:  # its keys are of another form: nothing to compare them with
+            continue
         if now != e.get("source_hash"):
-            files = e.get("source_files")  # locks written before it was recorded name the module only
+            files = e.get("source_files")
             where = _changed_files(files, source_files(point, e["variant"])) if isinstance(files, dict) else None
             changed = f"source of {e['variant']} ({e.get('source')}) changed (locked {e.get('source_hash')}, " \
                       f"now {now})" + (f": {where}" if where else "")

@@ -96,7 +96,7 @@ def judge(path: str, task: Task, *, work_dir: str) -> Verdict:
         os.remove(res_path)
     with open(req_path, "w") as f:
         json.dump(request, f, indent=1, default=str)
-    ran = worker.run(["judge", req_path, res_path], timeout=task.timeout_s, mem_bytes=task.mem_bytes,
+    ran = worker.run(f"{__name__}:worker_main", [req_path, res_path], timeout=task.timeout_s, mem_bytes=task.mem_bytes,
                      device=task.device, log_path=os.path.join(work_dir, "worker.log"))
     result = None
     if os.path.isfile(res_path):
@@ -228,7 +228,7 @@ def checked_timing(variant, workload, *, device, seed_base: int, timing: dict, r
 
 
 def worker_main(request_path: str, result_path: str) -> int:
-    """The `judge` mode of `python -m workbench.agent.worker`: load, gate, time; write the result."""
+    """The worker side of `judge` (in `python -m workbench.agent.worker`): load, gate, time; write the result."""
     with open(request_path) as f:
         req = json.load(f)
     result: dict = {"stage": "start"}

@@ -1,13 +1,13 @@
 """Candidate code runs here, in a child process with a time limit and a memory limit.
 
-Parent side: `run(argv, ...)` starts `python -m workbench.agent.worker ARGV` in its own process
-group, kills the group at the time limit or when its resident memory passes the limit, and returns
-an `Exit` that says what happened (exit code, the signal that killed it, time, the log's tail). A
-crash, hang, CUDA error or illegal memory access in the candidate ends the child, never the
-workbench. Child side, two modes:
-- `judge REQUEST.json RESULT.json`: load the candidate file, gate it, time it (`checked_timing`)
-  against the incumbent and write the result JSON (`workbench.agent.judge` builds the request);
-- `command NAME ARGS.json`: run a CLI command (`check`, `bench`) with plugin directories loaded.
+Parent side: `run(entry, args, ...)` starts `python -m workbench.agent.worker MODULE:FUNCTION ARGS`
+in its own process group, kills the group at the time limit or when its resident memory passes the
+limit, and returns an `Exit` that says what happened (exit code, the signal that killed it, time,
+the log's tail). A crash, hang, CUDA error or illegal memory access in the candidate ends the
+child, never the workbench. Child side: `main` limits memory, then calls FUNCTION(*ARGS) of MODULE
+and exits with its return value. The caller names the entry point (`judge.worker_main` gates and
+times a candidate; `commands.common.command_in_worker` runs a CLI command with plugin directories
+loaded), so this module imports none of its callers.
 The child limits its own address space (RLIMIT_AS) on CPU runs; CUDA reserves far more address
 space than it uses, so on the GPU the parent's resident-memory watch is the limit.
 """
@@ -15,7 +15,7 @@ space than it uses, so on the GPU the parent's resident-memory watch is the limi
 from __future__ import annotations
 
 import collections
-import json
+import importlib
 import os
 import signal
 import subprocess
@@ -64,12 +64,14 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, mem_bytes: int = DEFAULT_MEM_BYTES,
+def run(entry: str, args: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, mem_bytes: int = DEFAULT_MEM_BYTES,
         device: str = "cpu", log_path: str | None = None, forward: bool = False) -> Exit:
-    """Run `python -m workbench.agent.worker *argv` isolated. Output goes to `log_path`, or with
-    `forward` to this process's stdout/stderr as it comes."""
+    """Run `entry` ("module:function") on the string `args` in an isolated worker. Output goes to
+    `log_path`, or with `forward` to this process's stdout/stderr as it comes."""
+    if entry.count(":") != 1:
+        raise ValueError(f"a worker entry point is 'module:function', not {entry!r}")
     env = {**os.environ, INSIDE: "1", MEM_ENV: str(mem_bytes) if device.split(":")[0] == "cpu" else ""}
-    cmd = [sys.executable, "-m", "workbench.agent.worker", *argv]
+    cmd = [sys.executable, "-m", "workbench.agent.worker", entry, *args]
     tail: collections.deque[str] = collections.deque(maxlen=40)
     log = open(log_path, "w") if log_path else None
     started = time.monotonic()
@@ -138,58 +140,15 @@ def _limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (n, n))
 
 
-def _command(name: str, args_path: str) -> int:
-    import argparse
-
-    from workbench.agent import plugins
-    from workbench.cli import COMMANDS
-    import importlib
-
-    with open(args_path) as f:
-        args = argparse.Namespace(**json.load(f))
-    plugins.load_dirs(args.dir)
-    return importlib.import_module(COMMANDS[name]).run(args) or 0
-
-
 def main(argv: list[str]) -> int:
+    """`MODULE:FUNCTION ARG...`: FUNCTION(*ARGs) of MODULE, after the memory limit; its return value
+    is the exit code."""
+    if not argv or argv[0].count(":") != 1:
+        print("usage: python -m workbench.agent.worker MODULE:FUNCTION [ARG...]", file=sys.stderr)
+        return 2
     _limit_memory()
-    if argv[:1] == ["judge"] and len(argv) == 3:
-        from workbench.agent.judge import worker_main
-
-        return worker_main(argv[1], argv[2])
-    if argv[:1] == ["command"] and len(argv) == 3:
-        try:
-            return _command(argv[1], argv[2])
-        except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-            print(f"error: {msg}", file=sys.stderr)
-            return 2
-    print("usage: python -m workbench.agent.worker judge REQUEST.json RESULT.json | command NAME ARGS.json",
-          file=sys.stderr)
-    return 2
-
-
-def run_command(name: str, args, *, timeout: float = DEFAULT_TIMEOUT_S, mem_bytes: int = DEFAULT_MEM_BYTES) -> int:
-    """A CLI command (`args` its parsed Namespace, `args.dir` its plugin directories) re-run in a
-    worker; its output is forwarded. A dead worker prints why and returns 1."""
-    import tempfile
-
-    from workbench.agent.plugins import plugin_dirs
-
-    fields = {**vars(args), "dir": plugin_dirs(getattr(args, "dir", None))}
-    with tempfile.TemporaryDirectory(prefix="workbench-worker-") as tmp:
-        path = os.path.join(tmp, "args.json")
-        with open(path, "w") as f:
-            json.dump(fields, f, default=str)
-        device = str(getattr(args, "device", None) or "cpu")
-        result = run(["command", name, path], timeout=timeout, mem_bytes=mem_bytes, device=device, forward=True)
-    if result.returncode is not None and result.returncode >= 0 and not result.killed:
-        return result.returncode
-    if getattr(args, "json", False):
-        print(json.dumps({"passed": False, "error": result.reason, "worker": result.to_dict()}, indent=2))
-    else:
-        print(f"error: plugin variants from {', '.join(fields['dir'])}: {result.reason}", file=sys.stderr)
-    return 1
+    module, function = argv[0].split(":")
+    return getattr(importlib.import_module(module), function)(*argv[1:]) or 0
 
 
 if __name__ == "__main__":

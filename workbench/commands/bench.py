@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from workbench.commands.common import DTYPES, print_json, resolve_device
+from workbench.commands.common import DTYPES, print_json, resolve_device, run_in_worker
 
 
 def add_arguments(p) -> None:
@@ -152,7 +152,7 @@ def run(args) -> int:
     from workbench.points import Workload
 
     if plugins.plugin_dirs(args.dir) and not worker.inside_worker():
-        return worker.run_command("bench", args)  # plugin code runs only in a worker process
+        return run_in_worker("bench", args)  # plugin code runs only in a worker process
 
     device = resolve_device(args.device)
     graph = device.type == "cuda" if args.graph is None else args.graph

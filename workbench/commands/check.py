@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from workbench.commands.common import print_json
+from workbench.commands.common import print_json, run_in_worker
 from workbench.dtypes import DTYPES, dtype_of
 
 
@@ -126,7 +126,7 @@ def run(args) -> int:
     from workbench.agent import plugins, worker
 
     if plugins.plugin_dirs(args.dir) and not worker.inside_worker():
-        return worker.run_command("check", args)  # plugin code runs only in a worker process
+        return run_in_worker("check", args)  # plugin code runs only in a worker process
     t0 = time.perf_counter()
     rows = gate_all(args)
     failed = [r for r in rows if r["status"] == "fail"]

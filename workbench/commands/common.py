@@ -45,3 +45,51 @@ def load_model(args, variants: dict | None = None):
 
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
+
+
+def run_in_worker(name: str, args) -> int:
+    """Command `name` (`args` its parsed Namespace, `args.dir` its plugin directories) re-run in a
+    worker process, where plugin code may run; its output is forwarded. A dead worker prints why
+    and returns 1."""
+    import os
+    import sys
+    import tempfile
+
+    from workbench.agent import worker
+    from workbench.agent.plugins import plugin_dirs
+
+    fields = {**vars(args), "dir": plugin_dirs(getattr(args, "dir", None))}
+    with tempfile.TemporaryDirectory(prefix="workbench-worker-") as tmp:
+        path = os.path.join(tmp, "args.json")
+        with open(path, "w") as f:
+            json.dump(fields, f, default=str)
+        device = str(getattr(args, "device", None) or "cpu")
+        result = worker.run(f"{__name__}:command_in_worker", [name, path], device=device, forward=True)
+    if result.returncode is not None and result.returncode >= 0 and not result.killed:
+        return result.returncode
+    if getattr(args, "json", False):
+        print_json({"passed": False, "error": result.reason, "worker": result.to_dict()})
+    else:
+        print(f"error: plugin variants from {', '.join(fields['dir'])}: {result.reason}", file=sys.stderr)
+    return 1
+
+
+def command_in_worker(name: str, args_path: str) -> int:
+    """The worker side of `run_in_worker`: command `name` on the arguments saved at `args_path`, with
+    their plugin directories loaded."""
+    import argparse
+    import importlib
+    import sys
+
+    from workbench.agent import plugins
+    from workbench.cli import COMMANDS
+
+    with open(args_path) as f:
+        args = argparse.Namespace(**json.load(f))
+    try:
+        plugins.load_dirs(args.dir)
+        return importlib.import_module(COMMANDS[name]).run(args) or 0
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"error: {msg}", file=sys.stderr)
+        return 2

@@ -4,7 +4,8 @@
 import pytest
 
 from beam_model.config import BeamConfig
-from workbench.profiler.trace import device_work, summarize
+from workbench.profiler.attribution import summarize
+from workbench.profiler.trace import device_work
 
 
 def _event(cat, name, ts, dur, tid=1, **args):

@@ -35,7 +35,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     if args.from_trace:
         from beam_model.config import BeamConfig
-        from workbench.profiler.trace import load, summarize
+        from workbench.profiler.attribution import summarize
+        from workbench.profiler.trace import load
 
         if not args.preset:
             raise ValueError("--from-trace needs --preset: the model the trace was taken on")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -116,6 +116,22 @@ def _trace_events(prof, trace_path: str | None) -> list[dict]:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         return load(path)
+
+
+def summarize(events: list[dict], config) -> dict:
+    """A saved trace's kernels per layer (median by layer kind), kernels / device us per fusion point, and
+    device idle; `config` is the model the trace was taken on."""
+    ranges, all_work = device_work(events)
+    per_layer, per_point = defaultdict(list), defaultdict(list)
+    for name, work in ranges:
+        if name.startswith(LAYER_RANGE):
+            per_layer[layer_kind(config, int(name[len(LAYER_RANGE):]))].append(len(work))
+        else:
+            per_point[name[len(POINT_RANGE):]].extend(work)
+    return {"kernels_per_step": len(all_work), "device_us": sum(us for _, us in all_work),
+            "idle": device_idle(events),
+            "kernels_per_layer": {k: statistics.median(v) for k, v in sorted(per_layer.items())},
+            "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}
 
 
 def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | None = None) -> Profile:

@@ -6,7 +6,7 @@ carry no External id, so the op tree shows them under no range: a Triton build l
 kernels per layer. Here every launch event (runtime or driver API) is joined to its kernel by
 correlation id and placed in the fusion-point and layer ranges whose CPU interval holds it.
 
-`workbench profile --from-trace TRACE[.gz] --preset P` re-attributes a saved trace.
+`attribution.summarize` (`workbench profile --from-trace TRACE[.gz] --preset P`) re-attributes a saved trace.
 Never runs a model; reads the trace only.
 """
 
@@ -15,8 +15,6 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import statistics
-from collections import defaultdict
 
 from workbench.profiler.ranges import LAYER_RANGE, POINT_RANGE
 
@@ -49,23 +47,6 @@ def device_work(events: list[dict]) -> tuple[list[tuple[str, list[tuple[str, flo
 def layer_kind(config, index: int) -> str:
     return ("full" if config.layer_types[index] == "full_attention" else "sliding") + \
            ("+moe" if config.is_moe_layer(index) else "+dense")
-
-
-def summarize(events: list[dict], config) -> dict:
-    """Kernels per layer (median by layer kind), kernels / device us per fusion point, device idle."""
-    ranges, all_work = device_work(events)
-    per_layer, per_point = defaultdict(list), defaultdict(list)
-    for name, work in ranges:
-        if name.startswith(LAYER_RANGE):
-            per_layer[layer_kind(config, int(name[len(LAYER_RANGE):]))].append(len(work))
-        else:
-            per_point[name[len(POINT_RANGE):]].extend(work)
-    from workbench.profiler.idle import device_idle  # here: idle imports this module's categories
-
-    return {"kernels_per_step": len(all_work), "device_us": sum(us for _, us in all_work),
-            "idle": device_idle(events),
-            "kernels_per_layer": {k: statistics.median(v) for k, v in sorted(per_layer.items())},
-            "points": {p: {"kernels": len(w), "us": sum(us for _, us in w)} for p, w in sorted(per_point.items())}}
 
 
 ANONYMOUS = "(anonymous namespace)"

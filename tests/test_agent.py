@@ -77,8 +77,9 @@ def test_scaffold_of_every_point_is_clean_and_inlines_the_reference():
 
 def test_plugin_name_clash_is_a_clear_error(tmp_path):
     clash = tmp_path / "boundary__clash.py"
-    clash.write_text(scaffold.render("boundary", "clash", "torch").replace('"boundary", "clash"', '"boundary", "torch"'))
-    with pytest.raises(plugins.PluginError, match=r"registers boundary:torch, which .*boundary\.py already"):
+    source = scaffold.render("boundary", "clash", "torch")
+    clash.write_text(source.replace('"boundary", "clash"', '"boundary", "torch"'))
+    with pytest.raises(plugins.PluginError, match=r"registers boundary:torch, which .*boundary\S*\.py already"):
         plugins.load_file(str(clash))
     ok = tmp_path / "boundary__fine.py"
     ok.write_text(scaffold.render("boundary", "fine", "torch"))

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 import torch.utils.deterministic
-
 from planted import PLANTED, planted
+
 from workbench import registry
 from workbench.gates import CheckResult, GateReport, capture_calls, model_gate, op_gate
 from workbench.points import LAYER_DEPENDENT, Workload, leaves, spec
@@ -235,7 +235,8 @@ def test_worst_element_scales_by_its_row_where_rows_differ_in_size():
 
     wrong = ref.clone()
     wrong[1, 7] += 0.5
-    assert _worst_element(wrong, ref) == (pytest.approx(0.5 / (ref[1, 7].abs().item() + ref[1].square().mean().sqrt().item())), (1, 7))
+    row_rms = ref[1].square().mean().sqrt().item()
+    assert _worst_element(wrong, ref) == (pytest.approx(0.5 / (ref[1, 7].abs().item() + row_rms)), (1, 7))
     assert _worst_element(wrong, ref)[0] > limit
     dropped = ref.clone()
     dropped[100] = 0.0
@@ -245,7 +246,8 @@ def test_worst_element_scales_by_its_row_where_rows_differ_in_size():
     nan[3, 3] = math.nan
     assert math.isnan(_worst_element(nan, ref)[0])
     flat = ref.flatten()  # one dimension: the output's RMS alone
-    assert _worst_element(flat + 1.0, flat)[0] == pytest.approx((1.0 / (flat.abs() + flat.square().mean().sqrt())).max().item())
+    expected = (1.0 / (flat.abs() + flat.square().mean().sqrt())).max().item()
+    assert _worst_element(flat + 1.0, flat)[0] == pytest.approx(expected)
 
 
 def test_one_wrong_vector_in_a_large_output_fails_its_worst_element():

@@ -83,8 +83,8 @@ def test_profile_command_writes_each_points_cost_in_the_step(tmp_path, capsys):
 
 
 def test_the_in_step_table_cuts_no_name_and_no_number_at_80_columns():
-    """The H200 run of the decode lock (runs/decode-b1-step-ablation-tp8/in-step-session38/): its group of
-    every point but the experts once squeezed every number column to an ellipsis."""
+    """The H200 run of the decode lock (runs/decode-b1-step-ablation-tp8/): its group of every point
+    but the experts has the longest name, which must not squeeze a number column to an ellipsis."""
     from pathlib import Path
 
     from rich.console import Console

@@ -114,8 +114,8 @@ def test_optimize_report_says_where_the_locked_step_idled():
 
 
 def test_short_names_drop_return_types_parameters_and_long_template_lists():
-    """Names as the H200's profiler recorded them (runs/bench-attention-tp8/session19-splits/): a
-    templated ATen kernel's name runs to hundreds of characters and wrapped a bench table over 17 lines."""
+    """Names as the H200's profiler records them (runs/bench-attention-tp8/splits/): a templated ATen
+    kernel's name runs to hundreds of characters, which would wrap a bench table over many lines."""
     from workbench import bench
     from workbench.profiler.trace import short_name
 

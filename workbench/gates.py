@@ -36,18 +36,17 @@ from workbench.registry import POINTS, Variant, reference
 
 # The whole build against the reference build at the same dtype (a full-size rank has no room for an
 # FP32 twin), teacher-forced: the candidate build decodes the reference's tokens and its MoE layers
-# use the reference's expert choice. Unforced, a random-weight MoE in BF16 is chaotic: rounding flips
-# near-tied expert choices (~20% of tokens on beam-tiny), each flip moves logits by O(1), and over 52
-# layers a correct build (attention:torch_compile alone) ended > 35% away on beam-501b-tp8. Forced,
-# what is left is smooth rounding error; the candidate's own routing is still computed and must agree
-# with the reference's on most rows (exact routing is the route op gate's job). Sharp in FP32
-# (torch_compile vs reference: ~1e-6 on beam-tiny); in BF16 / FP16 it catches gross faults, precision
-# is the op gate's job.
+# use the reference's expert choice (docs/decisions.md, 5). Unforced, a random-weight MoE in BF16 is
+# chaotic: rounding flips near-tied expert choices, each flip moves logits by O(1), and over all the
+# layers a correct build ends far from the reference. Forced, what is left is smooth rounding error;
+# the candidate's own routing is still computed and must agree with the reference's on most rows
+# (exact routing is the route op gate's job). Sharp in FP32; in BF16 / FP16 it catches gross faults,
+# precision is the op gate's job.
 MODEL_TOLERANCE = {"fp32": 1e-4, "fp16": 0.15, "bf16": 0.35}
 NEAR_TIE = {"fp32": 1e-3, "fp16": 0.5, "bf16": 1.5}  # reference top-2 logit gap below which tokens may differ
-# Rows whose expert set must match the reference's. Correct BF16 builds of beam-501b-tp8 agree on
-# 80-84% of rows (384 near-uniform random experts: upstream rounding flips the 8th choice); a route
-# that picks wrong experts agrees on ~0%.
+# Rows whose expert set must match the reference's. Correct BF16 builds agree on most rows but not
+# all (among many near-uniform random experts, rounding upstream flips the last choice); a route that
+# picks wrong experts agrees on almost none. Half the rows lies well between the two.
 ROUTE_AGREEMENT = {"fp32": 0.99, "fp16": 0.5, "bf16": 0.5}
 
 
@@ -153,11 +152,8 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # Raised whenever a check is added, tightened or relaxed: a search result cached under an older version
-# has its choice and its gate failures gated again before it is reused (workbench.search). 2: each
-# output's worst element. 3: inputs are compared with their values before the weight-layout transform,
-# not after it. 4: an element's error is scaled by its row's RMS where that is larger than the
-# output's (relaxed; the 8 x 2K prefill search's attention_out:triton failed under 3 at a first
-# token's row: runs/optimize-prefill-8x2k-beam-501b-tp8/search/attention_out.json).
+# has its choice and its gate failures gated again before it is reused (workbench.search;
+# docs/decisions.md, 4).
 GATE_VERSION = 4
 
 # An element may be off by ELEMENT_FACTOR x the point's tolerance of (its size + its scale). The
@@ -165,8 +161,8 @@ GATE_VERSION = 4
 # a kernel dropped, moves it by ~1e-3 and passes; bf16 rounding and summation order stay ~10x inside this.
 # Its scale is the larger of its row's RMS (the last dimension: a token's hidden vector, a head) and the
 # whole output's: rows can differ in size by far more than rounding does (a full-attention prefill's
-# first tokens average a few values, its last thousands: at 8K tokens the largest row is 21x the
-# output's RMS, runs/gate-row-scale-tp8/), and a row's rounding error scales with the row.
+# first tokens average a few values, its last thousands; docs/decisions.md, 3), and a row's rounding
+# error scales with the row.
 ELEMENT_FACTOR = 8.0
 
 

@@ -3,14 +3,13 @@
 A search, `workbench check` and `workbench bench` skip a quarantined variant with this reason unless
 it is named explicitly (`check boundary:cute`, `bench boundary --variants cute`), which is how a fix is
 tried. A variant that hangs would otherwise cost every search a watchdog timeout and a restart.
-Kept apart from the variant modules on purpose: recording a problem changes no variant's source hash,
-so no lock goes stale for it. Remove an entry once the variant's GPU tests pass.
+Kept apart from the variant modules on purpose: recording a problem changes no variant's code key,
+so no lock goes stale for it. Remove an entry once the variant's GPU tests pass (docs/decisions.md, 19).
 """
 
 from __future__ import annotations
 
 # (point, variant) -> (device type, why)
-# boundary:cute was here until its GPU tests passed on the H200 (runs/cute-probe-h200/session7/).
 KNOWN: dict[tuple[str, str], tuple[str, str]] = {}
 
 

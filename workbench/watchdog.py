@@ -2,10 +2,10 @@
 limit, not counting the time a compiler the process started was running.
 
 Why compilers are not counted: a candidate's first call may build its kernels in child processes
-(FlashInfer's JIT runs ninja and nvcc, ~95 s a prefill attention module on a fresh H200 host; Inductor
-runs C++ compilers and ptxas). Counted, such a build ran `attention:flashinfer` past a 150 s limit,
-and the resumed search skipped it as hung (runs/optimize-prefill-8x2k-beam-501b-tp8/README.md,
-session 27). A compiler that itself runs longer than `compile_limit_s` counts as hung too.
+(FlashInfer's JIT runs ninja and nvcc for minutes on a fresh host; Inductor runs C++ compilers and
+ptxas). Counted, such a build would end a correct candidate as hung, and the resumed search would
+skip it (docs/decisions.md, 18). A compiler that itself runs longer than `compile_limit_s` counts as
+hung too.
 
 Children are found through /proc (Linux); where it is missing, every second counts.
 """

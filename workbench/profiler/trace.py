@@ -2,8 +2,8 @@
 
 torch.profiler links a kernel to the CPU op that launched it through the launch's "External id".
 Kernels that Triton (and Inductor's Triton code) launch through the driver API (`cuLaunchKernelEx`)
-carry no External id, so the op tree shows them under no range: a Triton build looked like 8
-kernels per layer. Here every launch event (runtime or driver API) is joined to its kernel by
+carry no External id, so the op tree shows them under no range and a Triton build's kernels go
+uncounted. Here every launch event (runtime or driver API) is joined to its kernel by
 correlation id and placed in the fusion-point and layer ranges whose CPU interval holds it.
 
 `attribution.summarize` (`workbench profile --from-trace TRACE[.gz] --preset P`) re-attributes a saved trace.

@@ -120,7 +120,7 @@ def test_static_check_more_tricks():
     assert "processes" in rules("import os\nos.system('ls')\n")
     assert "dynamic code" in rules("eval('1')\n")
     assert "reaching other objects" in rules("def f(): pass\nf.__globals__\n")
-    assert rules("import torch\nfrom workbench.variants._triton_common import triton\n") == set()
+    assert rules("import torch\nfrom workbench.variants.kernels.triton_common import triton\n") == set()
 
 
 def test_suspect_speedups_need_trust():

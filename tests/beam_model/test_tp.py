@@ -1,0 +1,142 @@
+"""Tensor parallelism: shard_config shapes, and 2 gloo ranks on the CPU against the unsharded model."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from beam_model.config import BeamConfig
+from beam_model.kv_cache import PagedKVCache
+from beam_model.model import BeamForCausalLM
+from beam_model.tp import load_shard, shard_config, shard_model, split_dim
+
+WORLD = 2
+PROMPT_LENS = [13, 21]  # ragged batch; both cross the sliding window (16) during decode
+DECODE_STEPS = 4
+FORWARD_SHAPE = (2, 150)  # 300 tokens: the grouped-experts prefill path
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(1234)
+    vocab = BeamConfig.from_preset("beam-tiny").vocab_size
+    forward_ids = torch.randint(0, vocab, FORWARD_SHAPE, generator=g)
+    prompts = [torch.randint(0, vocab, (n,), generator=g) for n in PROMPT_LENS]
+    decode_ids = torch.randint(0, vocab, (DECODE_STEPS, len(PROMPT_LENS)), generator=g)
+    return forward_ids, prompts, decode_ids
+
+
+def _full_model():
+    return BeamForCausalLM.from_preset("beam-tiny", seed=0, dtype=torch.float32)
+
+
+@torch.inference_mode()
+def _prefill_decode(model, prompts, decode_ids):
+    """Batched prefill of ragged prompts then batched decode steps; logits [1 + steps, B, vocab]."""
+    seqs = list(range(len(prompts)))
+    cache = PagedKVCache.for_sequences(model.config, [len(p) + len(decode_ids) for p in prompts],
+                                       dtype=model.dtype, device=model.device)
+    for s in seqs:
+        cache.add(s)
+    step = cache.prepare_step(seqs, [len(p) for p in prompts])
+    out = [model.step(torch.cat(prompts), cache, step)]
+    for ids in decode_ids:
+        step = cache.prepare_step(seqs, [1] * len(seqs))
+        out.append(model.step(ids, cache, step))
+    return torch.stack(out)
+
+
+def _worker(rank, world, init_file, out_dir, ckpt):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        forward_ids, prompts, decode_ids = _inputs()
+        full = _full_model()
+        model = shard_model(full, rank, world, dist.group.WORLD)
+        del full
+        loaded = load_shard(ckpt, rank, world, dist.group.WORLD, dtype=torch.float32)
+        ours, theirs = dict(model.named_parameters()), dict(loaded.named_parameters())
+        result = {
+            "forward": model(forward_ids),
+            "decode": _prefill_decode(model, prompts, decode_ids),
+            "load_shard_mismatch": sorted(n for n in ours if not torch.equal(ours[n], theirs[n])),
+            "shapes": {n: tuple(p.shape) for n, p in ours.items()},
+        }
+        torch.save(result, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_two_ranks_match_unsharded(tmp_path):
+    full = _full_model()
+    ckpt = tmp_path / "ckpt"
+    full.save_pretrained(str(ckpt))
+    mp.spawn(_worker, args=(WORLD, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt)), nprocs=WORLD, join=True)
+
+    forward_ids, prompts, decode_ids = _inputs()
+    ref_forward = full(forward_ids)
+    ref_decode = _prefill_decode(full, prompts, decode_ids)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    for r, res in enumerate(results):
+        assert res["forward"].shape == ref_forward.shape
+        assert res["decode"].shape == ref_decode.shape
+        assert _rel_err(res["forward"], ref_forward) < 1e-4, f"rank {r} forward"
+        assert _rel_err(res["decode"], ref_decode) < 1e-4, f"rank {r} prefill+decode"
+        for s in range(len(ref_decode)):  # every step on its own, not only on aggregate
+            assert _rel_err(res["decode"][s], ref_decode[s]) < 1e-4, f"rank {r} step {s}"
+        assert res["load_shard_mismatch"] == [], f"rank {r}: load_shard differs from shard_model"
+    # the gathered logits are the same bits on every rank
+    assert torch.equal(results[0]["forward"], results[1]["forward"])
+    assert torch.equal(results[0]["decode"], results[1]["decode"])
+    # one rank's shapes: attention heads split by 2, router replicated, vocab halved
+    shapes = results[0]["shapes"]
+    c = full.config
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (c.q_width // 2, c.hidden_size)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (c.kv_width // 2, c.hidden_size)
+    assert shapes["model.layers.0.self_attn.o_proj.weight"] == (c.hidden_size, c.q_width // 2)
+    assert shapes["model.layers.6.mlp.experts.down_proj"] == (c.n_routed_experts, c.hidden_size,
+                                                             c.moe_intermediate_size // 2)
+    assert shapes["model.layers.6.mlp.gate.weight"] == (c.n_routed_experts, c.hidden_size)
+    assert shapes["lm_head.weight"] == (c.vocab_size // 2, c.hidden_size)
+
+
+def test_world_of_one_is_the_full_model():
+    full = _full_model()
+    model = shard_model(full, 0, 1, None)
+    ids = torch.arange(40) % full.config.vocab_size
+    assert torch.equal(model(ids), full(ids))
+    assert model.ops.selection == full.ops.selection
+
+
+def test_shard_config_matches_tp8_preset():
+    sharded = shard_config(BeamConfig.from_preset("beam-501b"), 8)
+    preset = BeamConfig.from_preset("beam-501b-tp8")
+    a, b = dataclasses.asdict(sharded), dataclasses.asdict(preset)
+    differing = {k: (a[k], b[k]) for k in a if k != "preset" and a[k] != b[k]}
+    assert differing == {}
+    assert sharded.config_hash() == preset.config_hash()
+    assert sharded.preset == "beam-501b-tp8"
+
+
+def test_shard_config_rejects_non_divisible_world():
+    tiny = BeamConfig.from_preset("beam-tiny")  # 4 heads, 2 kv heads, vocab 288
+    with pytest.raises(ValueError, match="num_attention_heads=4.*not divisible by 3"):
+        shard_config(tiny, 3)
+    with pytest.raises(ValueError, match="num_key_value_heads=2"):
+        shard_config(tiny, 4)
+    with pytest.raises(ValueError, match="positive integer"):
+        shard_config(tiny, 0)
+    assert shard_config(tiny, 1).config_hash() == tiny.config_hash()
+
+
+def test_every_parameter_has_a_rule():
+    model = BeamForCausalLM(BeamConfig.from_preset("beam-tiny"))  # meta device: names only
+    for name, _ in model.named_parameters():
+        split_dim(name)
+    with pytest.raises(KeyError):
+        split_dim("model.layers.0.self_attn.new_thing")

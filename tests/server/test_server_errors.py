@@ -1,0 +1,174 @@
+"""Every error the server reports, with its status and OpenAI-shaped body; the API key; 503 when
+overloaded; and a graceful shutdown that lets the stream in flight finish.
+
+A real server with tight limits: at most 2 running + 1 waiting request (a 4th in flight is a 503).
+"""
+
+import contextlib
+import signal
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.server_harness import API_KEY, MODEL, WEATHER, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--max-num-seqs", "2", "--max-queue-len", "1")
+    yield srv
+    srv.stop()
+
+
+def post(server, path, body=None, *, content=None, headers=None):
+    h = server.headers if headers is None else headers
+    return httpx.post(server.url + path, json=body, content=content, headers=h, timeout=30)
+
+
+def assert_error(r, status, *, type="invalid_request_error", param=None, code=None, message=None):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    err = body["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["type"] == type
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+    if message is not None:
+        assert message in err["message"]
+    return err
+
+
+def chat_body(**kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **kw}
+
+
+# ------------------------------------------------------------------ routes, JSON, models
+
+def test_unknown_routes_and_methods(server):
+    assert_error(httpx.get(server.url + "/v1/nope", headers=server.headers), 404, code="not_found")
+    assert_error(post(server, "/v1/chat/completion", chat_body()), 404, code="not_found")
+    assert_error(httpx.get(server.url + "/v1/chat/completions", headers=server.headers), 405)
+
+
+def test_bad_json(server):
+    assert_error(post(server, "/v1/chat/completions", content=b"{not json"), 400, message="not valid JSON")
+    assert_error(post(server, "/v1/completions", content=b"[1, 2]"), 400, message="JSON object")
+
+
+def test_unknown_model(server):
+    for path, body in (("/v1/chat/completions", chat_body(model="gpt-17")),
+                       ("/v1/completions", {"model": "gpt-17", "prompt": "x"})):
+        assert_error(post(server, path, body), 404, param="model", code="model_not_found")
+    assert_error(httpx.get(server.url + "/v1/models/gpt-17", headers=server.headers), 404, code="model_not_found")
+    with pytest.raises(openai.NotFoundError):
+        server.client().chat.completions.create(model="gpt-17", messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"temperature": 3}, "temperature"), ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -5}, "top_k"),
+    ({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": -1}, "max_completion_tokens"),
+    ({"seed": "x"}, "seed"), ({"stop": [""]}, "stop"), ({"stop": 5}, "stop"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"presence_penalty": 1.0}, "presence_penalty"), ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": []}, "messages"), ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"), ({"tools": "all"}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"), ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+    ({"model": None}, "model"), ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": "json"}, "response_format"),
+])
+def test_invalid_chat_requests(server, extra, param):
+    assert_error(post(server, "/v1/chat/completions", chat_body(**extra)), 400, param=param)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": {"x": 1}}, "prompt"),
+    ({"prompt": [1, 99999]}, "prompt"), ({"echo": True}, "echo"), ({"best_of": 3}, "best_of"),
+    ({"logprobs": 9}, "logprobs"), ({"suffix": "z"}, "suffix"),
+])
+def test_invalid_completion_requests(server, extra, param):
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 4, **extra}
+    assert_error(post(server, "/v1/completions", body), 400, param=param)
+
+
+def test_prompt_longer_than_the_context(server):
+    long = "x" * 5000  # beam-tiny's context is 4096 tokens
+    err = assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": long}), 400,
+                       param="prompt", code="context_length_exceeded")
+    assert "4096" in err["message"]
+    assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "x" * 4000, "max_tokens": 200}), 400,
+                 code="context_length_exceeded")
+    assert_error(post(server, "/v1/chat/completions", chat_body(messages=[{"role": "user", "content": long}])),
+                 400, param="messages", code="context_length_exceeded")
+    with pytest.raises(openai.BadRequestError):
+        server.client().completions.create(model=MODEL, prompt=long)
+
+
+# ------------------------------------------------------------------ API key
+
+def test_api_key_required_on_the_api_only(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        assert_error(post(server, "/v1/chat/completions", chat_body(), headers=headers), 401, code="invalid_api_key")
+    assert_error(httpx.get(server.url + "/v1/models"), 401)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 200
+    assert post(server, "/v1/chat/completions", chat_body()).status_code == 200
+
+
+# ------------------------------------------------------------------ 503 and shutdown
+
+def _long_stream(server, started: threading.Event, result: dict, max_tokens=400):
+    body = {"model": MODEL, "prompt": "Go on and on", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=server.headers, timeout=60) as r:
+        result["status"] = r.status_code
+        lines = []
+        for line in r.iter_lines():
+            started.set()
+            lines.append(line)
+        result["lines"] = [x for x in lines if x.startswith("data: ")]
+
+
+def test_overloaded_is_503(server):
+    body = {"model": MODEL, "prompt": "Go on", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    with contextlib.ExitStack() as stack, httpx.Client(headers=server.headers, timeout=60) as http:
+        for _ in range(3):  # 2 running + 1 waiting: the limit (headers come back before any token)
+            r = stack.enter_context(http.stream("POST", server.url + "/v1/completions", json=body))
+            assert r.status_code == 200
+        assert server.engine_stats()["in_flight"] == 3
+        assert_error(post(server, "/v1/chat/completions", chat_body()), 503, type="server_error", code="overloaded")
+        with pytest.raises(openai.InternalServerError):
+            server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    # leaving the block closed the three streams: aborted, pages back
+    assert server.wait_idle()["pages_used"] == {"full_attention": 0, "sliding_attention": 0}
+    assert post(server, "/v1/chat/completions", chat_body()).status_code == 200
+
+
+def test_graceful_shutdown_finishes_the_stream_in_flight(server):
+    started, result = threading.Event(), {}
+    t = threading.Thread(target=_long_stream, args=(server, started, result, 60), daemon=True)
+    t.start()
+    assert started.wait(30)
+    server.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert result["status"] == 200 and result["lines"][-1] == "data: [DONE]"
+    assert '"finish_reason": "length"' in "".join(result["lines"])
+    assert server.proc.wait(30) in (0, -signal.SIGTERM)
+
+
+def test_serve_refuses_a_lock_it_cannot_load(tmp_path, capsys):
+    from workbench.cli import main
+
+    assert main(["serve", "--lock", str(tmp_path / "missing.yaml")]) == 2
+    assert "no lock file" in capsys.readouterr().err

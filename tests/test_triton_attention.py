@@ -103,7 +103,7 @@ def test_fused_merge_leaves_its_counters_at_zero():
                            dtype=torch.bfloat16)
     for _ in range(2):
         _run_all(q, cache, meta, None, SMALL[1:], label="fused merge")
-    assert not _arrivals._COUNTERS[(q.device, "attention")].any()
+    assert not _arrivals.COUNTERS[(q.device, "attention")].any()
 
 
 def test_fused_and_separate_merges_give_the_same_bits():

@@ -77,7 +77,7 @@ def test_route_fused_select_leaves_its_counter_at_zero():
         for n in (1, 5, 1):
             x, w, kw = _route_case("e256", n, seed=n)
             _assert_routes_equal(v.at(cfg)(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
-    assert not _arrivals._COUNTERS[(torch.device("cpu"), "route")].any()
+    assert not _arrivals.COUNTERS[(torch.device("cpu"), "route")].any()
 
 
 @pytest.mark.parametrize("config", SELECTIONS)

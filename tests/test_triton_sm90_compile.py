@@ -181,7 +181,7 @@ import workbench.variants.kernels.moe as moe
 
 out = {}
 for pdl in (False, True):
-    out[f"linear pdl={pdl}"] = compile_sm90(gemv._linear_kernel, dict(
+    out[f"linear pdl={pdl}"] = compile_sm90(gemv.linear_kernel, dict(
         x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", part_ptr="*bf16", lock_ptr="*i32", M="i32", N="i32",
         K="i32", stride_xm="i32", b1="i32", b2="i32", b3="i32"), dict(
         BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, DOT=False, SWIGLU=False, IEEE=False, PDL=pdl),

@@ -10,7 +10,7 @@ launches using one buffer must not run at once (they never do on one stream, as 
 
 import torch
 
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
 def arrival_counters(n: int, device: torch.device, owner: str) -> torch.Tensor:
@@ -19,11 +19,11 @@ def arrival_counters(n: int, device: torch.device, owner: str) -> torch.Tensor:
     memset in the step; it is allocated outside CUDA graph capture only (memory allocated while
     capturing belongs to that graph's pool), and a capture that needs more than exists gets its own
     zeroed counters, memset included."""
-    have = _COUNTERS.get((device, owner))
+    have = COUNTERS.get((device, owner))
     if have is not None and have.numel() >= n:
         return have
     fresh = torch.zeros(max(n, 64), dtype=torch.int32, device=device)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return fresh
-    _COUNTERS[(device, owner)] = fresh
+    COUNTERS[(device, owner)] = fresh
     return fresh

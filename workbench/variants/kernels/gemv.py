@@ -25,7 +25,7 @@ import triton.language as tl
 from workbench.variants.kernels.triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
 
 # The interpreter's tl.dot multiplies 16-bit floats as raw bits, so interpreted dots take exact FP32
-# operands; its truncating FP32 -> BF16 cast is handled by `round_to` (both: see _triton_common).
+# operands; its truncating FP32 -> BF16 cast is handled by `round_to` (both: see triton_common).
 LOCK_SLOTS = 4096  # split-K tile counters per prepared weight set; more tiles than this: no split-K
 
 
@@ -36,7 +36,7 @@ def new_locks(device) -> torch.Tensor:
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, b1, b2, b3,
+def linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, stride_xm, b1, b2, b3,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, DOT: tl.constexpr, SWIGLU: tl.constexpr, IEEE: tl.constexpr,
                    PDL: tl.constexpr = False):
@@ -158,7 +158,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, cfg: dict, locks: torch.Tensor | No
     if splits:
         assert sum(splits) == n and len(splits) <= 4, (splits, n)
         bounds = [min(sum(splits[:i]), n) if i < len(splits) else n for i in (1, 2, 3)]
-    _linear_kernel[grid](x, w, out, part, locks if split_k > 1 else out, m, n, k, x.stride(0), *bounds,
+    linear_kernel[grid](x, w, out, part, locks if split_k > 1 else out, m, n, k, x.stride(0), *bounds,
                          BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, SPLIT_K=split_k,
                          DOT=cfg["DOT"], SWIGLU=swiglu, IEEE=x.dtype == torch.float32 or INTERPRETED,
                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(cfg.get("pdl")))

@@ -20,7 +20,7 @@ except ImportError:
 jit = triton.jit if triton is not None else (lambda fn: fn)
 
 def gemv_config(bn, bk, split_k=1, warps=4, stages=1, bm=16, dot=False) -> dict:
-    """A tuning config of `_triton_gemv.linear` (plain data: defined whether or not triton is installed)."""
+    """A tuning config of `kernels.gemv.linear` (plain data: defined whether or not triton is installed)."""
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k, DOT=dot, num_warps=warps, num_stages=stages)
 
 

@@ -32,6 +32,21 @@ import scripted  # noqa: E402
 FAST_TIMING = {"max_seconds": 0.3, "warmup": 3, "min_reps": 30}
 
 
+# ------------------------------------------------------------------------------ worker
+
+def test_the_worker_runs_the_entry_point_its_caller_names():
+    """The caller names MODULE:FUNCTION and the child calls it with the string arguments, so the worker
+    imports none of its callers (the judge, the CLI); the function's return value is the exit code."""
+    from workbench.agent import worker
+
+    ok = worker.run("builtins:print", ["hello"], timeout=60)
+    assert (ok.returncode, ok.killed, ok.reason) == (0, None, None)
+    failed = worker.run("sys:exit", ["no such thing"], timeout=60)
+    assert failed.returncode == 1 and "no such thing" in failed.reason
+    with pytest.raises(ValueError, match="module:function"):
+        worker.run("workbench.agent.judge", [])
+
+
 # ------------------------------------------------------------------------------ variant new
 
 def test_variant_new_scaffold_passes_check_and_bench(tmp_path, capsys):

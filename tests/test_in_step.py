@@ -10,11 +10,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from beam_model import BeamForCausalLM
 from workbench import registry
-from workbench.bench import invoke
 from workbench.cli import main
 from workbench.points import Workload, spec
 from workbench.profiler import in_step
 from workbench.targets import StepRunner, for_device, get_target
+from workbench.timing import invoke
 
 VIEWS = {"view", "_unsafe_view", "alias", "detach"}
 

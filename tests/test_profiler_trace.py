@@ -103,8 +103,8 @@ def test_optimize_report_says_where_the_locked_step_idled():
     import json
     from pathlib import Path
 
-    from workbench.optimize import report_markdown
     from workbench.profiler.idle import device_idle
+    from workbench.report import report_markdown
 
     with open(Path(__file__).parents[1] / "runs/optimize-prefill-8x2k-beam-501b-tp8/report.json") as f:
         report = json.load(f)
@@ -116,7 +116,7 @@ def test_optimize_report_says_where_the_locked_step_idled():
 def test_short_names_drop_return_types_parameters_and_long_template_lists():
     """Names as the H200's profiler records them (runs/bench-attention-tp8/splits/): a templated ATen
     kernel's name runs to hundreds of characters, which would wrap a bench table over many lines."""
-    from workbench import bench
+    from workbench.bench_report import top_kernels
     from workbench.profiler.trace import short_name
 
     aten = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
@@ -134,7 +134,7 @@ def test_short_names_drop_return_types_parameters_and_long_template_lists():
     for whole in ("_decode_kernel", "Memcpy DtoD (Device -> Device)", "void cut<short(int",
                   "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_cublas"):
         assert short_name(whole) == whole  # not demangled C++, or cut short: kept whole
-    assert bench.top_kernels([{"kernel": aten, "launches": 2.0, "us": 19.28}]) == \
+    assert top_kernels([{"kernel": aten, "launches": 2.0, "us": 19.28}]) == \
         [("at::native::elementwise_kernel<...>", "2", "19.28")]
 
 

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from workbench.agent import worker
 from workbench.agent.plugins import declared
 from workbench.agent.static_check import check_file
-from workbench.search import bounded_band
+from workbench.noise import bounded_band
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
 RECHECK_FRACTION = 1 / 16
@@ -53,7 +53,7 @@ class Task:
     seeds: int = 2
     timeout_s: float = 600.0
     mem_bytes: int = worker.DEFAULT_MEM_BYTES
-    timing: dict = field(default_factory=dict)  # overrides of bench.time_call's arguments
+    timing: dict = field(default_factory=dict)  # overrides of timing.time_call's arguments
 
 
 @dataclass
@@ -162,13 +162,14 @@ def _threads() -> int:
 
 def checked_timing(variant, workload, *, device, seed_base: int, timing: dict, rng: random.Random | None,
                    config=None) -> tuple[dict, dict | None]:
-    """bench.time_call on copies that each come from their own seed; with `rng`, a random sample of
+    """timing.time_call on copies that each come from their own seed; with `rng`, a random sample of
     the timed calls runs poisoned and is re-checked against the reference afterwards.
     Returns (Timing.as_dict(), {"checked", "failed"} or None)."""
     import torch
 
-    from workbench import bench, gates
+    from workbench import gates
     from workbench.points import Call, spec
+    from workbench.timing import time_call
 
     point_spec = spec(variant.point)
     plain: dict[int, object] = {}
@@ -203,7 +204,7 @@ def checked_timing(variant, workload, *, device, seed_base: int, timing: dict, r
         return out
 
     kw = {"max_copies": MAX_COPIES, "make_seconds": math.inf, **timing}
-    t = bench.time_call(sampled if rng else fn, make_call, device=device,
+    t = time_call(sampled if rng else fn, make_call, device=device,
                         touched_bytes=int(point_spec.bytes(workload)), **kw)
     if rng is None:
         return t.as_dict(), None

@@ -97,7 +97,7 @@ def _parse_configs(texts: list[str] | None) -> list[dict] | None:
 
 
 def _label(row) -> str:
-    from workbench.bench import config_text
+    from workbench.bench_report import config_text
 
     return row["variant"] + (f" {config_text(row['config'])}" if row.get("config") else "")
 
@@ -130,7 +130,7 @@ def _print_kernels(rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from workbench.bench import top_kernels
+    from workbench.bench_report import top_kernels
 
     console = Console()
     for r in rows:
@@ -149,7 +149,9 @@ def _print_kernels(rows) -> None:
 def run(args) -> int:
     from workbench import bench
     from workbench.agent import plugins, worker
+    from workbench.bench_report import write_results
     from workbench.points import Workload
+    from workbench.provenance import environment
 
     if plugins.plugin_dirs(args.dir) and not worker.inside_worker():
         return run_in_worker("bench", args)  # plugin code runs only in a worker process
@@ -185,9 +187,9 @@ def run(args) -> int:
 
             rows = bench.bench_point(args.point, args.variants, workload, device=device, seed=args.seed,
                                      on_progress=progress, **timing)
-    env = bench.environment(device)
+    env = environment(device)
     if args.out:
-        bench.write_results(rows, args.out, command, env)
+        write_results(rows, args.out, command, env)
     if args.json:
         print_json({"command": command, "environment": env, "rows": rows})
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from workbench.commands.common import print_json, resolve_device, resolve_dtype
-from workbench.dtypes import DTYPES
+from workbench.dtypes import DTYPES, name_of
 
 
 def add_arguments(p) -> None:
@@ -43,12 +43,11 @@ def run(args) -> int:
         print_json(summarize(load(args.from_trace), BeamConfig.from_preset(args.preset)))
         return 0
     from beam_model import BeamForCausalLM
-    from workbench import bench
     from workbench.lock import load_for_serving
-    from workbench.optimize import DTYPE_NAMES
     from workbench.profiler import profile_step
     from workbench.profiler.in_step import check_groups
     from workbench.progress import profile_table
+    from workbench.roofline import measure_device_ceilings
     from workbench.targets import StepRunner, for_device, get_target
 
     groups = check_groups(args.in_step_group)  # before anything runs
@@ -66,9 +65,9 @@ def run(args) -> int:
     runner = StepRunner(model, target, use_graph=False)
     out = args.out or f"runs/profile-{args.target}-{preset}"
     os.makedirs(out, exist_ok=True)
-    name = DTYPE_NAMES[dtype]
+    name = name_of(dtype)
     profile = profile_step(runner, workload_for=lambda kind: target.workload(preset, name, kind),
-                           ceilings=bench.measure_device_ceilings(device),
+                           ceilings=measure_device_ceilings(device),
                            trace_path=os.path.join(out, "profile.trace.json"))
     data = profile.to_dict()
     import json

@@ -26,7 +26,6 @@ def _relative(path: str) -> str:
 
 def listing(preset: str, device) -> list[dict]:
     from workbench import registry
-    from workbench.bench import availability
     from workbench.points import Workload, spec
     from workbench.quarantine import quarantined
 
@@ -41,11 +40,11 @@ def listing(preset: str, device) -> list[dict]:
         rows = []
         for name, v in table.items():
             # attention and qk_prep differ by layer kind: a variant is available if it supports either
-            results = [availability(v, Workload(preset=preset, layer=layer), device) for layer in ("sliding", "full")]
+            why_not = [v.unsupported(Workload(preset=preset, layer=layer), device) for layer in ("sliding", "full")]
             held = quarantined(point, name, device)  # runs, but searches leave it out
-            ok = any(r[0] for r in results) and not held
+            ok = not all(why_not) and not held
             rows.append({"name": name, "backend": v.backend, "reference": name == registry.REFERENCE,
-                         "available": ok, "reason": "ok" if ok else held or results[0][1],
+                         "available": ok, "reason": "ok" if ok else held or why_not[0],
                          "weight_transform": v.prepare is not None, "configs": len(v.configs),
                          "source": _relative(v.source_file)})
         out.append({"point": point, "spec": has_spec, "variants": rows})

@@ -178,8 +178,8 @@ def profile_step(runner, *, workload_for=None, ceilings=None, trace_path: str | 
     def floor_of(point, by_kind):
         if not (workload_for and ceilings):
             return None
-        from workbench.bench import floor_us
         from workbench.points import spec
+        from workbench.roofline import floor_us
 
         return sum(n * floor_us(spec(point), workload_for(kind), ceilings) for kind, n in by_kind.items())
 

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 
 import torch
 
-from workbench import bench, registry
+from workbench import registry
+from workbench.timing import time_fn
 
 STAND_IN = "stand_in"
 
@@ -123,7 +124,7 @@ def builds(selection: dict, configs: dict, groups: list[tuple[str, ...]]) -> dic
 
 def time_builds(runner, labelled: dict, *, rounds: int, device, budget_s: float, log=print) -> tuple[dict, dict]:
     """Each build (label -> (selection, configs)) bound on `runner` and timed as a whole step
-    (`bench.time_fn`, `budget_s` of samples), in turn, `rounds` times over, so the device's drift falls
+    (`time_fn`, `budget_s` of samples), in turn, `rounds` times over, so the device's drift falls
     on all alike. Returns
     every timing by label and each label's best median in ms; a build that fails is logged and left
     out of the best."""
@@ -132,7 +133,7 @@ def time_builds(runner, labelled: dict, *, rounds: int, device, budget_s: float,
         for label, (selection, configs) in labelled.items():
             try:
                 runner.rebind(selection, configs)
-                timing = bench.time_fn(runner, device=device, budget_s=budget_s, max_seconds=budget_s)
+                timing = time_fn(runner, device=device, budget_s=budget_s, max_seconds=budget_s)
             except Exception as e:
                 results[label].append({"error": f"{type(e).__name__}: {e}"})
                 log(f"round {r}: {label}: failed: {type(e).__name__}: {e}")

@@ -1,0 +1,26 @@
+"""Shared set-ups of the harness tests (tests/workbench/): a tiny target step to search and time on
+the CPU, the options of a tiny optimize run, and timing knobs that keep tests quick."""
+
+import torch
+
+POINTS_SEARCHED = ("boundary", "qkvg_proj")  # what a tiny optimize run searches
+FAST = dict(warmup=2, min_reps=10, max_reps=60, max_seconds=0.2)  # timing knobs that keep tests quick
+CEILINGS = {"bandwidth_Bps": 1e11, "matmul_flops": 1e12}  # made-up device ceilings
+
+
+def tiny_runner():
+    """A decode-b1 step of beam-tiny in FP32 on the CPU: what the search tests build a Search on."""
+    from beam_model import BeamForCausalLM
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    return StepRunner(model, for_device(get_target("decode-b1"), model.device))
+
+
+def tiny_options(out_dir, **kw):
+    """The options of a tiny optimize run: decode-b1 on beam-tiny, FP32 on the CPU, POINTS_SEARCHED."""
+    from workbench.optimize import OptimizeOptions
+
+    return OptimizeOptions(**{"target": "decode-b1", "preset": "beam-tiny", "dtype": torch.float32,
+                              "device": torch.device("cpu"), "out_dir": str(out_dir), "points": POINTS_SEARCHED,
+                              "command": "pytest", **kw})

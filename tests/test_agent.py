@@ -155,7 +155,7 @@ def test_suspect_speedups_need_trust():
 def test_a_noisy_incumbent_timing_does_not_set_the_band():
     """The incumbent is timed before and after the candidate; on a loaded machine the two were nearly
     2x apart and a much faster candidate was rejected as "not faster". The band is capped, as the search's."""
-    from workbench.search import MAX_BAND
+    from workbench.noise import MAX_BAND
 
     result = {"stage": "done", "candidate_us": 602.0, "incumbent_us": 4540.0, "band": 0.999,
               "recheck": {"checked": 4, "failed": []}}
@@ -272,7 +272,7 @@ def test_accepted_variant_goes_through_finalize_and_the_lock(agent_run):
     assert os.path.isfile(accepted["accepted_file"])
     assert registry.get("boundary", name).source_file == os.path.abspath(accepted["accepted_file"])
     # It became the point's choice: the end-to-end step was timed with and without it.
-    reverts = [e for e in events if e["type"] == "revert" and e["point"] == "boundary"]
+    reverts = [e for e in events if e.kind == "revert" and e.point == "boundary"]
     assert reverts, "the accepted variant never reached the end-to-end check"
     from workbench.lock import Lock
 

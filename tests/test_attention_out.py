@@ -95,10 +95,10 @@ def test_the_search_times_a_compound_against_its_members_choices(monkeypatch):
 
 
 def test_profile_counts_a_compound_apart_and_a_fused_one_in_its_own_range(monkeypatch):
-    from test_optimize import _tiny_runner
+    from harness_helpers import tiny_runner
     from workbench.profiler.attribution import profile_step
 
-    runner = _tiny_runner()
+    runner = tiny_runner()
     floors = dict(workload_for=lambda kind: runner.target.workload("beam-tiny", "fp32", kind),
                   ceilings={"bandwidth_Bps": 1e11, "matmul_flops": 1e12})
     points = {p.point: p for p in profile_step(runner, **floors).points}

@@ -94,7 +94,7 @@ def session(tmp_path_factory):
             seen["verdict"] = app.lock_view.verdict
 
     with pytest.MonkeyPatch.context() as mp:
-        # As in tests/test_optimize.py: interpreted Triton kernels are for correctness, not for timing.
+        # As in tests/workbench/conftest.py: interpreted Triton kernels are for correctness, not for timing.
         mp.delenv("TRITON_INTERPRET", raising=False)
         asyncio.run(drive())
     return seen

@@ -1,6 +1,7 @@
 """Live console output for long runs (optimize): one line per stage, candidate and point, then a summary.
 
-Presentation only: it reads the events `workbench.optimize` and `workbench.search` emit.
+Presentation only: it prints the events (`workbench.events`) that `workbench.optimize`, the search,
+the end-to-end stage and the agent loop emit, and the report's lines; it never decides anything.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from workbench.optimize import challenge_lines, compile_baselines, noise_line
+from workbench import events
 from workbench.profiler.idle import idle_line
 from workbench.registry import COMPOUNDS
-from workbench.search import paired_words, regated_words
+from workbench.report import challenge_lines, compile_baselines, noise_line, paired_words, regated_words
 
 
 class ConsoleProgress:
@@ -25,69 +26,67 @@ class ConsoleProgress:
     def __exit__(self, *exc):
         return False
 
-    def event(self, e: dict) -> None:
-        c, kind = self.console, e["type"]
-        if kind == "stage":
-            extra = f" ({', '.join(e['order'])})" if "order" in e else ""
-            c.print(f"[bold]== {e['stage']}[/]{extra}")
-        elif kind == "profile":
-            c.print(profile_table(e["profile"]))
-        elif kind == "point_start":
-            c.print(f"[bold]{e['point']}[/]: gating and timing candidates")
-        elif kind == "regated":
-            c.print(f"[bold]{e['point']}[/]: {regated_words(e)}")
-        elif kind == "point_cached":
-            c.print(f"[bold]{e['point']}[/]: resumed from the run folder -> {e['result']['choice']}")
-        elif kind == "candidate":
-            r = e["result"]
-            built = f", {r['compile_s']:.1f} s of it compiling" if r.get("compile_s") else ""
-            took = f" ({r['seconds']:.1f} s{built})" if r.get("seconds") is not None else ""
-            if r["skipped"]:
-                c.print(f"  {r['variant']:<16} skipped: {r['skipped']}")
-            elif not r["gate_passed"]:
-                c.print(f"  {r['variant']:<16} [red]gate failed[/]: {r['failed_check']}{took}")
-            else:
-                cfg = f" {r['config']}" if r["config"] else ""
-                c.print(f"  {r['variant']:<16} {r['step_us']:10.1f} us/step  x{r['speedup']:.2f}  "
-                        f"spread {100 * r['spread']:.1f}%{cfg}{took}")
-        elif kind == "candidate_retimed":
-            r = e["result"]
-            c.print(f"  {r['variant']:<16} timed again ({100 * r['noisy_timing']['spread']:.1f}% spread at "
-                    f"{r['noisy_timing']['step_us']:.1f}): {r['step_us']:10.1f} us/step  spread "
-                    f"{100 * r['spread']:.1f}%{' ' + str(r['config']) if r['config'] else ''}")
-        elif kind == "point_done":
-            r = e["result"]
-            # a compound's incumbent: its members' choices run apart (the first row)
-            apart = f", members apart {r['candidates'][0]['step_us']:.1f}" if r["point"] in COMPOUNDS else ""
-            c.print(f"  -> [green]{r['choice']}[/] ({r['reference_us']:.1f} -> {r['choice_us']:.1f} us/step{apart}, "
-                    f"noise band {100 * r['band']:.1f}%)")
-        elif kind == "in_step":
-            c.print(f"  {e['line']}", highlight=False)
-        elif kind == "agent_round":
-            c.print(f"[bold]{e['point']}[/]: agent round {e['round']} in {e['task']}")
-        elif kind == "agent_attempt":
-            verdict = "[green]accepted[/]" if e["accepted"] else f"[red]rejected[/] ({e['stage']})"
-            c.print(f"  {e['variant']:<16} {verdict}: {e['reason']}")
-        elif kind == "model_gate_dropped":
-            c.print(f"  [red]{e['point']}:{e['variant']} dropped[/]: fails the model gate ({e['why']})")
-        elif kind == "resumed_end_to_end":
-            which = f"{e['builds']} of the " if "builds" in e else ""
-            c.print(f"  {which}builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
-        elif kind == "revert":
-            c.print(f"  {e['point']}: step {e['locked_us']:.1f} us, {e['reverted_us']:.1f} us with it reverted")
-        elif kind == "challenger":
-            verdict = (f"fails the model gate ({e['model_gate']})" if "gain" not in e else
-                       f"with the choice the step is {paired_words(e)}")
-            c.print(f"  {e['point']}: {e['variant']} {e['config'] or ''} tied at the op level, tried end to end: "
-                    f"{verdict}: {'taken' if e['won'] else 'not taken'}")
-        elif kind == "paired":
-            verdict = "kept" if e["kept"] else "to be dropped"
-            c.print(f"  each reverted within the noise: {', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; "
-                    f"without them the step is {paired_words(e)}: {verdict}")
-        elif kind == "dropped_as_noise":
-            c.print(f"  dropped as noise (each reverted within {100 * e['band']:.1f}%): "
-                    f"{', '.join(f'{p}:{v}' for p, v in e['choices'].items())}; step {e['before_us']:.1f} us "
-                    f"with them, {e['after_us']:.1f} us without")
+    def event(self, e: events.Event) -> None:
+        c = self.console
+        match e:
+            case events.StageStarted():
+                extra = f" ({', '.join(e.order)})" if e.order is not None else ""
+                c.print(f"[bold]== {e.stage}[/]{extra}")
+            case events.Profiled():
+                c.print(profile_table(e.profile))
+            case events.PointStarted():
+                c.print(f"[bold]{e.point}[/]: gating and timing candidates")
+            case events.Regated():
+                c.print(f"[bold]{e.point}[/]: {regated_words(e.variant, e.passed, e.was_failed)}")
+            case events.PointCached():
+                c.print(f"[bold]{e.point}[/]: resumed from the run folder -> {e.result.choice}")
+            case events.CandidateTried(result=r):
+                built = f", {r.compile_s:.1f} s of it compiling" if r.compile_s else ""
+                took = f" ({r.seconds:.1f} s{built})" if r.seconds is not None else ""
+                if r.skipped:
+                    c.print(f"  {r.variant:<16} skipped: {r.skipped}")
+                elif not r.gate_passed:
+                    c.print(f"  {r.variant:<16} [red]gate failed[/]: {r.failed_check}{took}")
+                else:
+                    cfg = f" {r.config}" if r.config else ""
+                    c.print(f"  {r.variant:<16} {r.step_us:10.1f} us/step  x{r.speedup:.2f}  "
+                            f"spread {100 * r.spread:.1f}%{cfg}{took}")
+            case events.CandidateRetimed(result=r):
+                c.print(f"  {r.variant:<16} timed again ({100 * r.noisy_timing['spread']:.1f}% spread at "
+                        f"{r.noisy_timing['step_us']:.1f}): {r.step_us:10.1f} us/step  spread "
+                        f"{100 * r.spread:.1f}%{' ' + str(r.config) if r.config else ''}")
+            case events.PointDone(result=r):
+                # a compound's incumbent: its members' choices run apart (the first row)
+                apart = f", members apart {r.candidates[0].step_us:.1f}" if r.point in COMPOUNDS else ""
+                c.print(f"  -> [green]{r.choice}[/] ({r.reference_us:.1f} -> {r.choice_us:.1f} us/step{apart}, "
+                        f"noise band {100 * r.band:.1f}%)")
+            case events.InStepLine():
+                c.print(f"  {e.line}", highlight=False)
+            case events.AgentRound():
+                c.print(f"[bold]{e.point}[/]: agent round {e.round} in {e.task}")
+            case events.AgentAttempt():
+                verdict = "[green]accepted[/]" if e.accepted else f"[red]rejected[/] ({e.stage})"
+                c.print(f"  {e.variant:<16} {verdict}: {e.reason}")
+            case events.ModelGateDropped():
+                c.print(f"  [red]{e.point}:{e.variant} dropped[/]: fails the model gate ({e.why})")
+            case events.EndToEndResumed():
+                which = f"{e.builds} of the " if e.builds is not None else ""
+                c.print(f"  {which}builds timed and gated by an earlier run of this folder (end_to_end.json): reused")
+            case events.Reverted():
+                c.print(f"  {e.point}: step {e.locked_us:.1f} us, {e.reverted_us:.1f} us with it reverted")
+            case events.Challenged():
+                verdict = (f"fails the model gate ({e.model_gate})" if e.gain is None else
+                           f"with the choice the step is {paired_words(e.as_dict())}")
+                c.print(f"  {e.point}: {e.variant} {e.config or ''} tied at the op level, tried end to end: "
+                        f"{verdict}: {'taken' if e.won else 'not taken'}")
+            case events.PairedTimed():
+                verdict = "kept" if e.kept else "to be dropped"
+                c.print(f"  each reverted within the noise: {', '.join(f'{p}:{v}' for p, v in e.choices.items())}; "
+                        f"without them the step is {paired_words(e.as_dict())}: {verdict}")
+            case events.DroppedAsNoise():
+                c.print(f"  dropped as noise (each reverted within {100 * e.band:.1f}%): "
+                        f"{', '.join(f'{p}:{v}' for p, v in e.choices.items())}; step {e.before_us:.1f} us "
+                        f"with them, {e.after_us:.1f} us without")
 
     def stopped(self, r: dict) -> None:
         self.console.print(f"[yellow]budget spent[/]: searched {', '.join(r['searched']) or 'nothing'}; "

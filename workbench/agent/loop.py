@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from workbench import registry
 from workbench.agent import plugins, scaffold, worker
 from workbench.agent.judge import SUSPECT, Task, judge
-from workbench.search import MIN_BAND
+from workbench.events import AgentAttempt, AgentRound
+from workbench.noise import MIN_BAND
 
 
 @dataclass
@@ -40,7 +41,7 @@ class AgentOptions:
     worker_timeout_s: float = 600.0
     worker_mem_bytes: int = worker.DEFAULT_MEM_BYTES
     seeds: int = 2
-    timing: dict = field(default_factory=dict)  # overrides of bench.time_call's arguments (tests)
+    timing: dict = field(default_factory=dict)  # overrides of timing.time_call's arguments (tests)
 
 
 @dataclass
@@ -167,8 +168,8 @@ class AgentLoop:
     def _record(self, attempt: dict) -> None:
         with open(os.path.join(self.root, "attempts.jsonl"), "a") as f:
             f.write(json.dumps(attempt, default=str) + "\n")
-        self.on_event({"type": "agent_attempt", **{k: attempt[k] for k in
-                                                   ("point", "round", "variant", "accepted", "stage", "reason")}})
+        self.on_event(AgentAttempt(**{k: attempt[k] for k in ("point", "round", "variant", "accepted", "stage",
+                                                              "reason")}))
 
     def run_point(self, state: PointState) -> list[dict]:
         """All rounds for one point; returns the attempts. Accepted variants are registered here and
@@ -195,7 +196,7 @@ class AgentLoop:
             shutil.copy(previous["file"], os.path.join(task_dir, "previous.py"))
         with open(os.path.join(task_dir, "TASK.md"), "w") as f:
             f.write(task_markdown(state, name, k, self.opts.rounds, self.opts, shapes, previous, self.device))
-        self.on_event({"type": "agent_round", "point": point, "round": k, "task": task_dir})
+        self.on_event(AgentRound(point, k, task_dir))
         agent = run_agent(self.opts.command, task_dir, self.opts.budget_s)
         attempt = {"point": point, "round": k, "variant": name, "file": path, "task": task_dir,
                    "source_hash": _hash(path), "agent": agent, "accepted": False, "suspect": False,
@@ -247,7 +248,7 @@ def agent_rounds(search, results: dict, profile, opts: AgentOptions, *, out_dir:
                  on_event=None) -> dict[str, list[dict]]:
     """The optimize hook: agent rounds for the points with the most headroom among `results`
     (`{point: search.PointResult}`); an accepted variant becomes that point's choice."""
-    from workbench.search import CandidateResult
+    from workbench.search_results import CandidateResult
 
     loop = AgentLoop(opts, out_dir=out_dir, device=str(search.device.type), trust=trust, on_event=on_event)
     floors = {p.point: p.floor_us for p in profile.points}

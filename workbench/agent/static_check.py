@@ -36,6 +36,13 @@ BANNED_MODULES = {
     "workbench.optimize": "the optimize loop", "workbench.agent": "the judge", "workbench.lock": "lock files",
     "workbench.profiler": "profiling", "workbench.targets": "the timing harness",
     "workbench.commands": "the CLI",
+    "workbench.timing": "the timing harness", "workbench.roofline": "the timing harness",
+    "workbench.noise": "the timing harness", "workbench.bench_report": "the timing harness",
+    "workbench.end_to_end": "the search", "workbench.inflight": "the search", "workbench.search_results": "the search",
+    "workbench.compile_baseline": "the optimize loop", "workbench.preflight": "the optimize loop",
+    "workbench.report": "the optimize loop", "workbench.events": "the optimize loop",
+    "workbench.progress": "the optimize loop", "workbench.run_folder": "file access",
+    "workbench.provenance": "processes",
 }
 # fully qualified attribute (or a prefix of it) -> why
 BANNED_NAMES = {

@@ -84,7 +84,7 @@ def run(args) -> int:
         WorkbenchApp(opts, start_search=True).run()
         return 0
     # A time limit's SIGTERM (`timeout`, a batch scheduler) stops the run as Ctrl-C does: the candidate
-    # in flight is recorded as stopped, not hung, and the next run tries it again (search.STOPS_TRIED).
+    # in flight is recorded as stopped, not hung, and the next run tries it again (inflight.STOPS_TRIED).
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return _run(opts, args.json)

@@ -15,7 +15,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from workbench.optimize import rerender
+    from workbench.report import rerender
 
     if not os.path.isfile(os.path.join(args.dir, "report.json")):
         print(f"workbench report: {args.dir} has no report.json (not a finished optimize run)")

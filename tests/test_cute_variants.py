@@ -1,6 +1,6 @@
 """The CuTe DSL variants on the CPU (the kernels themselves run in the files' `gpu` tests:
 test_cute_boundary.py, test_cute_gemv.py): registered whether or not cutlass is installed, their
-point modules import without it, and `supports` turns down what the kernels cannot do with a reason."""
+variant modules import without it, and `supports` turns down what the kernels cannot do with a reason."""
 
 import importlib.util
 import os
@@ -15,7 +15,7 @@ from workbench.points import Workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-KERNELS = {"boundary": "_cute_boundary", "qkvg_proj": "_cute_gemv"}  # point -> its kernel module
+KERNELS = {"boundary": "kernels.cute_boundary", "qkvg_proj": "kernels.cute_gemv"}  # point -> its kernel module
 POINTS = sorted(KERNELS)
 
 
@@ -37,8 +37,8 @@ def test_unavailable_without_cutlass(point):
 
 @pytest.mark.parametrize("point", POINTS)
 def test_point_imports_without_the_kernel_module(point):
-    """The kernel module (and cutlass) is imported by the variant's first call, not by the point's."""
-    code = (f"import sys, workbench.variants.{point}; "
+    """The kernel module (and cutlass) is imported by the variant's first call, not by its module."""
+    code = (f"import sys, workbench.variants.{point}.cute; "
             f"assert 'workbench.variants.{KERNELS[point]}' not in sys.modules and 'cutlass' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

@@ -22,8 +22,8 @@ from triton.runtime import interpreter  # noqa: E402
 
 from workbench import gates, registry  # noqa: E402
 from workbench.points import Workload, spec  # noqa: E402
-import workbench.variants as variants_package  # noqa: E402
-from workbench.variants.kernels import triton_common as _triton_common  # noqa: E402
+from workbench.variants import kernels as kernels_package  # noqa: E402
+from workbench.variants.kernels import triton_common  # noqa: E402
 
 WORKLOADS = {
     "decode": Workload("beam-tiny", batch=2, tokens_per_seq=1, context=40),
@@ -42,12 +42,14 @@ def launches(monkeypatch):
     log = {"launches": [], "wait": 0, "release": 0}
     # Kernel modules copy INTERPRETED when imported (some lazily, on a variant's first call): import
     # them all first, so only pdl_launch sees it switched off and they keep the interpreter's workarounds
-    for m in pkgutil.iter_modules(variants_package.__path__):
-        if m.name.startswith("_triton"):
-            importlib.import_module(f"{variants_package.__name__}.{m.name}")
-    monkeypatch.setattr(_triton_common, "INTERPRETED", False)  # pdl_launch: PDL on
-    monkeypatch.setattr(_triton_common, "gdc_wait", lambda: log.__setitem__("wait", log["wait"] + 1))
-    monkeypatch.setattr(_triton_common, "gdc_launch_dependents",
+    for m in pkgutil.iter_modules(kernels_package.__path__):
+        try:
+            importlib.import_module(f"{kernels_package.__name__}.{m.name}")
+        except ImportError:  # a kernel module of an optional library that is missing here (CuTe DSL)
+            pass
+    monkeypatch.setattr(triton_common, "INTERPRETED", False)  # pdl_launch: PDL on
+    monkeypatch.setattr(triton_common, "gdc_wait", lambda: log.__setitem__("wait", log["wait"] + 1))
+    monkeypatch.setattr(triton_common, "gdc_launch_dependents",
                         lambda: log.__setitem__("release", log["release"] + 1))
     run = interpreter.GridExecutor.__call__
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from workbench.registry import register
 from workbench.variants.attn_out import _attn_gate
-from workbench.variants.qkvg_proj.flashinfer import MAX_TOKENS, tinygemm, tinygemm_limits
+from workbench.variants.kernels.tinygemm import MAX_TOKENS, tinygemm, tinygemm_limits
 
 
 def _supports(wl):

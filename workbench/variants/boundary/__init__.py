@@ -21,9 +21,9 @@ from workbench.registry import register
 from workbench.variants.inputs import DTYPE_BYTES, Rand
 
 
-def _reduced(y, group):
+def all_reduced(y, group):
     """y summed across the tensor-parallel group (a copy: y itself is never written); y without one.
-    Every variant keeps this slot so a fused all-reduce can replace it later."""
+    Every variant calls it first, the slot a fused all-reduce would take."""
     if group is None:
         return y
     y = y.clone()
@@ -33,7 +33,7 @@ def _reduced(y, group):
 
 @register("boundary", "torch", "torch")
 def boundary(y, h, w, *, eps, group=None):
-    y = _reduced(y, group)
+    y = all_reduced(y, group)
     a, b = w["residual"][0], w["residual"][1]
     h_new = (a * h.float() + b * rms_norm(y, w["post_norm"], eps)).to(h.dtype)
     if w["next_norm"] is None:
@@ -60,115 +60,3 @@ declare(PointSpec(
     flops=lambda wl: 12 * wl.tokens * wl.config.hidden_size,  # two norms + the scaled add, per element
     tolerance={"fp32": 1e-5, "fp16": 1e-3, "bf16": 8e-3},  # ~2.5x the reference's worst vs FP64
 ))
-
-
-# ---- Triton: one kernel for the whole boundary ----------------------------------------------------
-# Kernels are defined only when triton imports; the variant is registered either way and the registry
-# reports the backend as unavailable.
-import functools
-
-from workbench.variants.kernels.triton_common import pdl_launch, triton
-
-if triton is not None:
-    import triton.language as tl
-
-    from workbench.variants.kernels.triton_common import pdl_enter, round_to
-
-    @triton.jit
-    def _boundary_kernel(y_ptr, h_ptr, post_w_ptr, next_w_ptr, res_ptr, h_out_ptr, x_out_ptr,
-                         y_stride, h_stride, out_stride, hidden, eps,
-                         BLOCK: tl.constexpr, HAS_NEXT: tl.constexpr, PDL: tl.constexpr = False):
-        """Post-norm of y, depth-scaled residual add and next pre-norm of one row, in one pass.
-
-        The reference reads y, h and h_new back from memory across four kernels; here y and h are read
-        once and h_new / x_next written once. h_new is rounded to the model dtype *before* the next
-        norm reads it, since the reference's x_next is the norm of h_new as stored."""
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < hidden
-        # Weights (norms and the site's coefficients) are never written: with PDL they are read while
-        # the previous kernel finishes; y and h only after the wait.
-        w = tl.load(post_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        a = tl.load(res_ptr)  # read on the device: no host sync, one specialisation for all 104 sites
-        b = tl.load(res_ptr + 1)
-        if HAS_NEXT:
-            wn = tl.load(next_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        pdl_enter(PDL)
-        y = tl.load(y_ptr + row * y_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        h = tl.load(h_ptr + row * h_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        r = tl.math.rsqrt(tl.sum(y * y, axis=0) / hidden + eps)
-        h_new = round_to(a * h + b * (y * r * w), h_out_ptr.dtype.element_ty)
-        tl.store(h_out_ptr + row * out_stride + cols, h_new, mask=mask)
-        if HAS_NEXT:
-            hn = h_new.to(tl.float32)
-            rn = tl.math.rsqrt(tl.sum(hn * hn, axis=0) / hidden + eps)
-            x_next = round_to(hn * rn * wn, x_out_ptr.dtype.element_ty)
-            tl.store(x_out_ptr + row * out_stride + cols, x_next, mask=mask)
-
-
-_BOUNDARY_MAX_HIDDEN = 8192  # one row must fit one block of registers
-_BOUNDARY_CONFIGS = [{"num_warps": 8}, {"num_warps": 16}, {"num_warps": 4}, {"num_warps": 32}]
-
-
-def _boundary_triton_at(y, h, w, *, eps, group=None, num_warps=8, pdl=False):
-    y = _reduced(y, group)
-    y = y if y.stride(-1) == 1 else y.contiguous()
-    h = h if h.stride(-1) == 1 else h.contiguous()
-    n, hidden = h.shape
-    h_new = torch.empty((n, hidden), dtype=h.dtype, device=h.device)
-    nxt = w["next_norm"]
-    x_next = None if nxt is None else torch.empty_like(h_new)
-    if n:
-        _boundary_kernel[(n,)](
-            y, h, w["post_norm"], w["post_norm"] if nxt is None else nxt, w["residual"], h_new,
-            h_new if x_next is None else x_next, y.stride(0), h.stride(0), h_new.stride(0), hidden, eps,
-            BLOCK=triton.next_power_of_2(hidden), HAS_NEXT=nxt is not None, num_warps=num_warps,
-            **pdl_launch(pdl))
-    return h_new, x_next
-
-
-def _boundary_triton_supports(workload):
-    hidden = workload.config.hidden_size
-    if workload.dtype not in ("bf16", "fp16", "fp32"):
-        return f"dtype {workload.dtype} not handled (bf16, fp16, fp32)"
-    if hidden > _BOUNDARY_MAX_HIDDEN:
-        return f"hidden {hidden} > {_BOUNDARY_MAX_HIDDEN}: a row must fit one block"
-    return True
-
-
-@register("boundary", "triton", "triton", supports=_boundary_triton_supports, configs=_BOUNDARY_CONFIGS, pdl=True,
-          configure=lambda cfg: functools.partial(_boundary_triton_at, **cfg))
-def boundary_triton(y, h, w, *, eps, group=None):
-    """One Triton kernel per row: RMSNorm(y) -> a*h + b*(.) -> round -> RMSNorm(h_new) -> round."""
-    return _boundary_triton_at(y, h, w, eps=eps, group=group, **_BOUNDARY_CONFIGS[0])
-
-
-# ---- CuTe DSL: the same one-row-per-CTA kernel, with 16-byte accesses ------------------------------
-# The kernel (workbench/variants/kernels/cute_boundary.py) imports cutlass, so it is imported by the variant's
-# first call; the variant is registered either way and the registry reports the backend as unavailable.
-from workbench.variants.kernels.cute_common import vector_rows_supported  # noqa: E402
-
-_CUTE_MAX_HIDDEN = 16384  # the row stays in registers between the two norms
-# Threads per row; 20 warps give one vector per thread at hidden 5120 (beam-501b).
-_BOUNDARY_CUTE_CONFIGS = [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"num_warps": 20}]
-
-
-def _boundary_cute_at(y, h, w, *, eps, group=None, num_warps=4):
-    y = _reduced(y, group)
-    from workbench.variants.kernels import cute_boundary as _cute_boundary
-
-    return _cute_boundary.boundary(y, h, w["post_norm"], w["next_norm"], w["residual"], eps=eps, num_warps=num_warps)
-
-
-def _boundary_cute_supports(workload):
-    hidden = workload.config.hidden_size
-    if hidden > _CUTE_MAX_HIDDEN:
-        return f"hidden {hidden} > {_CUTE_MAX_HIDDEN}: a row must fit one CTA's registers"
-    return vector_rows_supported(workload)
-
-
-@register("boundary", "cute", "cute", supports=_boundary_cute_supports, configs=_BOUNDARY_CUTE_CONFIGS,
-          configure=lambda cfg: functools.partial(_boundary_cute_at, **cfg))
-def boundary_cute(y, h, w, *, eps, group=None):
-    """One CuTe DSL kernel per row: RMSNorm(y) -> a*h + b*(.) -> round -> RMSNorm(h_new) -> round."""
-    return _boundary_cute_at(y, h, w, eps=eps, group=group, **_BOUNDARY_CUTE_CONFIGS[0])

@@ -1,6 +1,6 @@
 """The CuTe DSL kernel of `boundary:cute`: post-norm, depth-scaled residual and next pre-norm of a row.
 
-Imported only by the variant's first call (`boundary.py` imports without cutlass, which is optional);
+Imported only by the variant's first call (`boundary/cute.py` imports without cutlass, which is optional);
 never import it from anywhere else. The math is the reference's, step for step in FP32: RMSNorm(y),
 a*h + b*(.), one rounding to the model dtype (h_new as stored), RMSNorm(h_new), one rounding (x_next).
 

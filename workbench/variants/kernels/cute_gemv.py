@@ -1,6 +1,6 @@
 """The CuTe DSL kernel of `qkvg_proj:cute`: y = x @ W^T for 1-16 token rows, read at HBM speed.
 
-Imported only by the variant's first call (`qkvg_proj.py` imports without cutlass, which is optional);
+Imported only by the variant's first call (`qkvg_proj/cute.py` imports without cutlass, which is optional);
 never import it from anywhere else. x [M, K] and W [N, K] are bf16 or fp16, M <= 16, K a multiple of 8;
 products are summed in FP32 and rounded once to the model dtype, as the reference's GEMMs round.
 

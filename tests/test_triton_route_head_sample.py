@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 
 from workbench.variants import head as head_mod  # noqa: E402
 from workbench.variants import route as route_mod  # noqa: E402
-from workbench.variants.sample import _probs  # noqa: E402
+from workbench.variants.sample import contract_probs  # noqa: E402
 
 # (experts, groups, kept groups, top_k, hidden): beam-tiny's router, and the real 256 / 8 layout.
 # "long": hidden 3000 is a multiple of no block size: masked K tails, several K steps and split-K.
@@ -273,7 +273,7 @@ def test_sample_distribution(t, k, p, draws, config):
     logits = (torch.randn(1, 10, generator=gen) * 1.5).repeat(draws, 1)
     temperature, top_k, top_p = _rows(draws, t, k, p)
     ids = _sample(logits, temperature, top_k, top_p, seed=7, config=config)
-    probs = _probs(logits[:1], temperature[:1], top_k[:1], top_p[:1])[0]
+    probs = contract_probs(logits[:1], temperature[:1], top_k[:1], top_p[:1])[0]
     counts = torch.bincount(ids, minlength=10).double()
     assert counts[probs == 0].sum() == 0, "a draw outside the top-k / top-p support"
     support = probs > 0

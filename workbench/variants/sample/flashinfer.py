@@ -9,7 +9,7 @@ softmax, greedy rows (temperature 0) take the raw logits' argmax, and top_k 0 ("
 vocabulary size. Exact ties at the top-k cut are kept together (FlashInfer's pivot), as
 `sample:triton` keeps them; the gate's support check allows that.
 
-A module of its own so that adding it changed no other `sample` variant's source hash.
+FlashInfer is imported on the first call: this module must import without it (docs/decisions.md #25).
 """
 
 import torch

@@ -13,8 +13,9 @@ from workbench.registry import get, reference
 
 triton = pytest.importorskip("triton")
 
-from workbench.variants import head as head_mod  # noqa: E402
 from workbench.variants import route as route_mod  # noqa: E402
+from workbench.variants.head import triton as head_triton  # noqa: E402
+from workbench.variants.head import triton_softcap as head_softcap  # noqa: E402
 from workbench.variants.sample import contract_probs  # noqa: E402
 
 # (experts, groups, kept groups, top_k, hidden): beam-tiny's router, and the real 256 / 8 layout.
@@ -186,7 +187,7 @@ def _assert_head_close(out, ref, exact, dtype, hidden):
         assert ((out - ref).abs() > 1e-4).float().mean() < 0.02
 
 
-@pytest.mark.parametrize("config", range(len(head_mod.HEAD_CONFIGS)))
+@pytest.mark.parametrize("config", range(len(head_triton.CONFIGS)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_matches_reference(dtype, config):
     v = get("head", "triton")
@@ -199,7 +200,7 @@ def test_head_matches_reference(dtype, config):
                            reference("head").fn(h, w, eps=1e-6, softcap=30.0), exact, dtype, hidden)
 
 
-@pytest.mark.parametrize("config", range(len(head_mod.SOFTCAP_CONFIGS)))
+@pytest.mark.parametrize("config", range(len(head_softcap.CONFIGS)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_softcap_matches_reference(dtype, config):
     v = get("head", "triton_softcap")
@@ -214,7 +215,7 @@ def test_head_softcap_saturates():
     """tanh branches: tiny, moderate and huge logits (exp overflow must give +-cap, not NaN)."""
     z = torch.tensor([[0.0, 1e-8, -3e-3, 2.0, -8.9, 9.1, 45.0, -300.0, 1e30, -1e30]])
     out = torch.empty_like(z)
-    head_mod._softcap_kernel[(1,)](z, out, z.numel(), 30.0, BLOCK=16)
+    head_softcap._softcap_kernel[(1,)](z, out, z.numel(), 30.0, BLOCK=16)
     torch.testing.assert_close(out, 30.0 * torch.tanh(z.double() / 30.0).float(), rtol=1e-6, atol=1e-7)
 
 

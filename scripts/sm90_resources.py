@@ -158,7 +158,7 @@ def main() -> int:
     p.add_argument("--attention", action="store_true", help="attention:triton(_prefetch)'s decode kernels")
     args = p.parse_args()
     if args.attention:
-        from workbench.variants.attention.triton_prefetch import CONFIGS as ATTENTION_CONFIGS
+        from workbench.variants.kernels.attention_configs import PREFETCH_CONFIGS as ATTENTION_CONFIGS
 
         for config in [json.loads(c) for c in args.config] if args.config else ATTENTION_CONFIGS:
             usage = {name: resource_usage(k) for name, k in attention_kernels(config).items()}

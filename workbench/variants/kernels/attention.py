@@ -1,7 +1,8 @@
-"""Triton kernels of the `attention:triton` variant: portable paged attention over the KV cache (see
-`attention.py` for the contract). Imported on the variant's first call, never by `attention.py` at
-import time, so the point imports without triton and TRITON_INTERPRET can still be set before these
-kernels are defined.
+"""Triton kernels of the `attention:triton` variant: portable paged attention over the KV cache (the
+contract: `workbench/variants/attention/__init__.py`). Imported on a variant's first call, never by a
+variant module at import time, so the variants register without triton and TRITON_INTERPRET can still
+be set before these kernels are defined. The prefetch, wide-merge and `attention_out` kernels build on
+its public pieces (`decode_launch`, `merge_head`, `merge_kernel`, the block helpers).
 
 Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, kv_heads, hd]:
 - decode (`meta.decode`, one query per sequence): split-K flash-decoding. The grid is (sequence,
@@ -11,7 +12,7 @@ Two paths, both reading K/V straight from the paged cache [pages, 2, page_size, 
   ~window keys whatever the context) with an FP32 online softmax, and writes partial (max, sum, acc).
   A small kernel merges the splits, all of a head's splits in one tile; or (configs with
   FUSED_MERGE_MAX_SPLITS, at most that many splits) the last split program of a (sequence, kv head)
-  to finish merges them with the same code (`_merge_head`), which saves the second launch of a
+  to finish merges them with the same code (`merge_head`), which saves the second launch of a
   short, latency-bound decode (a sliding window): both give the same bits. With one split the decode
   kernel writes the output itself. Configs with EARLY_V load each block's V beside its K rather than
   after the scores, so a split of one block waits on memory once instead of twice. The number of
@@ -55,14 +56,14 @@ PV_UNSCALE = tl.constexpr(2.0 ** -15)
 MERGE_MAX_SPLITS = 256  # splits one merge tile holds (a [256, 32] FP32 tile: 64 registers a thread)
 MERGE_BLOCK_D = 32      # head_dim columns per merge program
 
-# Defaults when no tuning config is given; it is also `attention.TRITON_CONFIGS[0]` (a test checks).
+# Defaults when no tuning config is given; it is also `attention_configs.TRITON_CONFIGS[0]` (a test checks).
 DEFAULT = dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
                PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0,
                EARLY_V=False)
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
+def dot(a, b, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
     """acc + a @ b with FP32 accumulation. The interpreter's tl.dot multiplies 16-bit floats as raw
     bits, so interpreted dots take exact FP32 copies (16-bit products are exact in FP32 either way)."""
     if INTERP:
@@ -82,20 +83,20 @@ def _dot_pv(p, v, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
     subnormals; the accumulator is in those units until the caller multiplies by PV_UNSCALE."""
     x = p * PV_SCALE
     if IEEE:
-        return _dot(x, v, acc, True, INTERP)
+        return dot(x, v, acc, True, INTERP)
     else:
         hi = x.to(v.dtype)
         x = x - hi.to(tl.float32)
-        acc = _dot(hi, v, acc, False, INTERP)
+        acc = dot(hi, v, acc, False, INTERP)
         if v.dtype == tl.bfloat16:
             mid = x.to(v.dtype)
             x = x - mid.to(tl.float32)
-            acc = _dot(mid, v, acc, False, INTERP)
-        return _dot(x.to(v.dtype), v, acc, False, INTERP)
+            acc = dot(mid, v, acc, False, INTERP)
+        return dot(x.to(v.dtype), v, acc, False, INTERP)
 
 
 @triton.jit
-def _kv_rows(table_row_ptr, keys, lo, hi, max_pages, stride_page, stride_tok, PAGE: tl.constexpr):
+def kv_rows(table_row_ptr, keys, lo, hi, max_pages, stride_page, stride_tok, PAGE: tl.constexpr):
     """Cache offsets of `keys` (absolute positions) and whether each may be read: inside [lo, hi) and
     on a page the sequence holds (page_table -1 = released or never held: never read)."""
     in_range = (keys >= lo) & (keys < hi)
@@ -106,13 +107,13 @@ def _kv_rows(table_row_ptr, keys, lo, hi, max_pages, stride_page, stride_tok, PA
 
 
 @triton.jit
-def _v_block(kv_base, stride_ckv, rows, ok, d, d_ok):
+def v_block(kv_base, stride_ckv, rows, ok, d, d_ok):
     """A key block's V rows [BLOCK_N, BLOCK_D] (0 where not readable)."""
     return tl.load(kv_base + stride_ckv + rows[:, None] + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
 
 
 @triton.jit
-def _softmax_block(s, v, m_i, l_i, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
+def softmax_block(s, v, m_i, l_i, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
     """One key block of the online softmax: masked scores s (log2 units, -inf where unseen) and the
     block's V rows folded into (m_i, l_i, acc)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -125,7 +126,7 @@ def _softmax_block(s, v, m_i, l_i, acc, IEEE: tl.constexpr, INTERP: tl.constexpr
 
 
 @triton.jit
-def _normalised(acc, l_i):
+def normalised(acc, l_i):
     """acc / l, and 0 for a query that saw no key (never 0 / 0)."""
     return tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
 
@@ -176,19 +177,19 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for blk in range(blk0, blk1):
         keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
+        rows, ok = kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
         k = tl.load(kv_base + rows[None, :] + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
         if EARLY_V:  # V's load in flight beside K's: a short split (one block) waits for memory once
-            v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
-        s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
+            v = v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        s = dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         s = tl.where(ok[None, :], s, float("-inf"))
         if not EARLY_V:
-            v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
-        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
+            v = v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
 
     if SINGLE:  # one split: normalise and round here, no scratch and no second launch
-        o = _normalised(acc, l_i)
+        o = normalised(acc, l_i)
         tl.store(out_ptr + b.to(tl.int64) * stride_on + heads[:, None] * stride_oh + d[None, :],
                  round_to(o, out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     else:  # partials of every split are written, empty ones as (-inf, 0, 0): the merge reads them all
@@ -204,16 +205,16 @@ def _decode_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, out_ptr, 
             if tl.atomic_add(counter, 1, sem="acq_rel") == n_splits - 1:
                 for h in tl.static_range(GROUP):  # unrolled: the heads' loads need not wait on each other
                     head = kvh * GROUP + h
-                    o = _merge_head(m_ptr, l_ptr, acc_ptr, (b.to(tl.int64) * n_heads + head) * n_splits, n_splits,
-                                    head_dim, d, d_ok, MERGE_BLOCK_S, BLOCK_D)
+                    o = merge_head(m_ptr, l_ptr, acc_ptr, (b.to(tl.int64) * n_heads + head) * n_splits, n_splits,
+                                   head_dim, d, d_ok, MERGE_BLOCK_S, BLOCK_D)
                     tl.store(out_ptr + b.to(tl.int64) * stride_on + head * stride_oh + d,
                              round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
                 tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
-def _merge_head(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok,
-                BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def merge_head(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok,
+               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     """One query head's output columns `d` from its splits' partials (rows base .. base + n_splits):
     FP32, BLOCK_S splits per tile, so up to BLOCK_S splits cost one wait on memory per load, where
     walking them one by one waited once per split. Loads bypass L1 (".cg"): in the fused merge, other
@@ -239,8 +240,26 @@ def _merge_head(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok,
 
 
 @triton.jit
-def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
-                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+def merge_one_tile(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok, BLOCK_S: tl.constexpr):
+    """`merge_head` for n_splits <= BLOCK_S: every split's max, sum and accumulator loaded
+    at once (one wait on L2 where the general merge, a loop over tiles, waits twice), then the same
+    arithmetic in the same order."""
+    s = tl.arange(0, BLOCK_S)
+    ok = s < n_splits
+    m = tl.load(m_ptr + base + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l_part = tl.load(l_ptr + base + s, mask=ok, other=0.0, cache_modifier=".cg")
+    a = tl.load(acc_ptr + (base + s)[:, None] * head_dim + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0,
+                cache_modifier=".cg")
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.math.exp2(m - m_max)
+    total = tl.sum(w * l_part, 0)
+    return tl.sum(w[:, None] * a, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
+
+
+@triton.jit
+def merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads, head_dim, n_splits,
+                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """One (sequence, query head, BLOCK_D of head_dim): combine the splits' partials, round once.
     BLOCK_S covers every split (up to 256): at batch 1 with one kv head a 32K-token decode has 256
     splits, and a program per head walking them 16 at a time was latency-bound."""
@@ -248,7 +267,7 @@ def _merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_on, stride_oh, n_heads,
     pid = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    o = _merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
+    o = merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
     out = out_ptr + (pid // n_heads) * stride_on + (pid % n_heads) * stride_oh + d
     tl.store(out, round_to(o, out_ptr.dtype.element_ty), mask=d_ok)
 
@@ -293,15 +312,15 @@ def _prefill_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, qstart_p
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for blk in range(lo // BLOCK_N, tl.cdiv(hi, BLOCK_N)):
         keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
+        rows, ok = kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
         k = tl.load(kv_base + rows[None, :] + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
-        s = _dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
+        s = dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         seen = ok[None, :] & (keys[None, :] >= lo_row[:, None]) & (keys[None, :] < hi_row[:, None])
         s = tl.where(seen, s, float("-inf"))
-        v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
-        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
+        v = v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
-    o = _normalised(acc, l_i)
+    o = normalised(acc, l_i)
     tl.store(out_ptr + tok[:, None] * stride_on + h * stride_oh + d[None, :], round_to(o, out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & d_ok[None, :])
 
@@ -326,7 +345,7 @@ def decode_splits(batch: int, kv_heads: int, max_pages: int, page_size: int, win
     return max(1, min(cfg["MAX_SPLITS"], math.ceil(blocks / cfg["MIN_BLOCKS"]), want))
 
 
-def _check(q, cache, window):
+def check_inputs(q, cache, window):
     n, heads, hd = q.shape
     kv_heads = cache.shape[3]
     if cache.dim() != 5 or cache.shape[1] != 2 or cache.shape[4] != hd:
@@ -348,7 +367,7 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
     """The `attention` contract; `config` is one of the variant's tuning configs (None: DEFAULT), plus
     an optional "pdl" (every launch with programmatic dependent launch, see `pdl_launch`)."""
     cfg = {**DEFAULT, **(config or {})}
-    _check(q, cache, window)
+    check_inputs(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     n, heads, hd = q.shape
     out = torch.empty((n, heads, hd), dtype=q.dtype, device=q.device)
@@ -363,7 +382,7 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
     return out
 
 
-def _strides(q, cache, table, out):
+def strides(q, cache, table, out):
     return (q.stride(0), q.stride(1), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
             table.stride(0), out.stride(0), out.stride(1))
 
@@ -380,7 +399,7 @@ def _decode(meta, cfg, *, q, cache, table, out, window, qk_scale):
     if not single and not fused:
         heads, hd = q.shape[1], q.shape[2]
         block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
-        _merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
+        merge_kernel[(batch * heads, triton.cdiv(hd, block_d))](
             m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
             BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
             **pdl_launch(cfg.get("pdl")))
@@ -404,7 +423,7 @@ def decode_launch(meta, cfg, *, q, cache, table, out, window, qk_scale, splits, 
     counts = arrival_counters(batch * kv_heads, q.device, "attention") if fused else m
     block_d = max(MIN_DOT, triton.next_power_of_2(hd))
     _decode_kernel[(batch, kv_heads, splits)](
-        q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc, counts, *_strides(q, cache, table, out),
+        q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc, counts, *strides(q, cache, table, out),
         max_pages, window or 0, qk_scale, heads, hd,
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=cfg["BLOCK_N"], PAGE=page, HAS_WINDOW=window is not None, SINGLE=single, FUSED_MERGE=fused,
@@ -423,7 +442,7 @@ def _prefill(meta, cfg, *, q, cache, table, out, window, qk_scale):
     longest = max(starts[i + 1] - starts[i] for i in range(batch))
     bm = cfg["PREFILL_BLOCK_M"]
     _prefill_kernel[(triton.cdiv(longest, bm), heads, batch)](
-        q, cache, table, meta.seq_lens, meta.positions, meta.query_start, out, *_strides(q, cache, table, out),
+        q, cache, table, meta.seq_lens, meta.positions, meta.query_start, out, *strides(q, cache, table, out),
         max_pages, window or 0, qk_scale, hd,
         GROUP=heads // kv_heads, BLOCK_M=bm, BLOCK_N=cfg["PREFILL_BLOCK_N"],
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(hd)), PAGE=page, HAS_WINDOW=window is not None,

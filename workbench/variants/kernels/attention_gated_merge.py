@@ -1,9 +1,10 @@
 """Triton kernels of `attention_out:triton`: at decode, attention:triton's split-K decode kernel writes
 its partials, then ONE kernel merges each head's splits, rounds the attention output as `attention`
-does, applies `attn_out`'s gate and rounds again, and the small-M GEMV (`_triton_gemv.linear`) runs
+does, applies `attn_out`'s gate and rounds again, and the small-M GEMV (`kernels/gemv.linear`) runs
 o_proj: three launches where attention:triton + attn_out:triton_gemv take four (decode, merge, gate,
-GEMV). Prefill runs the two points' Triton code one after the other. Imported on the variant's first
-call (kernels need triton, and TRITON_INTERPRET set first under the CPU interpreter).
+GEMV). Prefill is `attention_three_launches`'s (the two points' Triton code one after the other).
+Imported on the variant's first call (kernels need triton, and TRITON_INTERPRET set first under the
+CPU interpreter).
 """
 
 import torch
@@ -17,14 +18,14 @@ from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, roun
 @triton.jit
 def _merge_gate_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, out_ptr, g_stride, n_heads, head_dim, n_splits,
                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    """One (token, query head, BLOCK_D of head_dim): merge the splits (attention's `_merge_head`),
+    """One (token, query head, BLOCK_D of head_dim): merge the splits (attention's `merge_head`),
     round to the model dtype (attention's output), gate in FP32 as `attn_out` does, round once more."""
     pdl_enter(PDL)
     pid = tl.program_id(0).to(tl.int64)
     token, head = pid // n_heads, pid % n_heads
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    o = attn._merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
+    o = attn.merge_head(m_ptr, l_ptr, acc_ptr, pid * n_splits, n_splits, head_dim, d, d_ok, BLOCK_S, BLOCK_D)
     gate_store(o, g_ptr, bias_ptr, out_ptr, g_stride, token, head, n_heads, head_dim, d, d_ok)
 
 
@@ -44,7 +45,7 @@ def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict) -> torch.
     """The gated attention output [N, heads * hd] of a decode step (one query per sequence):
     attention:triton's decode kernel at `cfg` always writing split partials (even one split), then the
     merge-gate kernel. No host reads: every size is a shape, a config value or the SM count."""
-    attn._check(q, cache, window)
+    attn.check_inputs(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = g if g.stride(-1) == 1 else g.contiguous()
     table = meta.page_table

@@ -5,11 +5,12 @@ launch, and the gated output's trip through memory, go; in their place every pro
 partials of the heads it needs, from L2.
 
 A program owns BLOCK_N rows of o_proj and HEADS query heads' columns of it (a split of K) for one
-token: per head it merges the splits (attention's `_merge_head` in one tile), rounds to the model dtype as
+token: per head it merges the splits (`attention.merge_one_tile`), rounds to the model dtype as
 `attention` does, gates in FP32 and rounds again as `attn_out` does, and multiplies into an FP32
 accumulator. With several head groups, each writes its FP32 partial row and the last to arrive
-(integer counter) adds them in group order: deterministic, no float atomics. Imported on the
-variant's first call (kernels need triton, and TRITON_INTERPRET set first under the CPU interpreter).
+(integer counter) adds them in group order: deterministic, no float atomics (docs/decisions.md #6).
+Imported on the variant's first call (kernels need triton, and TRITON_INTERPRET set first under the
+CPU interpreter).
 """
 
 import torch
@@ -21,24 +22,6 @@ from workbench.variants.kernels.arrivals import arrival_counters
 from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
 
 MAX_SPLITS = 64  # one [splits, head_dim] FP32 tile per program: a [64, 128] one is 64 registers a thread
-
-
-@triton.jit
-def _merge_one_tile(m_ptr, l_ptr, acc_ptr, base, n_splits, head_dim, d, d_ok, BLOCK_S: tl.constexpr):
-    """attention's `_merge_head` for n_splits <= BLOCK_S: every split's max, sum and accumulator loaded
-    at once (one wait on L2 where the general merge, a loop over tiles, waits twice), then the same
-    arithmetic in the same order."""
-    s = tl.arange(0, BLOCK_S)
-    ok = s < n_splits
-    m = tl.load(m_ptr + base + s, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    l_part = tl.load(l_ptr + base + s, mask=ok, other=0.0, cache_modifier=".cg")
-    a = tl.load(acc_ptr + (base + s)[:, None] * head_dim + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0,
-                cache_modifier=".cg")
-    m_max = tl.max(m, 0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.math.exp2(m - m_max)
-    total = tl.sum(w * l_part, 0)
-    return tl.sum(w[:, None] * a, 0) / tl.where(total > 0, total, 1.0)  # no visible key at all: 0, not 0/0
 
 
 @triton.jit
@@ -70,8 +53,8 @@ def _merged_gemv_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, w_ptr, out_ptr, 
                 w = tl.load(w_rows + head * head_dim, mask=w_ok, other=0.0)
         else:
             w = tl.load(w_rows + head * head_dim, mask=w_ok, other=0.0)
-        o = _merge_one_tile(m_ptr, l_ptr, acc_ptr, (token * n_heads + head) * n_splits, n_splits, head_dim, d,
-                            d_ok, BLOCK_S)
+        o = attn.merge_one_tile(m_ptr, l_ptr, acc_ptr, (token * n_heads + head) * n_splits, n_splits, head_dim,
+                                d, d_ok, BLOCK_S)
         o = round_to(o, out_ptr.dtype.element_ty).to(tl.float32)
         g = tl.load(g_ptr + token * g_stride + head * head_dim + d, mask=d_ok, other=0.0).to(tl.float32)
         b = tl.load(bias_ptr + head).to(tl.float32)
@@ -83,7 +66,7 @@ def _merged_gemv_kernel(m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, w_ptr, out_ptr, 
         tl.debug_barrier()  # all threads' partials are written before the one-thread release below
         counter = count_ptr + token * tl.num_programs(0) + pid_n
         count = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        # only the last group to arrive adds the partials (a tile-shaped test: see _triton_gemv)
+        # only the last group to arrive adds the partials (a tile-shaped test: see kernels/gemv.py)
         out_ok = rows_ok & (tl.full((BLOCK_N,), SPLIT_K - 1, tl.int32) == count)
         y = tl.zeros((BLOCK_N,), tl.float32)
         for s in range(SPLIT_K):  # in group order, whichever group arrived last
@@ -109,7 +92,7 @@ def decode_merged(q, cache, meta, g, bias, o_proj, *, window, scale, attention_c
     `attention_cfg` over `splits` splits (`merged_splits`, which the caller dispatched on) writing split
     partials, then the merged GEMV at `merged_cfg` (BLOCK_N, HEADS, num_warps, num_stages). No host
     reads: every size is a shape, a config value or the SM count."""
-    attn._check(q, cache, window)
+    attn.check_inputs(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = g if g.stride(-1) == 1 else g.contiguous()
     o_proj = o_proj if o_proj.stride(-1) == 1 else o_proj.contiguous()

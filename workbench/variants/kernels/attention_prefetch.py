@@ -1,12 +1,12 @@
 """Triton kernel of `attention:triton_prefetch`: attention:triton's split-K decode with each split's
-first key block loaded before the PDL wait (`_triton_attention.py` has the contract, the paging and
+first key block loaded before the PDL wait (`kernels/attention.py` has the contract, the paging and
 the numerics; this kernel repeats its decode kernel's arithmetic exactly, so the bits are the same).
 
 Why: a decode kernel launched with programmatic dependent launch starts while the kernel before it
 (qk_prep, which writes the query and the query's own K/V) still runs, but attention:triton's decode
 waits before any load, so its whole KV stream starts after that kernel ends. At batch 1 and 32K keys
 a read-only kernel of the same bytes is a fifth faster when it loads first than when it waits first
-(`runs/attention-read-floor-tp8/attention-read-floor-summary.md`). Before the wait this kernel reads
+(docs/findings.md, `gpu_attention_read_floor.py`). Before the wait this kernel reads
 only what no kernel of the step writes: lengths, positions and page tables (the host's inputs of the
 step) and every key before the query's own (the cache rows of earlier steps, on pages only this
 sequence holds); the query and the query's own K/V row are read after it.
@@ -21,8 +21,17 @@ import triton
 import triton.language as tl
 
 from workbench.variants.kernels import attention as base
-from workbench.variants.kernels.attention import (MERGE_BLOCK_D, MERGE_MAX_SPLITS, MIN_DOT, PV_UNSCALE, _dot,
-                                                   _kv_rows, _normalised, _softmax_block, _v_block)
+from workbench.variants.kernels.attention import (
+    MERGE_BLOCK_D,
+    MERGE_MAX_SPLITS,
+    MIN_DOT,
+    PV_UNSCALE,
+    dot,
+    kv_rows,
+    normalised,
+    softmax_block,
+    v_block,
+)
 from workbench.variants.kernels.attention_gated_merge import merge_gate
 from workbench.variants.kernels.triton_common import INTERPRETED, pdl_launch, pdl_release, pdl_wait, round_to
 
@@ -42,7 +51,7 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
                             SINGLE: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
                             PDL: tl.constexpr = False, PREFETCH_V: tl.constexpr = True,
                             OWN_KEY_AFTER_WAIT: tl.constexpr = True):
-    """One (sequence, kv head, split), as `_triton_attention._decode_kernel`. PREFETCH_V=False loads only
+    """One (sequence, kv head, split), as `kernels/attention._decode_kernel`. PREFETCH_V=False loads only
     the first block's K before the wait and its V after the scores (one tile held across the wait, not
     two). OWN_KEY_AFTER_WAIT=False loads the query's own K/V row before the wait too: wrong (a planted
     fault for the GPU test)."""
@@ -73,7 +82,7 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
     kv_base = cache_ptr + kvh.to(tl.int64) * stride_ch
 
     keys = blk0 * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
+    rows, ok = kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
     ok = ok & (keys < blk1 * BLOCK_N)  # an empty split (blk0 >= blk1) reads nothing
     if OWN_KEY_AFTER_WAIT:
         early = ok & (keys != pos)  # earlier steps' keys: no kernel of this step writes them
@@ -83,7 +92,7 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
         own = ok & (keys < 0)
     k = _k_block(kv_base, rows, early, d, d_ok)
     if PREFETCH_V:
-        v = _v_block(kv_base, stride_ckv, rows, early, d, d_ok)
+        v = v_block(kv_base, stride_ckv, rows, early, d, d_ok)
     pdl_wait(PDL)
     # the own row as one vector (a tile-wide masked reload would hold a second tile), put in its column
     own_d = d_ok & (d * 0 + tl.sum(own.to(tl.int32), 0) > 0)  # [BLOCK_D]: this split holds the own key
@@ -98,23 +107,23 @@ def _decode_prefetch_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, 
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     if blk0 < blk1:
-        s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
+        s = dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale  # log2 units
         s = tl.where(ok[None, :], s, float("-inf"))
         if not PREFETCH_V:
-            v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
-        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
+            v = v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     for blk in range(blk0 + 1, blk1):  # a split of several blocks: the rest after the wait
         keys = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        rows, ok = _kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
+        rows, ok = kv_rows(table_row, keys, lo, hi, max_pages, stride_cp, stride_ct, PAGE)
         k = _k_block(kv_base, rows, ok, d, d_ok)
-        s = _dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale
+        s = dot(q, k, tl.zeros([BLOCK_G, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale
         s = tl.where(ok[None, :], s, float("-inf"))
-        v = _v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
-        m_i, l_i, acc = _softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
+        v = v_block(kv_base, stride_ckv, rows, ok, d, d_ok)
+        m_i, l_i, acc = softmax_block(s, v, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE
 
     if SINGLE:
-        o = _normalised(acc, l_i)
+        o = normalised(acc, l_i)
         tl.store(out_ptr + b.to(tl.int64) * stride_on + heads[:, None] * stride_oh + d[None, :],
                  round_to(o, out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
     else:  # every split's partials, empty ones as (-inf, 0, 0), for the merge kernel
@@ -128,7 +137,7 @@ def merge_splits(m, l_part, acc, out, splits: int, cfg: dict) -> None:
     """attention:triton's merge kernel over a decode kernel's split partials (m, l, acc) into `out`."""
     n, heads, hd = out.shape
     block_d = min(MERGE_BLOCK_D, triton.next_power_of_2(hd))
-    base._merge_kernel[(n * heads, triton.cdiv(hd, block_d))](
+    base.merge_kernel[(n * heads, triton.cdiv(hd, block_d))](
         m, l_part, acc, out, out.stride(0), out.stride(1), heads, hd, splits,
         BLOCK_S=min(MERGE_MAX_SPLITS, triton.next_power_of_2(splits)), BLOCK_D=block_d, num_warps=4,
         **pdl_launch(cfg.get("pdl")))
@@ -141,7 +150,7 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
     cfg = {**base.DEFAULT, **(config or {})}
     if not meta.decode:
         return base.paged_attention(q, cache, meta, window=window, scale=scale, config=cfg)
-    base._check(q, cache, window)
+    base.check_inputs(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     n, heads, hd = q.shape
     out = torch.empty((n, heads, hd), dtype=q.dtype, device=q.device)
@@ -156,10 +165,10 @@ def paged_attention(q, cache, meta, *, window, scale, config: dict | None = None
 
 
 def decode_gated(q, cache, meta, g, bias, *, window, scale, cfg: dict, merge=merge_gate) -> torch.Tensor:
-    """`_triton_attention_out.decode_gated` (attention_out:triton's decode: split partials always, then
+    """`attention_gated_merge.decode_gated` (attention_out:triton's decode: split partials always, then
     its merge-gate kernel) with this module's decode kernel. `cfg`: a full attention config; `merge`:
-    the merge-gate, as `_triton_attention_out.merge_gate` is called."""
-    base._check(q, cache, window)
+    the merge-gate, as `attention_gated_merge.merge_gate` is called."""
+    base.check_inputs(q, cache, window)
     q = q if q.stride(-1) == 1 else q.contiguous()
     g = g if g.stride(-1) == 1 else g.contiguous()
     n, heads, hd = q.shape
@@ -194,7 +203,7 @@ def decode_launch(meta, cfg, *, q, cache, out, window, scale, splits, single, ow
     group = heads // kv_heads
     _decode_prefetch_kernel[(batch, kv_heads, splits)](
         q, cache, table, meta.seq_lens, meta.positions, out, m, l_part, acc,
-        *base._strides(q, cache, table, out), max_pages, window or 0, scale * base.LOG2E, heads, hd,
+        *base.strides(q, cache, table, out), max_pages, window or 0, scale * base.LOG2E, heads, hd,
         GROUP=group, BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_D=max(MIN_DOT, triton.next_power_of_2(hd)), BLOCK_N=cfg["BLOCK_N"], PAGE=page,
         HAS_WINDOW=window is not None, SINGLE=single, IEEE=q.dtype == torch.float32, INTERP=INTERPRETED,

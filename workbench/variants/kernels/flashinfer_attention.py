@@ -1,5 +1,6 @@
-"""FlashInfer's paged attention behind the `attention` contract (see `attention.py`). Imported on the
-variant's first call, never at import time: the point must import without flashinfer.
+"""FlashInfer's paged attention behind the `attention` contract (`workbench/variants/attention/__init__.py`),
+run by `attention:flashinfer`. Imported on the variant's first call, never at import time: the variant
+module must import without flashinfer.
 
 Our cache layout is FlashInfer's "NHD" paged layout ([pages, 2, page_size, kv_heads, head_dim]), so
 the cache is passed as is. What differs is the page table: ours is a dense [B, max_pages] table with
@@ -22,9 +23,8 @@ Planning (FlashInfer's host-side scheduling) happens outside CUDA graphs, as vLL
 
 import weakref
 
-import torch
-
 import flashinfer
+import torch
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace (split-KV partials)
 
@@ -143,7 +143,7 @@ def _prefill_wrapper(q, cache, meta, window, scale):
 def paged_attention(q, cache, meta, *, window, scale, tensor_cores=False):
     if meta.decode:
         return _decode_wrapper(q, cache, meta, window, scale, tensor_cores).run(q, cache)
-    # FlashInfer's prefill zero-fills an output it allocates itself (~0.45 ms of a prefill-8x2k step in
-    # runs/optimize-prefill-8x2k-beam-501b-tp8/locked_profile.json); it writes every query row
+    # FlashInfer's prefill zero-fills an output it allocates itself, a pass over the output a prefill
+    # step's profile shows; it writes every query row
     out = torch.empty((*q.shape[:-1], cache.shape[-1]), dtype=q.dtype, device=q.device)
     return _prefill_wrapper(q, cache, meta, window, scale).run(q, cache, out=out)

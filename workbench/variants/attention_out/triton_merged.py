@@ -1,19 +1,18 @@
 """`attention_out:triton_merged`: attention:triton's split-K decode, then o_proj as a GEMV that merges
-the splits and applies the gate in its prologue (`_triton_attention_out_merged.py`): two launches a
+the splits and applies the gate in its prologue (`kernels/attention_merged_gemv.py`): two launches a
 layer where attention_out:triton takes three. Each GEMV program re-reads its heads' partials, so the
 merge is only worth it while they are few: a decode with more than `max_splits` splits (a long
-full-attention context) or more than `max_tokens` tokens, and every prefill, run attention_out:triton
-at the config's `attention` and `gemv`.
+full-attention context) or more than `max_tokens` tokens, and every prefill, run attention_out:triton's
+sequence (`kernels/attention_three_launches.py`) at the config's `attention` and `gemv`.
 
-A config: `attention` (one of attention.TRITON_CONFIGS), `merged` (the merged GEMV's BLOCK_N rows a
-program, HEADS query heads a program, num_warps), `gemv` (attention_out:triton's o_proj tile, for the
-calls it takes), `max_splits`, `max_tokens`; "pdl" applies to every launch.
+A config: `attention` (one of `attention_configs.TRITON_CONFIGS`), `merged` (the merged GEMV's BLOCK_N
+rows a program, HEADS query heads a program, num_warps), `gemv` (attention_out:triton's o_proj tile, for
+the calls it takes), `max_splits`, `max_tokens`; "pdl" applies to every launch.
 """
 
 from workbench.registry import register
-from workbench.variants.attention import TRITON_CONFIGS as ATTENTION_CONFIGS
-from workbench.variants.attention_out.triton import _at as _three_launches
-from workbench.variants.attention_out.triton import _supports
+from workbench.variants.kernels.attention_configs import TRITON_CONFIGS as ATTENTION_CONFIGS
+from workbench.variants.kernels.attention_three_launches import launch_configs, supports, three_launches
 from workbench.variants.kernels.triton_common import gemv_config
 
 
@@ -39,8 +38,7 @@ CONFIGS = [
 
 def _at(config=None):
     config = config or CONFIGS[0]
-    pdl = bool(config.get("pdl"))
-    three = _three_launches({"attention": config["attention"], "gemv": config["gemv"], "pdl": pdl})
+    pdl, three_attention, three_gemv = launch_configs(config)
 
     def attention_out_triton_merged(q, cache, meta, g, w, *, window, scale):
         # kernels: imported on use (they need triton, and TRITON_INTERPRET set first on the CPU)
@@ -53,9 +51,10 @@ def _at(config=None):
                 return merged.decode_merged(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window,
                                             scale=scale, attention_cfg=config["attention"],
                                             merged_cfg=config["merged"], pdl=pdl, splits=splits)
-        return three(q, cache, meta, g, w, window=window, scale=scale)
+        return three_launches(q, cache, meta, g, w, window=window, scale=scale, attention_cfg=three_attention,
+                              gemv_cfg=three_gemv, pdl=pdl)
     return attention_out_triton_merged
 
 
-register("attention_out", "triton_merged", "triton", supports=_supports, configs=CONFIGS, configure=_at,
+register("attention_out", "triton_merged", "triton", supports=supports, configs=CONFIGS, configure=_at,
          pdl=True)(_at())

@@ -16,8 +16,15 @@ import pytest
 import torch
 
 from tests.attention_cases import _assert_close, _case, check_graph_replay
-from tests.variant_helpers import (TP8, assert_every_config_passes, available, callables, failures, needs_cuda,
-                                   tp8_decode)
+from tests.variant_helpers import (
+    TP8,
+    assert_every_config_passes,
+    available,
+    callables,
+    failures,
+    needs_cuda,
+    tp8_decode,
+)
 from workbench import gates, registry
 from workbench.points import Workload
 
@@ -107,7 +114,7 @@ def test_fused_merge_leaves_its_counters_at_zero():
 
 
 def test_fused_and_separate_merges_give_the_same_bits():
-    """Both merges run `_merge_head` over one tile of a head's splits, so where the last split program
+    """Both merges run `merge_head` over one tile of a head's splits, so where the last split program
     merges (FUSED_MERGE_MAX_SPLITS) the output is bitwise the separate merge kernel's."""
     q, cache, meta = _case([70, 5, 33], [1] * 3, heads=6, kv_heads=1, hd=32, page=8, window=12,
                            dtype=torch.bfloat16)
@@ -165,11 +172,11 @@ def test_prefill_head_dim_not_a_power_of_two():
 # ---- registration and the op gate ------------------------------------------------------------
 
 def test_default_is_first_config_and_supports():
-    from workbench.variants import attention
     from workbench.variants.kernels.attention import DEFAULT
+    from workbench.variants.kernels.attention_configs import TRITON_CONFIGS
 
     v = registry.get("attention", "triton")
-    assert v.backend == "triton" and v.configs is attention.TRITON_CONFIGS and v.configs[0] == DEFAULT
+    assert v.backend == "triton" and v.configs is TRITON_CONFIGS and v.configs[0] == DEFAULT
     assert all(set(cfg) == set(DEFAULT) and cfg["BLOCK_N"] >= 16 and cfg["PREFILL_BLOCK_M"] >= 16
                and cfg["PREFILL_BLOCK_N"] >= 16 for cfg in v.configs)  # tl.dot dims >= 16 on the GPU
     for preset in ("beam-tiny", "beam-501b-tp8", "beam-501b", "beam-small"):
@@ -189,7 +196,8 @@ def test_op_gate_default():
 
 
 def test_op_gate_fp32():
-    report = gates.op_gate(available("attention", "triton"), [w.with_(dtype="fp32") for w in WORKLOADS[::3]], seeds=(1,))
+    fp32 = [w.with_(dtype="fp32") for w in WORKLOADS[::3]]
+    report = gates.op_gate(available("attention", "triton"), fp32, seeds=(1,))
     assert report.passed, failures(report)
 
 

@@ -13,7 +13,7 @@ import torch
 from beam_model.functional import residual_coefficients
 from tests.variant_helpers import available, callables
 from workbench import registry
-from workbench.variants import attn_out as attn_out_module
+from workbench.variants.kernels import output_gate
 
 BIG_POSITION = 1_000_000  # RoPE angles this large are where FP32 angle math breaks
 
@@ -149,8 +149,8 @@ def test_attn_gate_rounding(dtype):
     o, g, w = _attn_inputs(n, heads, hd, 8, dtype, torch.Generator().manual_seed(3))
     gate = torch.sigmoid(g.float().view(n, heads, hd) + w["gate_bias"].float()[None, :, None])
     ref = (o.float() * gate).to(dtype).reshape(n, heads * hd)
-    for cfg in attn_out_module._ATTN_GATE_CONFIGS:
-        _check(attn_out_module._attn_gate(o, g, w["gate_bias"], **cfg), ref, dtype, label=str(cfg))
+    for cfg in output_gate.GATE_CONFIGS:
+        _check(output_gate.output_gate(o, g, w["gate_bias"], **cfg), ref, dtype, label=str(cfg))
 
 
 # ---- on the GPU: compiled, at beam-501b-tp8 shapes, and inside a CUDA graph -----------------------

@@ -9,8 +9,6 @@ Contract: `attention(q, cache, meta, *, window, scale) -> o`.
 - Scores, softmax and the weighted sum in FP32; o [N, heads, hd] rounded once to q's dtype.
 """
 
-import sys
-
 import torch
 
 from workbench.points import Call, PointSpec, declare
@@ -66,7 +64,7 @@ def attention(q, cache, meta, *, window, scale):
 # ---- spec: inputs, roofline and tolerance for the harness ------------------------------------------
 
 
-def _inputs(wl, device, seed):
+def inputs(wl, device, seed):
     c, r = wl.config, Rand("attention", wl, device, seed)
     cache, meta = paged_kv(wl, r)
     window = c.sliding_window if wl.layer == "sliding" else None
@@ -82,102 +80,7 @@ def _bytes(wl):
 
 
 declare(PointSpec(
-    "attention", _inputs, bytes=_bytes,
+    "attention", inputs, bytes=_bytes,
     flops=lambda wl: 4 * wl.batch * sum(visible_keys(wl)) * wl.config.q_width,  # QK^T and PV per visible key
     tolerance={"fp32": 1e-5, "fp16": 8e-4, "bf16": 6e-3},  # ~2.5x the reference's worst vs FP64
 ))
-
-
-# ---- triton: portable paged attention, split-K decode + flash prefill (_triton_attention.py) ------
-# The kernels are imported on the first call: this module must import without triton, and under the
-# CPU interpreter TRITON_INTERPRET must be set before they are defined. One config tunes both paths
-# (the search times it at its target's shape, decode or prefill): decode BLOCK_N keys per step, at
-# least MIN_BLOCKS blocks per split, splits for WAVES waves over the SMs (at most MAX_SPLITS), merged by
-# the last split program when there are at most FUSED_MERGE_MAX_SPLITS (else by a second kernel);
-# prefill PREFILL_BLOCK_M queries x PREFILL_BLOCK_N keys per step.
-
-TRITON_CONFIGS = [
-    dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
-    dict(BLOCK_N=64, MIN_BLOCKS=4, WAVES=1, MAX_SPLITS=64, num_warps=4, num_stages=3,
-         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=64, PREFILL_WARPS=8, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
-    dict(BLOCK_N=32, MIN_BLOCKS=2, WAVES=4, MAX_SPLITS=256, num_warps=2, num_stages=2,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=32, PREFILL_WARPS=4, PREFILL_STAGES=3, FUSED_MERGE_MAX_SPLITS=0),
-    dict(BLOCK_N=128, MIN_BLOCKS=2, WAVES=2, MAX_SPLITS=128, num_warps=8, num_stages=2,
-         PREFILL_BLOCK_M=128, PREFILL_BLOCK_N=128, PREFILL_WARPS=8, PREFILL_STAGES=1, FUSED_MERGE_MAX_SPLITS=0),
-    # the first, with the splits of a window (at most 9 of 64 keys at window 512) merged by the last
-    # split program to finish instead of a second kernel
-    dict(BLOCK_N=64, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=16),
-    # the fastest of a BLOCK_N x warps x stages sweep at batch 1 (runs/bench-attention-tp8/,
-    # session 10): a 512-key window in up to 17 splits of 32 keys, and 32K keys of a full layer in 128-key blocks
-    dict(BLOCK_N=32, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=4, num_stages=2,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
-    dict(BLOCK_N=128, MIN_BLOCKS=1, WAVES=2, MAX_SPLITS=256, num_warps=8, num_stages=1,
-         PREFILL_BLOCK_M=64, PREFILL_BLOCK_N=64, PREFILL_WARPS=4, PREFILL_STAGES=2, FUSED_MERGE_MAX_SPLITS=0),
-]
-# V loaded after the scores, and, for the first and the two above, beside K (decode splits of one block)
-TRITON_CONFIGS = [dict(c, EARLY_V=False) for c in TRITON_CONFIGS] + \
-    [dict(c, EARLY_V=True) for c in (TRITON_CONFIGS[0], *TRITON_CONFIGS[-2:])]
-
-
-def _triton_supports(wl):
-    c = wl.config
-    if wl.dtype not in ("bf16", "fp16", "fp32"):
-        return f"attention:triton takes bf16, fp16 or fp32 q and KV cache, not {wl.dtype}"
-    if c.head_dim > 256:
-        return f"attention:triton handles head_dim <= 256 (one FP32 accumulator row per query), got {c.head_dim}"
-    if c.num_attention_heads // c.num_key_value_heads > 64:
-        return "attention:triton holds at most 64 query heads per kv head in a decode program"
-    # Any head_dim <= 256 (padded to a power of two >= 16 and masked), any page size (page ids are
-    # gathered per key), any window, any GQA ratio up to 64.
-    return True
-
-
-def _triton_at(config=None):
-    def attention_triton(q, cache, meta, *, window, scale):
-        from workbench.variants.kernels.attention import paged_attention
-
-        return paged_attention(q, cache, meta, window=window, scale=scale, config=config)
-    return attention_triton
-
-
-register("attention", "triton", "triton", supports=_triton_supports, configs=TRITON_CONFIGS, pdl=True,
-         configure=_triton_at)(_triton_at())
-
-
-# ---- flashinfer: FlashInfer's paged decode (FA2, CUDA-core or tensor-core) and prefill wrappers ----
-# (_flashinfer_attention.py). Decode plans are made outside CUDA graphs: a runner that refills a
-# captured step's metadata calls the bound callable's `replan(meta)` before replaying (see
-# `beam_model.model.replan`).
-
-FLASHINFER_HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer's kernels are instantiated for
-
-
-def _flashinfer_supports(wl):
-    if wl.dtype not in ("bf16", "fp16"):
-        return f"attention:flashinfer takes bf16 or fp16 q and KV cache, not {wl.dtype}"
-    if wl.config.head_dim not in FLASHINFER_HEAD_DIMS:
-        return f"attention:flashinfer needs head_dim in {FLASHINFER_HEAD_DIMS}, got {wl.config.head_dim}"
-    return True
-
-
-def _flashinfer_replan(meta):
-    module = sys.modules.get("workbench.variants.kernels.flashinfer_attention")
-    if module is not None:  # never called yet: nothing planned
-        module.replan(meta)
-
-
-def _flashinfer_at(config=None):
-    tensor_cores = bool((config or {}).get("tensor_cores", False))
-
-    def attention_flashinfer(q, cache, meta, *, window, scale):
-        from workbench.variants.kernels.flashinfer_attention import paged_attention
-
-        return paged_attention(q, cache, meta, window=window, scale=scale, tensor_cores=tensor_cores)
-    attention_flashinfer.replan = _flashinfer_replan
-    return attention_flashinfer
-
-
-register("attention", "flashinfer", "flashinfer", supports=_flashinfer_supports,
-         configs=[dict(tensor_cores=False), dict(tensor_cores=True)], configure=_flashinfer_at)(_flashinfer_at())

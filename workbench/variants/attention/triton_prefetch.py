@@ -1,16 +1,12 @@
 """`attention:triton_prefetch`: attention:triton with each decode split's first key block loaded
-before the PDL wait (`_triton_attention_prefetch.py` says what may be read early, and why); prefill
-is attention:triton's. Same bits as attention:triton at the same config. Its configs are
-attention:triton's with a separate merge and V beside K (the decode kernel has no other form), then
-the two 32K-context ones (BLOCK_N 128 and 64) with only K prefetched: holding K and V of a block across
-the wait spilled there (runs/attention-read-floor-tp8/, `scripts/sm90_resources.py --attention`).
+before the PDL wait (`kernels/attention_prefetch.py` says what may be read early, docs/decisions.md
+#21); prefill is attention:triton's. Same bits as attention:triton at the same config. Its configs
+(`attention_configs.PREFETCH_CONFIGS`) are attention:triton's with a separate merge and V beside K,
+then two with only K prefetched.
 """
 
 from workbench.registry import register
-from workbench.variants.attention import TRITON_CONFIGS, _triton_supports
-
-CONFIGS = [c for c in TRITON_CONFIGS if not c["FUSED_MERGE_MAX_SPLITS"] and not c["EARLY_V"]]
-CONFIGS += [dict(c, PREFETCH_V=False) for c in (CONFIGS[-1], CONFIGS[0])]
+from workbench.variants.kernels.attention_configs import PREFETCH_CONFIGS, supports
 
 
 def _at(config=None):
@@ -22,5 +18,5 @@ def _at(config=None):
     return attention_triton_prefetch
 
 
-register("attention", "triton_prefetch", "triton", supports=_triton_supports, configs=CONFIGS, pdl=True,
+register("attention", "triton_prefetch", "triton", supports=supports, configs=PREFETCH_CONFIGS, pdl=True,
          configure=_at)(_at())

@@ -30,14 +30,15 @@ def attention_out(q, cache, meta, g, w, *, window, scale):
 # ---- spec: the members' inputs side by side; bytes and FLOPs add up ---------------------------------
 
 def _inputs(wl, device, seed):
-    a = attention_point._inputs(wl, device, seed)
-    _, g, w = attn_out_point._inputs(wl, device, seed).args
+    a = attention_point.inputs(wl, device, seed)
+    _, g, w = attn_out_point.inputs(wl, device, seed).args
     return Call((*a.args, g, w), dict(a.kwargs), weights_arg=len(a.args) + 1)
 
 
 def _bytes(wl):
     # the members' bytes less the attention output's trip through memory (written by one, read by the other)
-    return spec("attention").bytes(wl) + spec("attn_out").bytes(wl) - 2 * DTYPE_BYTES[wl.dtype] * wl.tokens * wl.config.q_width
+    trip = 2 * DTYPE_BYTES[wl.dtype] * wl.tokens * wl.config.q_width
+    return spec("attention").bytes(wl) + spec("attn_out").bytes(wl) - trip
 
 
 declare(PointSpec(

@@ -13,18 +13,19 @@ from workbench.registry import get, reference
 
 triton = pytest.importorskip("triton")
 
-from workbench.variants import route as route_mod  # noqa: E402
 from workbench.variants.head import triton as head_triton  # noqa: E402
 from workbench.variants.head import triton_softcap as head_softcap  # noqa: E402
+from workbench.variants.kernels import route_select  # noqa: E402
+from workbench.variants.route import triton as route_triton  # noqa: E402
 from workbench.variants.sample import contract_probs  # noqa: E402
 
 # (experts, groups, kept groups, top_k, hidden): beam-tiny's router, and the real 256 / 8 layout.
 # "long": hidden 3000 is a multiple of no block size: masked K tails, several K steps and split-K.
 ROUTE_SHAPES = {"tiny": (16, 4, 2, 4, 64), "e256": (256, 8, 4, 8, 32), "long": (16, 4, 2, 4, 3000)}
 ROUTE_N = (1, 2, 5, 20, 100)  # GEMV (1, 2, 5), FP32 tiles (20), BF16x3 tensor cores (100)
-# The first config, and the configs with the keyed selection (`route._select`): the edge cases below run on
-# both selection forms.
-SELECTIONS = [0] + [i for i, c in enumerate(route_mod.ROUTE_CONFIGS) if c.get("select_keys")]
+# The first config, and the configs with the keyed selection (`route_select.select_experts`): the edge
+# cases below run on both selection forms.
+SELECTIONS = [0] + [i for i, c in enumerate(route_triton.CONFIGS) if c.get("select_keys")]
 
 
 # ====================================================================== route
@@ -52,11 +53,11 @@ def test_route_bf16x3_split_is_exact():
     mantissas = torch.randn(64, 48, generator=g)
     mantissas = mantissas.sign() * mantissas.abs().clamp(min=0.5)  # |W| >= 5e-31: the exact domain
     w = mantissas * torch.logspace(-30, 30, 48)  # a wide range of exponents
-    s = route_mod._route_prepare({"weight": w, "bias": torch.zeros(64)})["bf16x3"].float()
+    s = route_select.prepare_router({"weight": w, "bias": torch.zeros(64)})["bf16x3"].float()
     assert torch.equal(s[0] + s[1] + s[2], w)
 
 
-@pytest.mark.parametrize("config", range(len(route_mod.ROUTE_CONFIGS)))
+@pytest.mark.parametrize("config", range(len(route_triton.CONFIGS)))
 @pytest.mark.parametrize("n", ROUTE_N)
 @pytest.mark.parametrize("shape", ["tiny", "e256", "long"])
 def test_route_matches_reference(shape, n, config):
@@ -71,7 +72,7 @@ def test_route_fused_select_leaves_its_counter_at_zero():
     (a graph replaying the step, no memset between) route right each time."""
     from workbench.variants.kernels import arrivals as _arrivals
 
-    fused = [c for c in route_mod.ROUTE_CONFIGS if c["fused_select"]]
+    fused = [c for c in route_triton.CONFIGS if c["fused_select"]]
     assert fused
     v = get("route", "triton")
     for cfg in fused:
@@ -88,7 +89,7 @@ def test_route_nan_rows_still_select_top_k_distinct_experts(n, config):
     x, w, kw = _route_case("e256", n, seed=3)
     x[0] = float("nan")
     v = get("route", "triton")
-    ids, wts = v.at(route_mod.ROUTE_CONFIGS[config])(x, v.prepare_weights(w), **kw)
+    ids, wts = v.at(route_triton.CONFIGS[config])(x, v.prepare_weights(w), **kw)
     assert ((ids >= 0) & (ids < 256)).all()
     assert all(len(set(row.tolist())) == kw["top_k"] for row in ids)
     assert wts[0].isnan().all()
@@ -138,7 +139,7 @@ def test_route_near_ties(shape, n, config):
             rows.append(x)
     x, kw = torch.cat(rows), dict(n_group=g, topk_group=tg, top_k=tk, scale=2.5)
     v = get("route", "triton")
-    got = v.at(route_mod.ROUTE_CONFIGS[config])(x, v.prepare_weights(w), **kw)
+    got = v.at(route_triton.CONFIGS[config])(x, v.prepare_weights(w), **kw)
     _assert_routes_equal(got, reference("route").fn(x, w, **kw))
 
 
@@ -152,7 +153,7 @@ def test_route_exact_tie_order(config, n):
     scores = values[torch.randint(0, 3, (n, e), generator=gen)]
     x, w = _identity_router(scores, torch.zeros(e))
     v = get("route", "triton")
-    ids, _ = v.at(route_mod.ROUTE_CONFIGS[config])(x, v.prepare_weights(w), n_group=g, topk_group=tg, top_k=tk,
+    ids, _ = v.at(route_triton.CONFIGS[config])(x, v.prepare_weights(w), n_group=g, topk_group=tg, top_k=tk,
                                                   scale=2.5)
     s = torch.sigmoid(x)  # biased == s (zero bias); stable sorts: lowest index first among equals
     gs = s.view(-1, g, e // g).sort(dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
@@ -346,16 +347,16 @@ def test_route_selection_compiles_once_whatever_the_split_count(monkeypatch):
     """route:triton's tile regimes split K by a count that follows the shapes (the token count among
     them); the selection kernel takes the config's bound as its constexpr, so two counts of partials
     share one compile (serving met a ~1 s compile at each new count). Both route as the reference."""
-    calls, kernel = [], route_mod._route_select
+    calls, kernel = [], route_triton.route_select
 
     class Recording:  # records (partials, SPLIT) of each launch, then launches
         def __getitem__(self, grid):
             return lambda *args, **kw: calls.append((args[8], kw["SPLIT"])) or kernel[grid](*args, **kw)
 
-    monkeypatch.setattr(route_mod, "_route_select", Recording())
+    monkeypatch.setattr(route_triton, "route_select", Recording())
     v = get("route", "triton")
     for shape in ("e256", "long"):  # tensor-core tiles at 100 tokens: K 32 in 1 partial, K 3000 in 8
         x, w, kw = _route_case(shape, 100, seed=5)
         _assert_routes_equal(v.fn(x, v.prepare_weights(w), **kw), reference("route").fn(x, w, **kw))
     (split_a, bound_a), (split_b, bound_b) = calls
-    assert (split_a, split_b) == (1, 8) and bound_a == bound_b == route_mod.ROUTE_CONFIGS[0]["tc_split"]
+    assert (split_a, split_b) == (1, 8) and bound_a == bound_b == route_triton.CONFIGS[0]["tc_split"]

@@ -24,7 +24,7 @@ sys.path.insert(0, "scripts")
 from sm90_resources import gemv_kernels
 from workbench.sm90 import compile_sm90
 import workbench.variants.kernels.attention as attention
-import workbench.variants.route as route
+import workbench.variants.route.triton as route
 
 def ptx(fn, sig, consts):
     return compile_sm90(fn, sig, consts).asm["ptx"]

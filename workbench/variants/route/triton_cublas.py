@@ -1,12 +1,11 @@
 """`route:triton_cublas`: at prefill sizes, the FP32 router GEMM as cuBLAS BF16 GEMMs on route:triton's exact
-split of the weight, then route:triton's selection kernel.
+split of the weight, then route:triton's selection kernel (both in `kernels/route_select.py`).
 
-The split (`route._route_prepare`) is W = w1 + w2 + w3, each BF16; with BF16 activations every product
+The split (`prepare_router`) is W = w1 + w2 + w3, each BF16; with BF16 activations every product
 x_k * w_jk is exact in FP32, so three BF16 GEMMs with FP32 accumulation and FP32 output
 (`torch.mm(..., out_dtype=torch.float32)`) sum the same products as an FP32 GEMM, in another order.
-Why: in session 15's prefill lock `_route_mm` (route:triton's tile kernel for this split) ran at about
-60% of the H200's BF16 tensor-core rate (13.2 ms a step for 49 x 129 GFLOP in that lock's profile), and
-cuBLAS's Hopper kernels are the field's best at these shapes (runs/bench-route-prefill-tp8/README.md).
+At prefill sizes the router GEMM is compute-bound on these pieces, where cuBLAS's Hopper kernels run
+nearer the tensor cores' rate than route:triton's tile kernel for the same split (`_route_mm`).
 
 Configs:
 - gemms: how the three products are made. "chain": the second and third GEMM add the running FP32
@@ -16,30 +15,31 @@ Configs:
   partials from one batched GEMM (`bmm`, x broadcast over the pieces) in the pieces' own order (w1, w2,
   w3): one launch instead of three, and the ~1-wave tail of each N-256 GEMM (128 tiles of 128 x 256 on
   132 SMs) becomes one 3-wave grid. The order only moves FP32 rounding, as any GEMM's K order does.
-- select_tokens, select_warps: tokens per program of the selection and its warps. The prefill lock's
-  profile of session 21 has the selection at ~63 us a layer, for 50 MB of partials (~12 us of
-  bandwidth): it is latency-bound in its 2 * top_k + 2 * topk_group + 5 reductions, so fewer tokens per
-  program (down to one warp per token, all shuffles) are tried beside route:triton's 4 tokens x 4 warps.
+- select_tokens, select_warps: tokens per program of the selection and its warps. At prefill the
+  selection is latency-bound in its 2 * top_k + 2 * topk_group + 5 reductions, not by the bytes of
+  the partials it reads, so fewer tokens per program (down to one warp per token, all shuffles) are
+  tried beside route:triton's 4 tokens x 4 warps.
 
 At most ROUTE_FP32_MAX tokens (decode, small batches) the GEMMs would be weight-bound on 7.8 MB of BF16
-pieces instead of 5.2 MB of FP32: there it runs route:triton's default config, the same kernels; so it
-does for activations other than BF16 (which `supports` declines: the search never times it there).
+pieces instead of 5.2 MB of FP32: there it runs route:triton at its default config, the same kernels; so
+it does for activations other than BF16 (which `supports` declines: the search never times it there).
 """
 
 import torch
 
 from workbench.registry import register
-from workbench.variants.route import (
-    ROUTE_CONFIGS, ROUTE_FP32_MAX, _pow2, _route_prepare, _route_select, _route_triton_at, _select_args, triton,
-)
+from workbench.variants.kernels.route_select import pow2, prepare_router, route_select, select_args
+from workbench.variants.kernels.triton_common import triton
+from workbench.variants.route.triton import CONFIGS as TRITON_CONFIGS
+from workbench.variants.route.triton import ROUTE_FP32_MAX, route_triton_at
 
-# No select_tokens 2: at 2 tokens a program the selection gave NaN weights on the H200 under Triton 3.6
-# (passing interpreted), as in route.py's note; the op gate rejected it there (session 22).
+# No select_tokens 2: at 2 tokens a program the selection gives NaN weights on the H200 under Triton 3.6
+# (passing interpreted), as route:triton's configs note; the op gate rejects it there.
 CONFIGS = [dict(gemms="chain", select_tokens=4, select_warps=4),
            *[dict(gemms=g, select_tokens=t, select_warps=w) for g in ("split", "batched")
              for t, w in ((4, 4), (1, 1), (1, 2), (4, 2), (8, 4))]]
 
-_small = _route_triton_at(ROUTE_CONFIGS[0])
+_small = route_triton_at(TRITON_CONFIGS[0])
 
 
 def _mm_f32(x, w, *, acc=None, out=None):
@@ -65,7 +65,7 @@ def _at(config=None):
     config = config or CONFIGS[0]
     gemms, select_tokens, select_warps = config["gemms"], config["select_tokens"], config["select_warps"]
 
-    def route_cublas(x, w, *, n_group, topk_group, top_k, scale):
+    def route_triton_cublas(x, w, *, n_group, topk_group, top_k, scale):
         n = x.shape[0]
         if n <= ROUTE_FP32_MAX or x.dtype != torch.bfloat16:  # other activations: route:triton splits them too
             return _small(x, w, n_group=n_group, topk_group=topk_group, top_k=top_k, scale=scale)
@@ -81,17 +81,18 @@ def _at(config=None):
                 _mm_f32(x, piece, out=part[s])
         ids = torch.empty((n, top_k), dtype=torch.int64, device=x.device)
         weights = torch.empty((n, top_k), dtype=torch.float32, device=x.device)
-        block_t = min(select_tokens, _pow2(n))
-        outs, sizes, consts = _select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
-        _route_select[(triton.cdiv(n, block_t),)](part, *outs, n, *sizes, **consts, num_warps=select_warps)
+        block_t = min(select_tokens, pow2(n))
+        outs, sizes, consts = select_args(part, w, ids, weights, n_group, topk_group, top_k, scale, block_t)
+        route_select[(triton.cdiv(n, block_t),)](part, *outs, n, *sizes, **consts, num_warps=select_warps)
         return ids, weights
 
-    return route_cublas
+    return route_triton_cublas
 
 
 def _supports(wl):
     if wl.dtype != "bf16":
-        return f"route:triton_cublas splits only the weight: its products are exact for BF16 activations, not {wl.dtype}"
+        return (f"route:triton_cublas splits only the weight: its products are exact for BF16 activations, "
+                f"not {wl.dtype}")
     if not (hasattr(torch.ops.aten.addmm, "dtype") and hasattr(torch.ops.aten.bmm, "dtype")):
         return f"route:triton_cublas needs matmuls with out_dtype (torch >= 2.8), not torch {torch.__version__}"
     return True
@@ -103,5 +104,5 @@ def _config_supports(config, wl):
     return True
 
 
-register("route", "triton_cublas", "triton", prepare=_route_prepare, supports=_supports, configs=CONFIGS,
+register("route", "triton_cublas", "triton", prepare=prepare_router, supports=_supports, configs=CONFIGS,
          config_supports=_config_supports, configure=_at)(_at())

@@ -11,8 +11,8 @@ spill and ran 1.7-2.1x slower than the 8 x 512 winner (docs/decisions.md #26).
 Read this before spending device time on a config. The GPU host's Triton may allocate differently.
 
     python3 scripts/sm90_resources.py [--rows | --persistent] [--config JSON ...]
-    (default: experts.TRITON_CONFIGS, with --rows experts__triton_rows.CONFIGS, with --persistent
-    experts__triton_persistent.CONFIGS)
+    (default: experts/triton.py's CONFIGS, with --rows experts/triton_rows.py's, with --persistent
+    experts/triton_persistent.py's)
     python3 scripts/sm90_resources.py --attention [--config JSON ...]
     (the decode kernels of attention:triton and attention:triton_prefetch at each of the latter's
     configs or the ones given, with PDL, at a TP8 rank's full-attention decode: 6 query heads on one KV head of 128)
@@ -50,12 +50,12 @@ def gemv_kernels(config: dict, top_k: int) -> dict:
     steps = -(-ints["HIDDEN"] // config["BLOCK_K"])  # hidden slices of whole BLOCK_K steps, as the launch
     ints["K_PER_SPLIT"] = config["BLOCK_K"] * -(-steps // config.get("SPLIT_K", 1))
     launch = dict(num_warps=config["num_warps"], num_stages=config["num_stages"], ints=ints)
-    gate_up = compile_sm90(moe._gate_up_gemv, dict(
+    gate_up = compile_sm90(moe.gate_up_gemv_kernel, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
         TOP_K=top_k, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SPLIT=config.get("SPLIT_K", 1)),
         **launch)
-    down = compile_sm90(moe._down_gemv, dict(
+    down = compile_sm90(moe.down_gemv_kernel, dict(
         act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr="*bf16", y_ptr="*bf16", HIDDEN="i32", FF="i32",
         stride_we="i32", stride_wh="i32"), dict(
         TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(), BLOCK_N=config["DOWN_BLOCK_N"],
@@ -74,13 +74,13 @@ def rows_kernels(config: dict, top_k: int) -> dict:
     kernels = {}
     if "BLOCK_K" not in config:
         h_a, h_b = rows.pieces(hidden)
-        kernels["gate_up"] = compile_sm90(rows._gate_up_rows, dict(
+        kernels["gate_up"] = compile_sm90(rows.gate_up_rows_kernel, dict(
             x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", FF="i32",
             stride_we="i32", stride_wf="i32"), dict(
             HIDDEN=hidden, H_A=h_a, H_B=h_b, TOP_K=top_k, BLOCK_N=config["BLOCK_N"], STEPS=config.get("STEPS", 1)),
             ints=ints, num_warps=config["num_warps"], num_stages=1)
     f_a, f_b = rows.pieces(ff)
-    kernels["down"] = compile_sm90(rows._down_rows, dict(
+    kernels["down"] = compile_sm90(rows.down_rows_kernel, dict(
         act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr="*bf16", y_ptr="*bf16", HIDDEN="i32",
         stride_we="i32", stride_wh="i32"), dict(
         FF=ff, F_A=f_a, F_B=f_b, TOP_K=top_k, K_P2=1 << (top_k - 1).bit_length(), BLOCK_N=config["DOWN_BLOCK_N"],
@@ -96,7 +96,7 @@ def persistent_kernels(config: dict, top_k: int) -> dict:
     ints = _sizes(top_k)
     hidden, ff = ints["HIDDEN"], ints["FF"]
     (h_a, h_b), (f_a, f_b) = persistent.pieces(hidden), persistent.pieces(ff)
-    return {"one_launch": compile_sm90(persistent._experts_persistent, dict(
+    return {"one_launch": compile_sm90(persistent.experts_persistent_kernel, dict(
         x_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wg_ptr="*bf16", wu_ptr="*bf16", wd_ptr="*bf16", act_ptr="*bf16",
         y_ptr="*bf16", sync_ptr="*i32", n_tokens="i32", stride_we="i32", stride_wf="i32", stride_wde="i32",
         stride_wdh="i32"), dict(
@@ -113,13 +113,13 @@ def grouped_kernels(config: dict, top_k: int, rounded: bool = True) -> dict:
     ints = _sizes(8 * 2048 * top_k)  # an 8 x 2048-token prefill
     common = dict(pairs_ptr="*i32", block_expert_ptr="*i32")
     sizes = dict(N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32")
-    gate_up = compile_sm90(moe._gate_up_grouped, dict(
+    gate_up = compile_sm90(moe.gate_up_grouped_kernel, dict(
         x_ptr="*bf16", **common, wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", **sizes, stride_we="i32",
         stride_wf="i32"), dict(
         TOP_K=top_k, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
         N_BLOCKS_N=1, PRECISION=None, INTERP=False), ints=ints, num_warps=config["num_warps"],
         num_stages=config["num_stages"])
-    down = compile_sm90(moe._down_grouped, dict(
+    down = compile_sm90(moe.down_grouped_kernel, dict(
         act_ptr="*bf16", **common, rw_ptr="*fp32", wd_ptr="*bf16", out_ptr="*bf16" if rounded else "*fp32", **sizes,
         stride_we="i32", stride_wh="i32"), dict(
         BLOCK_M=config["BLOCK_M"], BLOCK_N=config.get("DOWN_BLOCK_N", config["BLOCK_N"]),
@@ -165,7 +165,7 @@ def main() -> int:
             keys = ("BLOCK_N", "num_warps", "num_stages", "PREFETCH_V")
             print(json.dumps({"config": {k: config[k] for k in keys if k in config}, **usage}))
         return 0
-    from workbench.variants.experts import TRITON_CONFIGS
+    from workbench.variants.experts.triton import CONFIGS as TRITON_CONFIGS
     from workbench.variants.experts.triton_persistent import CONFIGS as PERSISTENT_CONFIGS
     from workbench.variants.experts.triton_rows import CONFIGS as ROWS_CONFIGS
 

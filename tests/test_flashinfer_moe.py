@@ -14,12 +14,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.variant_helpers import (assert_every_config_passes, failures, prefill_workloads, stand_in_flashinfer,
-                                   with_config)
+from tests.variant_helpers import (
+    assert_every_config_passes,
+    failures,
+    prefill_workloads,
+    stand_in_flashinfer,
+    with_config,
+)
 from workbench import gates, registry
 from workbench.points import Workload
 from workbench.variants.experts import flashinfer as fi_moe
 from workbench.variants.experts import flashinfer_down as fi_down
+from workbench.variants.kernels import flashinfer_moe as fi_kernels
 
 PREFILL = Workload("beam-tiny", batch=2, tokens_per_seq=512, context=512, dtype="bf16")
 SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
@@ -61,7 +67,7 @@ def stand_in(monkeypatch):
     for name, fn in (("sm90_contiguous_gather_grouped_gemm_act_fusion", _gemm1),
                      ("sm90_contiguous_grouped_gemm_finalize_fusion", _gemm2)):
         stand_in_flashinfer(monkeypatch, f"fused_moe.cute_dsl.{name}", **{name: fn})
-    monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: True)
+    monkeypatch.setattr(fi_kernels, "_cutlass_installed", lambda: True)
     for module in (fi_moe, fi_down):  # the interpreted kernels are slow at 1024 tokens
         monkeypatch.setattr(module, "MIN_TOKENS", SMALL.tokens)
 
@@ -156,9 +162,9 @@ def test_gate_rejects_a_routing_map_one_row_short(stand_in, monkeypatch):
 
 def test_supports_names_why_it_declines(monkeypatch):
     v = registry.get("experts", "flashinfer")
-    monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: False)
+    monkeypatch.setattr(fi_kernels, "_cutlass_installed", lambda: False)
     assert "CUTLASS DSL" in v.supports(PREFILL)
-    monkeypatch.setattr(fi_moe, "_cutlass_installed", lambda: True)
+    monkeypatch.setattr(fi_kernels, "_cutlass_installed", lambda: True)
     assert v.supports(PREFILL) is True
     assert "prefill sizes" in v.supports(Workload("beam-501b-tp8", batch=64))
     assert "bf16 or fp16" in v.supports(PREFILL.with_(dtype="fp32"))
@@ -170,7 +176,7 @@ def test_supports_names_why_it_declines(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not registry.backend_available("flashinfer")[0] or not fi_moe._cutlass_installed(),
+@pytest.mark.skipif(not registry.backend_available("flashinfer")[0] or not fi_kernels._cutlass_installed(),
                     reason="needs flashinfer, the CUTLASS DSL and a CUDA GPU")
 @pytest.mark.parametrize("name", ["flashinfer", "flashinfer_down"])
 @pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])

@@ -10,7 +10,11 @@ pytest.importorskip("triton")
 
 from tests.test_triton_moe import TOL, _problem, _rel_err, _truth  # noqa: E402
 from tests.test_triton_moe_rounded import (  # noqa: E402
-    GROUPED_PAIRS, TP8, _contract, assert_deterministic_and_reads_only_selected_experts)
+    GROUPED_PAIRS,
+    TP8,
+    _contract,
+    assert_deterministic_and_reads_only_selected_experts,
+)
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
 

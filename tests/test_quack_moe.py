@@ -18,8 +18,8 @@ import torch
 from tests.variant_helpers import assert_every_config_passes, failures, prefill_workloads, with_config
 from workbench import gates, registry
 from workbench.points import Workload
-from workbench.variants.experts import quack as quack_moe
 from workbench.variants.experts import quack_gated as gated_moe
+from workbench.variants.kernels import quack_moe
 
 SMALL = Workload("beam-tiny", batch=2, tokens_per_seq=24, context=24, dtype="bf16")  # MIN_TOKENS lowered for it
 
@@ -59,9 +59,9 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(quack_moe, "_quack_installed", lambda: True)
     monkeypatch.setattr(quack_moe, "MIN_TOKENS", SMALL.tokens)
     monkeypatch.setattr(gated_moe, "_dsl_keyable", lambda: True)
-    quack_moe._gemm_config.cache_clear()
+    quack_moe.gemm_config.cache_clear()
     yield
-    quack_moe._gemm_config.cache_clear()
+    quack_moe.gemm_config.cache_clear()
 
 
 def _on_cpu(v):

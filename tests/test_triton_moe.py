@@ -11,8 +11,9 @@ pytest.importorskip("triton")
 
 from beam_model.config import BeamConfig  # noqa: E402
 from workbench.registry import get  # noqa: E402
+from workbench.variants.experts import experts as reference  # noqa: E402
+from workbench.variants.experts.triton import CONFIGS as TRITON_CONFIGS  # noqa: E402
 from workbench.variants.kernels import moe as _triton_moe  # noqa: E402  (conftest has set TRITON_INTERPRET)
-from workbench.variants.experts import TRITON_CONFIGS, experts as reference  # noqa: E402
 
 TINY = BeamConfig.from_preset("beam-tiny")  # hidden 64, ff 32, 16 experts, top_k 4
 # The reference itself is ~4e-3 off in bf16 (it rounds gate, up and each expert's output); rounding
@@ -156,11 +157,11 @@ def test_grouped_down_gemm_takes_its_own_tile(monkeypatch):
                 return launch
         monkeypatch.setattr(_triton_moe, name, Spy())
 
-    spy("_gate_up_grouped"), spy("_down_grouped")
+    spy("gate_up_grouped_kernel"), spy("down_grouped_kernel")
     cfg = dict(GROUPED, DOWN_BLOCK_N=32, DOWN_BLOCK_K=16, DOWN_WARPS=2, DOWN_STAGES=1)
     x, ids, weights, w = _problem(9, torch.float32, seed=4, hidden=80, ff=48, experts=10, top_k=3)
     assert _rel_err(_run(cfg, x, ids, weights, w), _truth(x, ids, weights, w)) < TOL[torch.float32]
-    down, gate_up = launched["_down_grouped"], launched["_gate_up_grouped"]
+    down, gate_up = launched["down_grouped_kernel"], launched["gate_up_grouped_kernel"]
     assert (down["BLOCK_N"], down["BLOCK_K"], down["num_warps"], down["num_stages"]) == (32, 16, 2, 1)
     assert (gate_up["BLOCK_N"], gate_up["BLOCK_K"], gate_up["num_warps"]) == \
         (GROUPED["BLOCK_N"], GROUPED["BLOCK_K"], GROUPED["num_warps"])

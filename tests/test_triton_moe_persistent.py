@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 from tests.test_triton_moe import TOL, TP8, _poisoned, _problem, _rel_err, _truth, _unselected  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
-from workbench.variants.kernels.arrivals import arrival_counters  # noqa: E402
 from workbench.variants.experts.triton_persistent import CONFIGS  # noqa: E402
+from workbench.variants.kernels.arrivals import arrival_counters  # noqa: E402
 
 PERSISTENT = get("experts", "triton_persistent")
 

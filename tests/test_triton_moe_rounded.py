@@ -51,7 +51,8 @@ def test_rounds_each_pair_to_the_model_dtype():
     """This variant's rows are rounded before the combine; experts:triton's stay FP32. Each matches
     its own emulation (FP32 accumulation order aside) and is ~1 BF16 rounding from the other's."""
     x, ids, weights, w = _problem(GROUPED_PAIRS, torch.bfloat16, seed=4)
-    rounded, fp32_rows = _contract(x, ids, weights, w, round_pairs=True), _contract(x, ids, weights, w, round_pairs=False)
+    rounded = _contract(x, ids, weights, w, round_pairs=True)
+    fp32_rows = _contract(x, ids, weights, w, round_pairs=False)
     config = GROUPED_CONFIGS[0]
     y, y_triton = ROUNDED.at(config)(x, ids, weights, w), get("experts", "triton").at(config)(x, ids, weights, w)
     assert _rel_err(y, rounded) < 0.1 * _rel_err(y, fp32_rows)

@@ -11,11 +11,11 @@ pytest.importorskip("triton")
 from tests.test_triton_moe import TOL, TP8, _poisoned, _problem, _rel_err, _truth, _unselected  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import get  # noqa: E402
-from workbench.variants.kernels.moe_rows import pieces  # noqa: E402
 from workbench.variants.experts.triton_rows import CONFIGS  # noqa: E402
+from workbench.variants.kernels.moe_rows import pieces  # noqa: E402
 
 ROWS = get("experts", "triton_rows")
-LOOPED = next(c for c in CONFIGS if "BLOCK_K" in c)  # experts:triton's gate/up kernel, then _down_rows
+LOOPED = next(c for c in CONFIGS if "BLOCK_K" in c)  # experts:triton's gate/up kernel, then down_rows_kernel
 
 
 def _name(config):

@@ -154,9 +154,9 @@ import workbench.variants.kernels.moe as moe
 
 ints = dict(N_PAIRS=131072, N_EXPERTS=256, N_CHUNKS=256, MAX_BLOCKS=1278)  # 8 x 2048 tokens, top 8 of 256
 sizes = dict(E_P2=256, CHUNK=moe.ALIGN_CHUNK)
-count = compile_sm90(moe._count_by_expert, dict(ids_ptr="*i64", chunk_counts_ptr="*i32", N_PAIRS="i32"),
+count = compile_sm90(moe.count_by_expert_kernel, dict(ids_ptr="*i64", chunk_counts_ptr="*i32", N_PAIRS="i32"),
                      dict(**sizes, SUB=moe.ALIGN_SUB), ints=ints, num_warps=8)
-align = compile_sm90(moe._align_by_expert, dict(
+align = compile_sm90(moe.align_by_expert_kernel, dict(
     ids_ptr="*i64", chunk_counts_ptr="*i32", cursor_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32",
     N_PAIRS="i32", N_EXPERTS="i32", N_CHUNKS="i32", MAX_BLOCKS="i32"), dict(
     **sizes, BLOCK_M=128, PLACE=moe.ALIGN_PLACE, ROWS=moe.ALIGN_ROWS, MARK_N=moe.MARK), ints=ints, num_warps=8)
@@ -186,7 +186,7 @@ for pdl in (False, True):
         K="i32", stride_xm="i32", b1="i32", b2="i32", b3="i32"), dict(
         BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, DOT=False, SWIGLU=False, IEEE=False, PDL=pdl),
         ints=dict(M=1, N=7168, K=5120, stride_xm=5120, b1=7168, b2=7168, b3=7168), num_warps=2).asm["ptx"]
-    out[f"experts gate/up pdl={pdl}"] = compile_sm90(moe._gate_up_gemv, dict(
+    out[f"experts gate/up pdl={pdl}"] = compile_sm90(moe.gate_up_gemv_kernel, dict(
         x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
         count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
         TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=1, PDL=pdl), ints=_sizes(8), num_warps=2).asm["ptx"]

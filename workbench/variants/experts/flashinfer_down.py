@@ -3,11 +3,11 @@ FlashInfer's SM90 CuTe-DSL GEMM2 (experts:flashinfer's second kernel).
 
 Why a hybrid: FlashInfer's GEMM1 wants gate and up interleaved in one tensor, which the model does not
 hold (a per-call repack costs more than it saves), but its GEMM2 takes the down weight as the model
-holds it and beat `_down_grouped` by a quarter at 8 x 2K (runs/bench-experts-prefill-tp8/README.md,
-session 14). So: Triton groups the pairs by expert (`align_by_expert`, each expert's rows padded to
-whole tiles) and runs gate/up + SwiGLU into those rows (`_gate_up_grouped`); the same grouping, read
-as FlashInfer's routing maps, drives GEMM2, which writes each pair's down projection rounded to the
-model dtype; experts:triton's combine weights and sums them in FP32, rounded once. The rounding is
+holds it and is faster than `down_grouped_kernel` at prefill (docs/variants.md, `experts`). So: Triton
+groups the pairs by expert (`align_by_expert`, each expert's rows padded to whole tiles) and runs
+gate/up + SwiGLU into those rows (`grouped_gate_up`); the same grouping, read as FlashInfer's routing
+maps, drives GEMM2, which writes each pair's down projection rounded to the model dtype;
+experts:triton's combine weights and sums them in FP32, rounded once. The rounding is
 experts:triton_rounded's, kernel for kernel.
 
 Prefill sizes only (>= MIN_TOKENS tokens; the grouped path's tiles of 64 or 128 rows per expert are
@@ -19,12 +19,12 @@ import functools
 import torch
 
 from workbench.registry import register
-from workbench.variants.experts.flashinfer import Routing, cluster_supports, cute_moe_limits, down_rows
+from workbench.variants.kernels.flashinfer_moe import Routing, cluster_supports, cute_moe_limits, down_rows
 
 MIN_TOKENS = 1024
 
 # The gate/up tile is the 8 x 2K prefill lock's (BLOCK_M = the CuTe M tile); GEMM2's N tile and cluster
-# are the three fastest in the session-14 bench.
+# are the three fastest on the H200 at 8 x 2K.
 _GATE_UP = dict(tile=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3)
 CONFIGS = [
     dict(_GATE_UP, gemm2_n=256, cluster_n=1),

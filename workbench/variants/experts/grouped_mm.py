@@ -1,6 +1,6 @@
 """`experts:grouped_mm`: the routed pairs sorted by expert and run through torch's grouped GEMM
 (`torch._grouped_mm`: CUTLASS kernels on Hopper, what torchtitan's MoE uses) for gate, up and down,
-with the SwiGLU and the weighted FP32 combine as two small Triton kernels (`_triton_moe_grouped_mm`).
+with the SwiGLU and the weighted FP32 combine as two small Triton kernels (`kernels/moe_grouped_mm.py`).
 
 The rounding is the reference's: gate, up and each pair's down projection in the model dtype, the
 activation FP32 rounded once, the combine FP32 rounded once. Grouping is on the device (argsort,
@@ -15,7 +15,7 @@ from workbench.registry import register
 
 
 def _supports(wl):
-    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use
 
     if not hasattr(torch, "_grouped_mm"):
         return f"experts:grouped_mm needs torch._grouped_mm (torch >= 2.8), not torch {torch.__version__}"

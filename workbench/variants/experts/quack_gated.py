@@ -14,8 +14,9 @@ Rounding: the activation is silu(gate) * up from the FP32 accumulators, rounded 
 dtype (the reference rounds gate and up to the model dtype first); each pair's down projection in
 the model dtype; the combine FP32, rounded once.
 
-Prefill sizes only (>= experts:quack's MIN_TOKENS), bf16/fp16, Hopper, quack-kernels installed, as
-experts:quack; and the CUTLASS DSL imported from a site-packages folder (see `_dsl_keyable`).
+Prefill sizes only (>= `quack_moe.MIN_TOKENS` tokens), bf16/fp16, Hopper, quack-kernels installed, as
+experts:quack; and the CUTLASS DSL imported from a site-packages folder (see `_dsl_keyable`). Never
+holds a second copy of the weights nor changes their values (docs/decisions.md #24).
 """
 
 import functools
@@ -24,14 +25,13 @@ import importlib.util
 import torch
 
 from workbench.registry import register
-from workbench.variants.experts import quack as quack_moe
+from workbench.variants.kernels.quack_moe import gemm_config, grouped_gemm, quack_limits, sort_pairs
 
 # gated: M x N tile over the [gate; up] columns (N a multiple of 32 for the gated epilogue), pingpong,
-# CTA cluster along M, quack's dynamic persistent scheduler; down: as experts:quack's. The H200 probe of
-# session 21 (runs/bench-experts-prefill-tp8/README.md): 128 x 160 pingpong in 2-CTA clusters fastest;
-# session 24's sweep of quack's other settings (same README): the gated GEMM ~10% faster with the dynamic
-# scheduler (not profiled why; groups ending at uneven tiles would be one cause), the down GEMM
-# (K = ff = 320) 10-20% faster at 128 x 192 pingpong without a cluster than at 128 x 256 cooperative.
+# CTA cluster along M, quack's dynamic persistent scheduler; down: as experts:quack's. On the H200 the
+# gated GEMM is fastest at 128 x 160 pingpong in 2-CTA clusters on the dynamic scheduler, the down GEMM
+# (K = ff = 320) at 128 x 192 pingpong without a cluster (docs/variants.md, `experts`); the other three
+# time each of those two choices against its alternative.
 CONFIGS = [
     dict(gu_m=128, gu_n=160, gu_pingpong=True, gu_cluster_m=2, gu_dynamic=True, down_m=128, down_n=192,
          down_pingpong=True, down_cluster_m=1),
@@ -55,7 +55,7 @@ def _dsl_keyable() -> bool:
 
 
 def _supports(wl):
-    verdict = quack_moe._supports(wl)
+    verdict = quack_limits(wl)
     if verdict is not True:
         return verdict
     if not _dsl_keyable():
@@ -100,7 +100,7 @@ def gated_gemm(x, gate_up, cu_seqlens, a_idx, config):
 
     return gemm_act(x, gate_up.transpose(1, 2), activation="swiglu", cu_seqlens_m=cu_seqlens, A_idx=a_idx,
                     store_preact=False, concat_layout=("B",), tuned=False,
-                    config=quack_moe._gemm_config(*config))[1]
+                    config=gemm_config(*config))[1]
 
 
 def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, gu_dynamic, down_m, down_n,
@@ -110,10 +110,10 @@ def _experts_at(x, ids, weights, w, *, gu_m, gu_n, gu_pingpong, gu_cluster_m, gu
     n, top_k = ids.shape
     if n == 0:
         return torch.empty_like(x)
-    cu_seqlens, tokens, pos = quack_moe.sort_pairs(ids, w["gate_up"].shape[0])
+    cu_seqlens, tokens, pos = sort_pairs(ids, w["gate_up"].shape[0])
     act = gated_gemm(x.contiguous(), w["gate_up"], cu_seqlens, tokens,
                      (gu_m, gu_n, gu_pingpong, gu_cluster_m, gu_dynamic))
-    down = quack_moe.grouped_gemm(act, w["down_proj"], cu_seqlens, (down_m, down_n, down_pingpong, down_cluster_m))
+    down = grouped_gemm(act, w["down_proj"], cu_seqlens, (down_m, down_n, down_pingpong, down_cluster_m))
     return combine_sorted(down, pos, weights.contiguous().float(), top_k)
 
 

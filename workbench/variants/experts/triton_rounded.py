@@ -1,17 +1,20 @@
 """`experts:triton_rounded`: experts:triton's grouped (prefill) path with each routed pair's output
 rounded to the model dtype before the weighted FP32 combine: the reference's rounding, and half the
-bytes between the down projection and the combine (`_triton_moe.py`, `rounded=True`). Decode shapes
+bytes between the down projection and the combine (`kernels/moe.py`, `rounded=True`). Decode shapes
 take experts:triton's GEMV path, so the search times this variant only where pairs are grouped.
+
+Its configs are experts:triton's grouped ones, taken from that variant's list so the two never drift
+apart; a GEMV config is refused.
 """
 
 from workbench.registry import register
-from workbench.variants.experts import TRITON_CONFIGS
+from workbench.variants.experts.triton import CONFIGS as TRITON_CONFIGS
 
 GROUPED_CONFIGS = [c for c in TRITON_CONFIGS if c["path"] == "grouped"]
 
 
 def _supports(wl):
-    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use, as experts.py does
+    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use
 
     if wl.dtype not in ("bf16", "fp16", "fp32"):
         return f"experts:triton_rounded takes bf16, fp16 or fp32 weights, not {wl.dtype}"

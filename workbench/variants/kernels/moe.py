@@ -1,6 +1,9 @@
-"""Triton kernels of the `experts:triton` variant: a fused MoE in two GEMMs (see `experts.py` for the
-contract). Imported on the variant's first call, never by `experts.py` at import time, so the point
-imports without triton and TRITON_INTERPRET can still be set before these kernels are defined.
+"""Triton kernels of the fused MoE of `experts:triton` and `experts:triton_rounded` (the contract is in
+`workbench/variants/experts/__init__.py`), and the pieces other experts variants reuse: the SwiGLU
+store (`swiglu_store`), the grouping by expert (`align_by_expert`), the grouped gate/up
+(`grouped_gate_up`), the combine (`combine`), the weight check (`checked_weights`). Imported on a
+variant's first call, never when a variant module is imported, so the point imports without triton
+and TRITON_INTERPRET can still be set before these kernels are defined.
 
 Two paths compute the same function, each with two kernels:
 - GEMV (few routed pairs, decode): one program per (token, k) pair x a block of ff rows computes
@@ -18,7 +21,7 @@ Two paths compute the same function, each with two kernels:
   reference rounds an expert's output, and the combine applies the weights (half the bytes between
   them: 2.7 GB a layer in FP32 at 8 x 2048 tokens, top-8 of hidden 5120).
 
-A "pdl" config launches every kernel with programmatic dependent launch (`_triton_common.pdl_launch`);
+A "pdl" config launches every kernel with programmatic dependent launch (`triton_common.pdl_launch`);
 each waits at its top, since even its weights depend on the routed ids an earlier kernel wrote.
 
 Atomics only count arrivals (the GEMV path's SPLIT_K configs), never sum values: every output element
@@ -39,7 +42,7 @@ from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, roun
 GEMV_MAX_PAIRS = 64      # auto path: GEMV up to this many (token, k) pairs (decode up to b8 at top_k 8)
 GEMV_HARD_MAX_PAIRS = 2048  # a forced GEMV config re-reads an expert per pair; past this, always group
 
-# Defaults when no tuning config is given; each is also in `experts.TRITON_CONFIGS` (a test checks).
+# Defaults when no tuning config is given; each is also in `experts/triton.py`'s CONFIGS (a test checks).
 GEMV = dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1)
 GROUPED_SMALL = dict(path="grouped", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
 GROUPED_LARGE = dict(path="grouped", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)
@@ -68,9 +71,9 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, INTERP: tl.constexpr):
 # ---- GEMV path -----------------------------------------------------------------------------------
 
 @triton.jit
-def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, HIDDEN, FF, K_PER_SPLIT,
-                  stride_we, stride_wf, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+def gate_up_gemv_kernel(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, HIDDEN, FF, K_PER_SPLIT,
+                        stride_we, stride_wf, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """act[pair, n-block] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair].
 
     Fuses both GEMVs and SwiGLU: each gate/up weight element is loaded once (BLOCK_K-wide rows
@@ -78,7 +81,7 @@ def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, 
     so the inner loop is pure loads + FMAs. Only the pair's own expert is touched.
     SPLIT > 1: hidden is cut into SPLIT slices (program_id 2), more programs streaming at once; each
     stores its FP32 partial (gate, up) and the last of a (pair, n-block) to arrive (an arrival
-    counter, `_arrivals.py`) sums them in slice order, applies SwiGLU and resets the counter.
+    counter, `arrivals.py`) sums them in slice order, applies SwiGLU and resets the counter.
     """
     pdl_enter(PDL)
     pair = tl.program_id(0)
@@ -112,10 +115,10 @@ def _gate_up_gemv(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, part_ptr, count_ptr, 
             for s in tl.static_range(SPLIT):  # slice order: bitwise reproducible
                 g += tl.load(rows + (s * 2) * FF, mask=n_ok, other=0.0, cache_modifier=".cg")
                 u += tl.load(rows + (s * 2 + 1) * FF, mask=n_ok, other=0.0, cache_modifier=".cg")
-            _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok)
+            swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok)
             tl.atomic_xchg(counter, 0)
     else:
-        _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok)
+        swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, n_ok)
 
 
 @triton.jit
@@ -125,14 +128,14 @@ def swiglu(g, u):
 
 
 @triton.jit
-def _swiglu_store(g, u, act_ptrs, mask):
+def swiglu_store(g, u, act_ptrs, mask):
     tl.store(act_ptrs, round_to(swiglu(g, u), act_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _down_gemv(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, stride_wh,
-               TOP_K: tl.constexpr, K_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PDL: tl.constexpr = False):
+def down_gemv_kernel(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, FF, stride_we, stride_wh,
+                     TOP_K: tl.constexpr, K_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """y[token, n-block] = sum_k rw[token, k] * (act[token, k] @ down[ids[token, k]].T), rounded once.
 
     One program owns its output rows across all top_k experts, so the weighted combine happens in
@@ -174,8 +177,8 @@ MARK = 64          # block marks written at once
 
 
 @triton.jit
-def _count_by_expert(ids_ptr, chunk_counts_ptr, N_PAIRS, E_P2: tl.constexpr, CHUNK: tl.constexpr,
-                     SUB: tl.constexpr, PDL: tl.constexpr = False):
+def count_by_expert_kernel(ids_ptr, chunk_counts_ptr, N_PAIRS, E_P2: tl.constexpr, CHUNK: tl.constexpr,
+                           SUB: tl.constexpr, PDL: tl.constexpr = False):
     """chunk_counts[c, e] = how many of chunk c's routed pairs go to expert e. One program per CHUNK
     pairs, each id read once and compared with every expert: no atomics, no host-side bincount."""
     pdl_enter(PDL)
@@ -190,13 +193,13 @@ def _count_by_expert(ids_ptr, chunk_counts_ptr, N_PAIRS, E_P2: tl.constexpr, CHU
 
 
 @triton.jit
-def _align_by_expert(ids_ptr, chunk_counts_ptr, cursor_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS,
-                     N_CHUNKS, MAX_BLOCKS, E_P2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
-                     PLACE: tl.constexpr, ROWS: tl.constexpr, MARK_N: tl.constexpr, PDL: tl.constexpr = False):
+def align_by_expert_kernel(ids_ptr, chunk_counts_ptr, cursor_ptr, pairs_ptr, block_expert_ptr, N_PAIRS, N_EXPERTS,
+                           N_CHUNKS, MAX_BLOCKS, E_P2: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+                           PLACE: tl.constexpr, ROWS: tl.constexpr, MARK_N: tl.constexpr, PDL: tl.constexpr = False):
     """vLLM's `moe_align_block_size` over chunks: expert e's pair ids, in pair order, fill its run of
     pairs[], padded to a multiple of BLOCK_M with the sentinel N_PAIRS, and its blocks are marked e in
     block_expert[]. A chunk's pairs go to its experts' runs after those of the chunks before it (the
-    counts of `_count_by_expert`), each after the same expert's pairs before it in the chunk (this
+    counts of `count_by_expert_kernel`), each after the same expert's pairs before it in the chunk (this
     program's next free slot per expert lives in cursor[c, :]), so every slot is written by one
     program, in the order a stable sort by expert gives. Program c also pads and marks experts c,
     c + N_CHUNKS, ...; the last marks the worst-case grid's surplus blocks N_EXPERTS (skip)."""
@@ -256,19 +259,19 @@ def align_by_expert(ids: torch.Tensor, n_experts: int, block_m: int, pdl: bool =
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=ids.device)
     sizes = dict(E_P2=e_p2, CHUNK=ALIGN_CHUNK, num_warps=8)
-    _count_by_expert[(n_chunks,)](ids, chunk_counts, n_pairs, SUB=ALIGN_SUB, **sizes, **pdl_launch(pdl))
-    _align_by_expert[(n_chunks,)](ids, chunk_counts, cursors, sorted_pairs, block_expert, n_pairs, n_experts,
-                                  n_chunks, max_blocks, BLOCK_M=block_m, PLACE=ALIGN_PLACE, ROWS=ALIGN_ROWS,
-                                  MARK_N=MARK, **sizes, **pdl_launch(pdl))
+    count_by_expert_kernel[(n_chunks,)](ids, chunk_counts, n_pairs, SUB=ALIGN_SUB, **sizes, **pdl_launch(pdl))
+    align_by_expert_kernel[(n_chunks,)](ids, chunk_counts, cursors, sorted_pairs, block_expert, n_pairs, n_experts,
+                                        n_chunks, max_blocks, BLOCK_M=block_m, PLACE=ALIGN_PLACE, ROWS=ALIGN_ROWS,
+                                        MARK_N=MARK, **sizes, **pdl_launch(pdl))
     return sorted_pairs, block_expert
 
 
 @triton.jit
-def _gate_up_grouped(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr,
-                     N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
-                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr,
-                     PDL: tl.constexpr = False):
+def gate_up_grouped_kernel(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr,
+                           N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
+                           TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           N_BLOCKS_N: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """act[block rows, n-block] = silu(X_e @ gate[e].T) * (X_e @ up[e].T) for one expert's block of
     BLOCK_M routed rows (X_e gathered from x by token). Fuses the two GEMMs (same A tile, two
     tensor-core dots into FP32 accumulators) and SwiGLU in the epilogue, so gate and up never reach
@@ -303,11 +306,11 @@ def _gate_up_grouped(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, act_ptr
 
 
 @triton.jit
-def _down_grouped(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
-                  N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  N_BLOCKS_N: tl.constexpr, ROUNDED: tl.constexpr, PRECISION: tl.constexpr,
-                  INTERP: tl.constexpr, PDL: tl.constexpr = False):
+def down_grouped_kernel(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, out_ptr,
+                        N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        N_BLOCKS_N: tl.constexpr, ROUNDED: tl.constexpr, PRECISION: tl.constexpr,
+                        INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """out[pair, n-block] = act[row] @ down[e].T for one expert's block of rows: times the routing
     weight in FP32, or (ROUNDED) rounded to the model dtype with the weight left to the combine.
 
@@ -390,7 +393,7 @@ def checked_weights(w: dict, variant: str, *, down: bool = True):
 def grouped_gate_up(x, ids, wg, wu, *, block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
                     pdl: bool = False):
     """The grouped path's first half: the routed pairs grouped by expert in tiles of `block_m` rows
-    (`align_by_expert`), then gate/up + SwiGLU into those rows (`_gate_up_grouped`). Returns
+    (`align_by_expert`), then gate/up + SwiGLU into those rows (`gate_up_grouped_kernel`). Returns
     (sorted_pairs, block_expert, act [tiles x block_m, ff] in the model dtype)."""
     n_experts, ff, hidden = wg.shape
     sorted_pairs, block_expert = align_by_expert(ids, n_experts, block_m, pdl)
@@ -398,7 +401,7 @@ def grouped_gate_up(x, ids, wg, wu, *, block_m: int, block_n: int, block_k: int,
     act = torch.empty(n_blocks * block_m, ff, dtype=x.dtype, device=x.device)
     grid_n = triton.cdiv(ff, block_n)
     # FP32 weights (CPU tests, FP32 builds) must not silently drop to TF32 on the tensor cores
-    _gate_up_grouped[(n_blocks * grid_n,)](
+    gate_up_grouped_kernel[(n_blocks * grid_n,)](
         x, sorted_pairs, block_expert, wg, wu, act, ids.numel(), n_experts, hidden, ff, wg.stride(0), wg.stride(1),
         TOP_K=ids.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, N_BLOCKS_N=grid_n,
         PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED, num_warps=num_warps,
@@ -435,11 +438,11 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
         grid = (n_pairs, triton.cdiv(ff, bn), split)
         part = torch.empty((n_pairs, split, 2, ff), dtype=torch.float32, device=x.device) if split > 1 else act
         count = arrival_counters(grid[0] * grid[1], x.device, "experts") if split > 1 else act
-        _gate_up_gemv[grid](
+        gate_up_gemv_kernel[grid](
             x, ids, wg, wu, act, part, count, hidden, ff, per * bk, wg.stride(0), wg.stride(1),
             TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, **launch)
         bn, bk = cfg["DOWN_BLOCK_N"], min(cfg["DOWN_BLOCK_K"], triton.next_power_of_2(ff))
-        _down_gemv[(n, triton.cdiv(hidden, bn))](
+        down_gemv_kernel[(n, triton.cdiv(hidden, bn))](
             act, ids, rw, wd, y, hidden, ff, wd.stride(0), wd.stride(1),
             TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk,
             **{**launch, "num_warps": cfg.get("DOWN_WARPS", cfg["num_warps"])})
@@ -457,7 +460,7 @@ def fused_experts(x, ids, weights, w, config: dict | None = None, *, rounded: bo
     # accumulator where gate/up has two, and a short reduction (ff) where gate/up's is hidden
     bn, bk = cfg.get("DOWN_BLOCK_N", bn), cfg.get("DOWN_BLOCK_K", bk)
     grid_n = triton.cdiv(hidden, bn)
-    _down_grouped[(n_blocks * grid_n,)](
+    down_grouped_kernel[(n_blocks * grid_n,)](
         act, sorted_pairs, block_expert, rw, wd, out, n_pairs, n_experts, hidden, ff, wd.stride(0), wd.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n, ROUNDED=rounded,
         **{**launch, "num_warps": cfg.get("DOWN_WARPS", cfg["num_warps"]),

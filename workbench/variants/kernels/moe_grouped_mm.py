@@ -1,12 +1,13 @@
-"""Triton kernels of `experts:grouped_mm` (experts__grouped_mm.py): the two element-wise steps around
-torch's grouped GEMMs. Imported on the variant's first call, as `_triton_moe` is, so the point
-imports without triton and TRITON_INTERPRET can be set before these kernels are defined."""
+"""Triton kernels of `experts:grouped_mm` (`experts/grouped_mm.py`), also run by the quack variants: the
+two element-wise steps around grouped GEMMs (SwiGLU, and the combine of rows sorted by expert).
+Imported on a variant's first call, as `moe.py` is, so the point imports without triton and
+TRITON_INTERPRET can be set before these kernels are defined."""
 
 import torch
 import triton
 import triton.language as tl
 
-from workbench.variants.kernels.moe import _swiglu_store, combine
+from workbench.variants.kernels.moe import combine, swiglu_store
 
 
 @triton.jit
@@ -16,7 +17,7 @@ def _swiglu(g_ptr, u_ptr, act_ptr, NUMEL, BLOCK: tl.constexpr):
     ok = offs < NUMEL
     g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    _swiglu_store(g, u, act_ptr + offs, ok)
+    swiglu_store(g, u, act_ptr + offs, ok)
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """Triton kernel of `experts:triton_persistent`: the decode GEMVs of `experts:triton_rows` (same tiles,
 same rounding) in one launch of a few programs per SM, gate/up and down apart by a grid barrier.
 
-Why: at decode batch 1 (beam-501b-tp8) the two row kernels already stream as fast as two read-only
-kernels over the same bytes, and what separates them from the bytes floor is the two launches' ramp
-and tail (runs/experts-read-floor-tp8-b1/README.md). Here each program walks its share of the gate/up
-rows (the next row's loads issued before the current one is reduced), loads its first down rows (the
-routed ids are final: the router ran before this kernel's PDL wait), then waits at the barrier for
-every activation, so the down phase starts with its weights in flight instead of after a launch.
+Why: the two row kernels stream as fast as two read-only kernels over the same bytes, so what
+separates them from the bytes floor is the two launches' ramp and tail (docs/variants.md, `experts`).
+Here each program walks its share of the gate/up rows (the next row's loads issued before the current
+one is reduced), loads its first down rows (the routed ids are final: the router ran before this
+kernel's PDL wait), then waits at the barrier for every activation, so the down phase starts with its
+weights in flight instead of after a launch. In the step it is slower than the two row kernels
+(docs/decisions.md #22); it stays registered and the search keeps timing it.
 
 The barrier spins on an arrival counter, which is safe only while every program is resident at once:
 the launch is cooperative (`launch_cooperative_grid`), which the driver refuses rather than running a
@@ -19,9 +20,9 @@ import triton
 import triton.language as tl
 
 from workbench.variants.kernels.arrivals import arrival_counters
+from workbench.variants.kernels.moe import swiglu_store
+from workbench.variants.kernels.moe_rows import decode_operands, down_tiles, gate_up_tiles, pieces
 from workbench.variants.kernels.triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
-from workbench.variants.kernels.moe import _swiglu_store
-from workbench.variants.kernels.moe_rows import _down_tiles, _gate_up_tiles, decode_operands, pieces
 
 BOTH = 3  # PHASES: gate/up, barrier, down in one launch
 
@@ -36,7 +37,7 @@ def _gate_up_unit(u, units, ids_ptr, wg_ptr, wu_ptr, FF, stride_we, stride_wf, B
     offs_n = (u % BLOCKS_FF) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     end = tl.where(live, FF, 0)
-    ga, ua, gb, ub = _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
+    ga, ua, gb, ub = gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
     return pair, offs_n, ga, ua, gb, ub
 
 
@@ -56,17 +57,17 @@ def _down_unit(u, units, ids_ptr, rw_ptr, wd_ptr, HIDDEN, stride_we, stride_wh, 
     rw = tl.load(rw_ptr + pairs, mask=slot_ok, other=0.0)
     rows = wd_ptr + e[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wh
     end = tl.where(live, HIDDEN, 0)
-    wa, wb = _down_tiles(rows, slot_ok[:, None, None], offs_n, end, FF, F_A, F_B)
+    wa, wb = down_tiles(rows, slot_ok[:, None, None], offs_n, end, FF, F_A, F_B)
     return token, offs_n, pairs, rw, wa, wb
 
 
 @triton.jit
-def _experts_persistent(x_ptr, ids_ptr, rw_ptr, wg_ptr, wu_ptr, wd_ptr, act_ptr, y_ptr, sync_ptr, n_tokens,
-                        stride_we, stride_wf, stride_wde, stride_wdh,
-                        HIDDEN: tl.constexpr, H_A: tl.constexpr, H_B: tl.constexpr,
-                        FF: tl.constexpr, F_A: tl.constexpr, F_B: tl.constexpr, TOP_K: tl.constexpr,
-                        K_P2: tl.constexpr, BLOCK_N: tl.constexpr, DOWN_BLOCK_N: tl.constexpr,
-                        PHASES: tl.constexpr, PDL: tl.constexpr = False):
+def experts_persistent_kernel(x_ptr, ids_ptr, rw_ptr, wg_ptr, wu_ptr, wd_ptr, act_ptr, y_ptr, sync_ptr, n_tokens,
+                              stride_we, stride_wf, stride_wde, stride_wdh,
+                              HIDDEN: tl.constexpr, H_A: tl.constexpr, H_B: tl.constexpr,
+                              FF: tl.constexpr, F_A: tl.constexpr, F_B: tl.constexpr, TOP_K: tl.constexpr,
+                              K_P2: tl.constexpr, BLOCK_N: tl.constexpr, DOWN_BLOCK_N: tl.constexpr,
+                              PHASES: tl.constexpr, PDL: tl.constexpr = False):
     """act = silu(x @ gate.T) * (x @ up.T) per routed pair (PHASES & 1), then y[token] = sum_k rw *
     (act @ down.T), rounded once (PHASES & 2); program p takes units p, p + P, ... of each phase."""
     pdl_enter(PDL)  # the routed ids and x come from earlier kernels
@@ -91,7 +92,7 @@ def _experts_persistent(x_ptr, ids_ptr, rw_ptr, wg_ptr, wu_ptr, wd_ptr, act_ptr,
             xb = tl.load(x_row + hb, mask=hb < HIDDEN, other=0.0).to(tl.float32)
             g = tl.sum(ga.to(tl.float32) * xa, axis=1) + tl.sum(gb.to(tl.float32) * xb, axis=1)
             up = tl.sum(ua.to(tl.float32) * xa, axis=1) + tl.sum(ub.to(tl.float32) * xb, axis=1)
-            _swiglu_store(g, up, act_ptr + pair.to(tl.int64) * FF + offs_n, offs_n < FF)
+            swiglu_store(g, up, act_ptr + pair.to(tl.int64) * FF + offs_n, offs_n < FF)
             pair, offs_n, ga, ua, gb, ub = next_pair, next_offs, nga, nua, ngb, nub
     if PHASES & 2:
         # the first down rows before the barrier: they depend on the routed ids only
@@ -151,8 +152,8 @@ def fused_experts_persistent(x, ids, weights, w, config: dict):
                   K_P2=triton.next_power_of_2(top_k), BLOCK_N=config["BLOCK_N"], DOWN_BLOCK_N=config["DOWN_BLOCK_N"],
                   num_warps=config["num_warps"], num_stages=1, **pdl_launch(config.get("pdl")))
     if INTERPRETED:  # programs run one after another: no barrier, two launches
-        _experts_persistent[grid](*args, PHASES=1, **consts)
-        _experts_persistent[grid](*args, PHASES=2, **consts)
+        experts_persistent_kernel[grid](*args, PHASES=1, **consts)
+        experts_persistent_kernel[grid](*args, PHASES=2, **consts)
     else:
-        _experts_persistent[grid](*args, PHASES=BOTH, launch_cooperative_grid=True, **consts)
+        experts_persistent_kernel[grid](*args, PHASES=BOTH, launch_cooperative_grid=True, **consts)
     return y

@@ -1,31 +1,29 @@
-"""Triton kernels of `experts:triton_rows`: the decode GEMV path of `experts:triton` (`_triton_moe.py`),
-with each program's weight rows loaded whole, a block of rows at a time, instead of in a loop of
-BLOCK_K slices; with STEPS > 1 a program takes several blocks and double-buffers them.
+"""Triton kernels of `experts:triton_rows` (and of `experts:triton_persistent`, which reuses their
+tiles): the decode GEMV path of `experts:triton` (`moe.py`), with each program's weight rows loaded
+whole, a block of rows at a time, instead of in a loop of BLOCK_K slices; with STEPS > 1 a program
+takes several blocks and double-buffers them.
 
-Why: at decode batch 1 (beam-501b-tp8) the GEMV kernels stream 80 MB a layer at ~60% of the copy
-bandwidth, and the search showed their speed follows the number of serial load steps per program,
-not the bytes each program moves: halving gate/up's slice (8 x 256, 20 steps) cost ~11 us a layer
-against 8 x 512 (runs/optimize-decode-b1-beam-501b-tp8/search/experts.json), software pipelining
-(num_stages 2-3) did not take effect on these loads, and wider slices spilled registers
-(runs/experts-sweep-tp8-b1/, runs/sm90-resources-experts/). Here a program issues every load of a
-block of whole rows at once and then reduces it, and the next block's loads go out before that
-reduction, so memory is never waiting on the program's arithmetic.
+Why: a decode GEMV's speed follows the number of serial load steps per program, not the bytes each
+program moves; Triton pipelines only loads that feed tl.dot (num_stages does nothing for these), and
+wider slices spill registers (docs/decisions.md #26). Here a program issues every load of a block of
+whole rows at once and then reduces it, and the next block's loads go out before that reduction, so
+memory is never waiting on the program's arithmetic.
 
 A row's length is split into two power-of-two pieces loaded side by side (hidden 5120 = 4096 + 1024,
 ff 320 = 256 + 64 at TP8; the second masked when the rest is not a power of two), so no lane is
 padding. Summation order is fixed (no atomics): results are bitwise reproducible; the activation is
-rounded once, the top_k combine is FP32 and rounded once, as in `_triton_moe.py`'s GEMV path.
+rounded once, the top_k combine is FP32 and rounded once, as in `moe.py`'s GEMV path.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from workbench.variants.kernels.moe import checked_weights, gate_up_gemv_kernel, swiglu_store
 from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
-from workbench.variants.kernels.moe import _gate_up_gemv, _swiglu_store, checked_weights
 
 # Registers: a config is only run where each thread's share of the largest tile (bf16 weight elements)
-# stays under this; past it the kernel spills and streams slower (runs/sm90-resources-experts/).
+# stays under this; past it the kernel spills and streams slower (docs/decisions.md #26).
 MAX_ELEMENTS_PER_THREAD = 128
 
 
@@ -37,8 +35,8 @@ def pieces(n: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf,
-                   HIDDEN: tl.constexpr, H_A: tl.constexpr, H_B: tl.constexpr):
+def gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf,
+                  HIDDEN: tl.constexpr, H_A: tl.constexpr, H_B: tl.constexpr):
     """Gate and up rows `offs_n` (those below `end`) of expert e, whole, as pieces A and B."""
     ok = (offs_n < end)[:, None]
     rows = e * stride_we + offs_n[:, None].to(tl.int64) * stride_wf
@@ -50,9 +48,9 @@ def _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf,
 
 
 @triton.jit
-def _gate_up_rows(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, FF, stride_we, stride_wf,
-                  HIDDEN: tl.constexpr, H_A: tl.constexpr, H_B: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr = False):
+def gate_up_rows_kernel(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, FF, stride_we, stride_wf,
+                        HIDDEN: tl.constexpr, H_A: tl.constexpr, H_B: tl.constexpr, TOP_K: tl.constexpr,
+                        BLOCK_N: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr = False):
     """act[pair, rows] = silu(x[token] @ gate[e].T) * (x[token] @ up[e].T), e = ids[pair], for STEPS
     blocks of BLOCK_N whole rows of gate and of up per program. Each block's loads are issued before
     the block before it is reduced (double buffering by hand: Triton pipelines only loads that feed
@@ -64,25 +62,25 @@ def _gate_up_rows(x_ptr, ids_ptr, wg_ptr, wu_ptr, act_ptr, FF, stride_we, stride
     n0 = tl.program_id(1) * (BLOCK_N * STEPS)
     end = tl.minimum(n0 + BLOCK_N * STEPS, FF)
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    tiles = _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
+    tiles = gate_up_tiles(wg_ptr, wu_ptr, e, offs_n, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
     ha = tl.arange(0, H_A)[None, :]
     hb = H_A + tl.arange(0, H_B)[None, :]
     xa = tl.load(x_row + ha).to(tl.float32)
     xb = tl.load(x_row + hb, mask=hb < HIDDEN, other=0.0).to(tl.float32)
     for s in tl.static_range(STEPS):
         if s + 1 < STEPS:  # constexpr
-            ahead = _gate_up_tiles(wg_ptr, wu_ptr, e, offs_n + BLOCK_N, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
+            ahead = gate_up_tiles(wg_ptr, wu_ptr, e, offs_n + BLOCK_N, end, stride_we, stride_wf, HIDDEN, H_A, H_B)
         ga, ua, gb, ub = tiles
         g = tl.sum(ga.to(tl.float32) * xa, axis=1) + tl.sum(gb.to(tl.float32) * xb, axis=1)
         u = tl.sum(ua.to(tl.float32) * xa, axis=1) + tl.sum(ub.to(tl.float32) * xb, axis=1)
-        _swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, offs_n < end)
+        swiglu_store(g, u, act_ptr + pair.to(tl.int64) * FF + offs_n, offs_n < end)
         if s + 1 < STEPS:
             tiles = ahead
             offs_n += BLOCK_N
 
 
 @triton.jit
-def _down_tiles(rows, w_ok, offs_n, end, FF: tl.constexpr, F_A: tl.constexpr, F_B: tl.constexpr):
+def down_tiles(rows, w_ok, offs_n, end, FF: tl.constexpr, F_A: tl.constexpr, F_B: tl.constexpr):
     """Down rows `offs_n` (those below `end`) of each of the token's experts, whole, as pieces A and B."""
     ok = w_ok & (offs_n < end)[None, :, None]
     fa = tl.arange(0, F_A)[None, None, :]
@@ -91,12 +89,12 @@ def _down_tiles(rows, w_ok, offs_n, end, FF: tl.constexpr, F_A: tl.constexpr, F_
 
 
 @triton.jit
-def _down_rows(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, stride_we, stride_wh,
-               FF: tl.constexpr, F_A: tl.constexpr, F_B: tl.constexpr, TOP_K: tl.constexpr,
-               K_P2: tl.constexpr, BLOCK_N: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr = False):
+def down_rows_kernel(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, stride_we, stride_wh,
+                     FF: tl.constexpr, F_A: tl.constexpr, F_B: tl.constexpr, TOP_K: tl.constexpr,
+                     K_P2: tl.constexpr, BLOCK_N: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr = False):
     """y[token, rows] = sum_k rw[token, k] * (act[token, k] @ down[ids[token, k]].T), rounded once, for
     STEPS blocks of BLOCK_N whole rows of each of the token's top_k experts per program, double
-    buffered as in `_gate_up_rows`."""
+    buffered as in `gate_up_rows_kernel`."""
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     n0 = tl.program_id(1) * (BLOCK_N * STEPS)
@@ -109,7 +107,7 @@ def _down_rows(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, stride_we, strid
     rw = tl.load(rw_ptr + pairs, mask=slot_ok, other=0.0)
     rows = wd_ptr + e[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wh
     w_ok = slot_ok[:, None, None]
-    tiles = _down_tiles(rows, w_ok, offs_n, end, FF, F_A, F_B)
+    tiles = down_tiles(rows, w_ok, offs_n, end, FF, F_A, F_B)
     # the activation stays in the model dtype until used (registers); the routing weight scales each
     # expert's FP32 row sum
     a_rows = act_ptr + pairs[:, None] * FF
@@ -119,7 +117,7 @@ def _down_rows(act_ptr, ids_ptr, rw_ptr, wd_ptr, y_ptr, HIDDEN, stride_we, strid
     ab = tl.load(a_rows + fb, mask=slot_ok[:, None] & (fb < FF), other=0.0)
     for s in tl.static_range(STEPS):
         if s + 1 < STEPS:  # constexpr
-            ahead = _down_tiles(rows + BLOCK_N * stride_wh, w_ok, offs_n + BLOCK_N, end, FF, F_A, F_B)
+            ahead = down_tiles(rows + BLOCK_N * stride_wh, w_ok, offs_n + BLOCK_N, end, FF, F_A, F_B)
         wa, wb = tiles
         acc = tl.sum(wa.to(tl.float32) * aa.to(tl.float32)[:, None, :], axis=2) \
             + tl.sum(wb.to(tl.float32) * ab.to(tl.float32)[:, None, :], axis=2)
@@ -163,19 +161,19 @@ def fused_experts_rows(x, ids, weights, w, config: dict):
     pdl = pdl_launch(config.get("pdl"))
     bn = config["BLOCK_N"]
     if "BLOCK_K" in config:  # experts:triton's looped gate/up GEMV: times the new down kernel alone
-        _gate_up_gemv[(n * top_k, triton.cdiv(ff, bn), 1)](
+        gate_up_gemv_kernel[(n * top_k, triton.cdiv(ff, bn), 1)](
             x, ids, wg, wu, act, act, act, hidden, ff, triton.cdiv(hidden, config["BLOCK_K"]) * config["BLOCK_K"],
             wg.stride(0), wg.stride(1), TOP_K=top_k, BLOCK_N=bn, BLOCK_K=config["BLOCK_K"], SPLIT=1,
             num_warps=config["num_warps"], num_stages=1, **pdl)
     else:
         h_a, h_b = pieces(hidden)
         steps = config.get("STEPS", 1)
-        _gate_up_rows[(n * top_k, triton.cdiv(ff, bn * steps))](
+        gate_up_rows_kernel[(n * top_k, triton.cdiv(ff, bn * steps))](
             x, ids, wg, wu, act, ff, wg.stride(0), wg.stride(1), HIDDEN=hidden, H_A=h_a, H_B=h_b, TOP_K=top_k,
             BLOCK_N=bn, STEPS=steps, num_warps=config["num_warps"], num_stages=1, **pdl)
     f_a, f_b = pieces(ff)
     bn, steps = config["DOWN_BLOCK_N"], config.get("DOWN_STEPS", 1)
-    _down_rows[(n, triton.cdiv(hidden, bn * steps))](
+    down_rows_kernel[(n, triton.cdiv(hidden, bn * steps))](
         act, ids, rw, wd, y, hidden, wd.stride(0), wd.stride(1), FF=ff, F_A=f_a, F_B=f_b, TOP_K=top_k,
         K_P2=triton.next_power_of_2(top_k), BLOCK_N=bn, STEPS=steps, num_warps=config["DOWN_WARPS"], num_stages=1,
         **pdl)

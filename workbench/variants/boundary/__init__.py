@@ -13,22 +13,12 @@ give h_new; x_next = RMSNorm(h_new as stored) in FP32, rounded once. None when n
 """
 
 import torch
-import torch.distributed as dist
 
 from beam_model.functional import residual_coefficients, rms_norm
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
 from workbench.variants.inputs import DTYPE_BYTES, Rand
-
-
-def all_reduced(y, group):
-    """y summed across the tensor-parallel group (a copy: y itself is never written); y without one.
-    Every variant calls it first, the slot a fused all-reduce would take."""
-    if group is None:
-        return y
-    y = y.clone()
-    dist.all_reduce(y, group=group)
-    return y
+from workbench.variants.kernels.tensor_parallel import all_reduced
 
 
 @register("boundary", "torch", "torch")

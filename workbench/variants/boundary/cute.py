@@ -8,8 +8,8 @@ import without it (docs/decisions.md #25); the registry reports the backend as u
 import functools
 
 from workbench.registry import register
-from workbench.variants.boundary import all_reduced
 from workbench.variants.kernels.cute_common import vector_rows_supported
+from workbench.variants.kernels.tensor_parallel import all_reduced
 
 MAX_HIDDEN = 16384  # the row stays in registers between the two norms
 # Threads per row; 20 warps give one vector per thread at hidden 5120 (beam-501b).

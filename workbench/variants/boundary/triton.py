@@ -11,7 +11,7 @@ import functools
 import torch
 
 from workbench.registry import register
-from workbench.variants.boundary import all_reduced
+from workbench.variants.kernels.tensor_parallel import all_reduced
 from workbench.variants.kernels.triton_common import pdl_launch, triton
 
 if triton is not None:

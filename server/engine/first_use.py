@@ -66,6 +66,6 @@ def take() -> list[str]:
 
 
 def summary(signatures: list[str]) -> str:
-    """Kernel names with counts, e.g. `_route_select x2, _qk_prep_kernel`."""
+    """Kernel names with counts, e.g. `route_select x2, _qk_prep_kernel`."""
     names = collections.Counter(s.split("[", 1)[0] for s in signatures)
     return ", ".join(name + (f" x{n}" if n > 1 else "") for name, n in names.items())

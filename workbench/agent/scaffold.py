@@ -25,7 +25,7 @@ _KERNEL_NOTE = {
     "triton": "Where the kernel goes: define `@triton.jit` kernels in this module (`from "
               "workbench.variants.kernels.triton_common import round_to, tl, triton`) and launch them from the "
               "function below in place of the torch ops, allocating outputs with torch.empty (the gates "
-              "poison unwritten memory). `workbench/variants/boundary/__init__.py` holds a complete example.",
+              "poison unwritten memory). `workbench/variants/boundary/triton.py` holds a complete example.",
     "cute": "Where the kernel goes: write the CuTe DSL kernel (`import cutlass`) in this module and call it "
             "from the function below in place of the torch ops.",
     "torch": "Replace the body with a faster composition of torch ops (fewer kernels, less memory traffic).",

@@ -28,19 +28,19 @@ def test_search_leaves_it_out_and_keys_the_cache(tmp_path, monkeypatch):
     model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
     runner = StepRunner(model, for_device(get_target("decode-b1"), model.device))
     calls = {"qkvg_proj": {"sliding": 5, "full": 2}}
-    free = Search(runner, calls=calls, out_dir=str(tmp_path))._fingerprint("qkvg_proj")
+    free = Search(runner, calls=calls, out_dir=str(tmp_path)).fingerprint("qkvg_proj")
     torch_packings = (PLANTED, ("qkvg_proj", "packed_views"))  # every torch-backend variant besides the reference
     for planted in torch_packings:
         monkeypatch.setitem(quarantine.KNOWN, planted, ("cpu", "quarantined: planted by the test"))
     search = Search(runner, calls=calls, out_dir=str(tmp_path))
     assert search._unavailable(get(*PLANTED), search.workloads("qkvg_proj")) == "quarantined: planted by the test"
-    kept = search._fingerprint("qkvg_proj")
+    kept = search.fingerprint("qkvg_proj")
     assert kept != free  # lifting the quarantine searches the point again
     # the same variant left out by --backends instead: the same candidates tried, the same cache key
     for planted in torch_packings:
         monkeypatch.delitem(quarantine.KNOWN, planted)
     others = tuple({v.backend for v in variants("qkvg_proj").values()} - {"torch"})  # both packings are torch's
-    assert Search(runner, calls=calls, out_dir=str(tmp_path), backends=others)._fingerprint("qkvg_proj") == kept
+    assert Search(runner, calls=calls, out_dir=str(tmp_path), backends=others).fingerprint("qkvg_proj") == kept
 
 
 def _check_rows(argv):

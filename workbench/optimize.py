@@ -145,7 +145,7 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
 
     on_event(StageStarted("end-to-end"))
     e2e_key = resume_key({"profile": key, "rule": FINALIZE_RULE,
-                          "points": {p: search._fingerprint(p) for p in results},
+                          "points": {p: search.fingerprint(p) for p in results},
                           "choices": {p: [r.choice, r.config] for p, r in results.items()}})
     saved = folder.saved(folder.END_TO_END, e2e_key) or {}  # a run stopped after this stage: minutes at prefill
     final = saved.get("final")

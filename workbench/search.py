@@ -8,7 +8,7 @@ spread past NOISY_SPREAD measured something besides it: it is timed again once t
 candidates are done, and the quieter timing stands.
 
 Each point's result is kept in the run folder (`search/<point>.json`), keyed by what it depends on
-(`_fingerprint`: the variants' source hashes, the target, the machine, what was left out), so a
+(`fingerprint`: the variants' source hashes, the target, the machine, what was left out), so a
 stopped run resumes where it was. A point is searched again once a backend library that was missing
 then is installed; a result kept under older gates has its choice and its gate failures gated again
 before it is reused. A candidate that hangs or kills the process costs one run (`workbench.inflight`).
@@ -100,7 +100,7 @@ class Search:
             apart = self._step_time(self._members_apart(point), None, workloads)
             best = replace(best, step_us=apart["step_us"], spread=apart["spread"], speedup=ref_us / apart["step_us"])
         results = [best]
-        fingerprint = self._fingerprint(point)
+        fingerprint = self.fingerprint(point)
         inflight = InFlight(self.folder.inflight(point), fingerprint)  # what earlier processes never finished
         stalled = stalled_before(read_json(self.folder.search_result(point)), fingerprint, point,
                                  self.folder.search_result(point))
@@ -239,7 +239,7 @@ class Search:
         return {m: self.choices.get(m, (ops.variants[m].name, ops.configs.get(m))) for m in COMPOUNDS[point]}
 
     # ---- the point's result in the run folder ------------------------------------------------
-    def _fingerprint(self, point: str) -> dict:
+    def fingerprint(self, point: str) -> dict:
         """What a cached result depends on, as it reads back from JSON."""
         table = variants(point)
         # What was not tried (--backends, quarantine) keys the result, whatever the reason: a point that
@@ -257,7 +257,7 @@ class Search:
         saved = read_json(self.folder.search_result(point))
         if saved is None:
             return None
-        if saved.get("fingerprint") != self._fingerprint(point):
+        if saved.get("fingerprint") != self.fingerprint(point):
             return None  # a variant's source, the target or the machine changed: search again
         result = PointResult.from_dict(saved["result"])
         # A band past MAX_BAND comes from a rule that timed the reference twice only: it may have hidden
@@ -270,7 +270,7 @@ class Search:
 
     def _save(self, point: str, result: PointResult) -> None:
         write_json(self.folder.search_result(point), {
-            "fingerprint": self._fingerprint(point), "result": result.to_dict(),
+            "fingerprint": self.fingerprint(point), "result": result.to_dict(),
             "backends_missing": _backends_missing(point), "gate_version": gates.GATE_VERSION,
             "code_keys": {name: code_key(point, name) for name in variants(point)}}, indent=1)
 

@@ -121,7 +121,7 @@ def test_a_hung_candidate_costs_one_run_and_is_skipped_when_resumed(tmp_path):
                             for r in rows)
         # Its code changed (here: the saved record says it was other code): it is tried again.
         fresh = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch",))
-        fingerprint = fresh._fingerprint("boundary")
+        fingerprint = fresh.fingerprint("boundary")
         cache = tmp_path / "search" / "boundary.json"
         saved = json.loads(cache.read_text())
         assert set(_stalled(fresh, fingerprint)) == {"planted_hang"}
@@ -182,7 +182,7 @@ def test_a_candidate_stopped_from_outside_is_tried_again_once(tmp_path):
         assert len(calls_made) == tried and STALLED in row.skipped  # stopped too often: skipped
         (tmp_path / "search" / "boundary.json").unlink()
         inflight.write_text(json.dumps({"fingerprint": json.loads(json.dumps(Search(
-            runner, calls=calls, out_dir=str(tmp_path), backends=("torch",))._fingerprint("boundary"))),
+            runner, calls=calls, out_dir=str(tmp_path), backends=("torch",)).fingerprint("boundary"))),
             "candidates": [{"point": "boundary", "variant": "planted_stop", "config": None, "stopped": 1}]}))
         row = next(c for c in search().candidates if c.variant == "planted_stop")
         assert len(calls_made) > tried and row.skipped is None and row.gate_passed and not inflight.exists()

@@ -23,14 +23,14 @@ def test_backends_filter_leaves_candidates_out_and_keys_the_cache(tmp_path):
     assert "left out" in only._unavailable(get("qkvg_proj", "packed"), workloads)
     assert only._unavailable(get("qkvg_proj", "torch_compile"), workloads) is None
     assert every._unavailable(get("qkvg_proj", "packed"), workloads) is None
-    assert only._fingerprint("qkvg_proj") != every._fingerprint("qkvg_proj")  # no reuse across filters
+    assert only.fingerprint("qkvg_proj") != every.fingerprint("qkvg_proj")  # no reuse across filters
     again = Search(runner, calls=calls, out_dir=str(tmp_path), backends=("torch_compile",))
     saved = PointResult("qkvg_proj", "torch_compile", None, 10.0, 8.0, 0.02, [])
     only._save("qkvg_proj", saved)  # a filtered run resumes from its own cache (JSON lists vs tuples)
     assert again._load("qkvg_proj") == saved and every._load("qkvg_proj") is None
     backends = {v.backend for v in variants("qkvg_proj").values()}
     untouched = Search(runner, calls=calls, out_dir=str(tmp_path), backends=tuple(backends | {"cute"}))
-    assert untouched._fingerprint("qkvg_proj") == every._fingerprint("qkvg_proj")  # filters nothing here
+    assert untouched.fingerprint("qkvg_proj") == every.fingerprint("qkvg_proj")  # filters nothing here
 
 
 def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():

@@ -48,11 +48,10 @@ def test_a_locked_set_that_is_the_reference_reports_the_reference_time():
 
 
 def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(monkeypatch):
-    """The H200 decode re-lock dropped `dense_mlp`, whose reversal slowed a 3.57 ms step by 1.3% at a
-    0.25% spread over 50 reps (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md): the op-level 2%
-    minimum is not a whole step's noise. The step's band comes from its spread and reps: the same
-    1.3% from 6 reps with a 5% spread is within it, and then the paired timing decides: noise when its
-    rounds scatter as widely; a 0.06% gain is noise at any spread."""
+    """A choice whose reversal slows a 3.57 ms decode step by 1.3% at a 0.25% spread over 50 reps stays:
+    the op- level 2% minimum is not a whole step's noise. The step's band comes from its spread and reps:
+    the same 1.3% from 6 reps with a 5% spread is within it, and then the paired timing decides: noise
+    when its rounds scatter as widely; a 0.06% gain is noise at any spread."""
     import random
 
     from workbench import gates
@@ -136,12 +135,10 @@ def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stay
 
 def test_a_paired_timing_keeps_choices_worth_more_together_than_its_band_when_builds_timed_apart_drift(
         monkeypatch):
-    """Session 25's prefill lock: four choices each reverted within the step's 1.8% band, and the set
-    without them timed 236.905 ms against 234.627 ms with them, also within the band, so they were
-    dropped (runs/optimize-prefill-8x2k-beam-501b-tp8/README.md, session 25). Builds timed minutes apart
-    carry the device's drift; rule 3 decides the drop by the two builds timed in alternating rounds,
-    whose ratios cancel a steady drift. Here every timing runs 0.1% slower than the one before: the
-    choices, worth 1.2% of the step together, stay; worth 0.3%, they still go."""
+    """Choices that each revert within a prefill step's 1.8% band may still be worth ~1% together, as much
+    as two builds timed minutes apart drift. The drop is decided by the two builds timed in alternating
+    rounds, whose ratios cancel a steady drift. Here every timing runs 0.1% slower than the one before:
+    the choices, worth 1.2% of the step together, stay; worth 0.3%, they still go."""
     from workbench import gates
     from workbench.end_to_end import PAIRED_ROUNDS, EndToEnd
     from workbench.search_results import PointResult
@@ -178,12 +175,11 @@ def test_a_paired_timing_keeps_choices_worth_more_together_than_its_band_when_bu
 
 
 def test_a_candidate_tied_with_the_choice_at_the_op_level_is_tried_end_to_end(monkeypatch):
-    """Session 26's decode re-lock kept experts:triton_rows without PDL: its PDL twin timed 21 us a step
-    faster alone, within the op band, so the incumbent stayed; swapped into that lock's step it made the
-    step 5.2% faster (runs/optimize-decode-b1-beam-501b-tp8/session26-rejected/swap-experts-pdl.json).
-    Rule 4: such a candidate, faster by at least CHALLENGE_SHARE of the step, is tried end to end in a
-    paired timing and taken only if the step is faster with it beyond the band and the set passes the
-    model gate; smaller ties (head's 0.4 us here) are not tried."""
+    """experts:triton_rows' PDL twin timed 21 us a step faster alone, within the op band, so the incumbent
+    would stay; in the decode step it makes the step 5.2% faster (a PDL launch overlaps the kernel before
+    it, which an op timed alone barely shows). Such a candidate, faster by at least CHALLENGE_SHARE of the
+    step, is tried end to end in a paired timing and taken only if the step is faster with it beyond the
+    band and the set passes the model gate; smaller ties (head's 0.4 us here) are not tried."""
     from workbench import gates
     from workbench.end_to_end import CHALLENGE_SHARE, EndToEnd
     from workbench.report import challenge_lines, locked_point_us
@@ -244,10 +240,9 @@ def test_a_candidate_tied_with_the_choice_at_the_op_level_is_tried_end_to_end(mo
 
 
 def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(monkeypatch):
-    """At prefill-8x2k the end-to-end stage outlasts one device command (session 9's
-    runs/optimize-prefill-8x2k-beam-501b-tp8/logs/12-*.log lost eight reverted builds' timings). Each
-    build's timing and gate is journaled as it is made: a finalize ended midway and resumed times only
-    the builds it had not made, and decides as one uninterrupted run does."""
+    """At prefill-8x2k the end-to-end stage outlasts one device command, and a stage ended midway would
+    lose the builds it timed. Each build's timing and gate is journaled as it is made: a finalize ended
+    midway and resumed times only the builds it had not made, and decides as one uninterrupted run does."""
     from workbench import gates
     from workbench.end_to_end import PAIRED_ROUNDS, EndToEnd
     from workbench.search_results import PointResult

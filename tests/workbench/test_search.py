@@ -47,8 +47,7 @@ def test_a_point_blind_to_the_layer_kind_is_timed_once_for_all_its_calls():
 
 def test_head_and_sample_are_timed_on_each_prompts_last_token():
     """A prefill step runs head and sample on each sequence's last new token (the profiler's "model"
-    calls): the search once timed them at one row per prompt token, 16384 rows at prefill-8x2k
-    (runs/optimize-prefill-8x2k-beam-501b-tp8/README.md), a workload the step never runs."""
+    calls), not at one row per prompt token (16384 rows at prefill-8x2k), a workload the step never runs."""
     from beam_model import BeamForCausalLM
     from workbench.profiler.attribution import profile_step
     from workbench.search import Search
@@ -85,9 +84,9 @@ def _noisy_search(tmp_path, reference_us: list[float]):
 
 
 def test_one_slow_reference_timing_does_not_set_the_noise_band(tmp_path):
-    """The prefill search once timed the experts reference twice ~2x apart: the two-timing band (0.99,
-    runs/optimize-prefill-8x2k-beam-501b-tp8/search/experts.json) kept a 10x faster kernel out. Timings
-    are added until two agree within MAX_BAND; those two give the reference time and the band."""
+    """Two timings of the experts reference ~2x apart would set a band of 0.99 and keep a 10x faster
+    kernel out. Timings are added until two agree within MAX_BAND; those two give the reference time and
+    the band."""
     from workbench.noise import MAX_BAND, MIN_BAND
 
     search, left = _noisy_search(tmp_path, [2844.0, 1430.0, 1440.0, 999.0])
@@ -102,9 +101,9 @@ def test_one_slow_reference_timing_does_not_set_the_noise_band(tmp_path):
 
 
 def test_a_candidate_timed_past_the_noisy_spread_is_timed_again(tmp_path):
-    """The H200 decode search timed eleven experts configs at 2.5x their time with 28-35% spreads and
-    so chose a config by noise (runs/optimize-decode-b1-beam-501b-tp8/NOTES.md, session 29): such a
-    candidate is timed once more after the others, and the quieter timing stands (noisier: kept)."""
+    """A config timed at 2.5x its time with a 28-35% spread (something besides it ran) would be chosen or
+    dropped by noise: such a candidate is timed once more after the others, and the quieter timing stands
+    (noisier: kept)."""
     from workbench.registry import get
     from workbench.search import NOISY_SPREAD, Search
     from workbench.search_results import CandidateResult

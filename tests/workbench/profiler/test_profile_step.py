@@ -18,10 +18,10 @@ def test_a_compiled_point_is_timed_by_the_cpu_profiler():
 
 
 def test_the_profiled_step_runs_as_the_timed_one_in_inference_mode():
-    """The prefill lock's profile raised "Inplace update to inference tensor outside InferenceMode"
-    after the timed builds (runs/optimize-prefill-8x2k-beam-501b-tp8/logs/13-*.log, 15-*.log): a
-    variant's workspace made in a timed (inference-mode) step, written again by a profiled step run
-    outside it. FlashInfer's prefill wrapper keeps such a buffer; a planted variant keeps one here."""
+    """A profile taken after the timed builds must not raise "Inplace update to inference tensor outside
+    InferenceMode" on a variant's workspace made in a timed (inference-mode) step, written again by a
+    profiled step run outside it. FlashInfer's prefill wrapper keeps such a buffer; a planted variant
+    keeps one here."""
     from workbench import registry
     from workbench.profiler.attribution import profile_step
     from workbench.registry import Variant

@@ -101,10 +101,10 @@ def test_changed_variant_source_is_detected(finished_run, monkeypatch):
 
 def test_verify_names_the_file_that_changed(finished_run, monkeypatch):
     """A lock records each covered file's hash: a kernel module edited under a point names itself,
-    not just the point's module (a variant's hash covers every module its point's module imports)."""
+    not just the variant's module (a variant's hash covers every module its module imports)."""
     out, _, _ = finished_run
     real_files, real_hash = lockmod.source_files, lockmod.source_hash
-    kernel = "workbench/variants/kernels/cute_boundary.py"  # imported by boundary.py only
+    kernel = "workbench/variants/kernels/tensor_parallel.py"  # imported by every boundary variant, no other
 
     def edited(point, name):
         files = real_files(point, name)

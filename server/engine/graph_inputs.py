@@ -2,8 +2,8 @@
 
 A graph reads its inputs at fixed device addresses: the runner writes each step's tokens,
 positions, lengths, cache slots, page tables and each row's sampling settings there before
-replaying it. Built as a tensor each and copied one by one, they cost ~0.3 ms of host time a step at
-batch 1 while the device waited (runs/serve-sweep-beam-501b-tp8/report.md, "host prepare"). Here
+replaying it. Built as a tensor each and copied one by one, they cost host time every step while
+the device waits (the serving sweep's "host prepare", `runs/serve-host-overhead-tp8-b1/`). Here
 they are typed views of one device buffer, mirrored by one pinned host buffer that numpy fills: the
 small inputs go in one copy, each group's page table in one more, of the rows in use only.
 """

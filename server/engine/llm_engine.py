@@ -43,7 +43,7 @@ GRAPH_MAX_LEN = 8192
 # multiple of 16, and a step's routed pairs (8 a token) are a multiple of 16 when its token count is
 # even: 17, 18 and 32 tokens meet every class of (tokens, pairs); one token is a decode step, captured
 # in a CUDA graph. Longer prompts take other regimes (route's tensor-core path above 96 tokens, other
-# attention and experts kernels: runs/serve-sweep-beam-501b-tp8/NOTES.md, session 16), so the same
+# attention and experts kernels: docs/decisions.md #29), so the same
 # classes again at WARM_UP_LONG_TOKENS (or the largest multiple of 16 a step's token budget allows).
 WARM_UP_PROMPT_TOKENS = (17, 18, 32)
 WARM_UP_LONG_TOKENS = 1024
@@ -234,7 +234,7 @@ class Engine:
         their kernels compile at start-up rather than inside a user's prompt: Triton compiles a
         kernel again for each class of its integer arguments (1, a multiple of 16, any other), and
         a mixed step (prompt tokens beside decoding sequences) takes other shapes than a prompt
-        alone (runs/serve-sweep-beam-501b-tp8/NOTES.md: one mixed step took 2.96 s at 8 users). For
+        alone (docs/decisions.md #29: a mixed step compiles kernels a prompt alone does not). For
         a prompt of each length of `warm_up_lengths`: the prompt alone, then a prompt of one token
         fewer beside its decode (a mixed step of the same count), each greedy to 3 tokens. Leaves
         no request running; the KV pages go back (prefix-cached). Raises if a step fails: a model

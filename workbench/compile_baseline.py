@@ -17,7 +17,7 @@ import torch
 
 from workbench import timing
 from workbench.events import StageStarted
-from workbench.registry import POINTS, REFERENCE, _compiled, get
+from workbench.registry import POINTS, REFERENCE, compiled, get
 from workbench.run_folder import RunFolder
 from workbench.timing import describe_error
 
@@ -72,7 +72,7 @@ def time_compile_baseline(stage, baseline: str, results: dict) -> tuple[float | 
 def _compiled_point(error: BaseException) -> str | None:
     """The point whose torch.compile'd reference raised `error`, read off its traceback: the registry's
     compile wrapper (one code object for every point) holds the reference function it compiles."""
-    wrapper = _compiled(len).__code__
+    wrapper = compiled(len).__code__
     tb = error.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code is wrapper:

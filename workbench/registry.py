@@ -192,7 +192,7 @@ def _load(point: str) -> None:
         if ref is None:
             raise RuntimeError(f"workbench/variants/{point}/__init__.py registers no reference variant {REFERENCE!r}")
         if "torch_compile" not in _VARIANTS[point]:
-            _VARIANTS[point]["torch_compile"] = Variant(point, "torch_compile", "torch_compile", _compiled(ref.fn),
+            _VARIANTS[point]["torch_compile"] = Variant(point, "torch_compile", "torch_compile", compiled(ref.fn),
                                                         prepare=ref.prepare)
 
 
@@ -202,7 +202,7 @@ def variant_modules(point: str) -> list[str]:
     return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
 
 
-def _compiled(fn: Callable) -> Callable:
+def compiled(fn: Callable) -> Callable:
     """The reference under torch.compile, compiled on first call (compiling at import would be slow)."""
     compiled = None
 

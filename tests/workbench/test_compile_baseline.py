@@ -51,14 +51,14 @@ def test_a_point_whose_compile_fails_end_to_end_is_kept_at_its_reference(monkeyp
     whole-step compile, an error no point's compile raised: the prefill run's second attempt) costs the
     report its row, not the lock."""
     from workbench.compile_baseline import time_compile_baseline
-    from workbench.registry import _compiled, get
+    from workbench.registry import compiled, get
     from workbench.report import report_markdown
 
     def broken(*a, **kw):
         raise TypeError("list indices must be integers or slices, not NoneType")
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
-    compiled_sample = _compiled(get("sample", "torch").fn)  # as the build's sample:torch_compile
+    compiled_sample = compiled(get("sample", "torch").fn)  # as the build's sample:torch_compile
 
     class Builds:
         def __init__(self):

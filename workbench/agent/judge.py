@@ -28,6 +28,7 @@ from workbench.agent import worker
 from workbench.agent.plugins import declared
 from workbench.agent.static_check import check_file
 from workbench.noise import bounded_band
+from workbench.run_folder import write_json
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
 RECHECK_FRACTION = 1 / 16
@@ -236,10 +237,7 @@ def worker_main(request_path: str, result_path: str) -> int:
 
     def save(**kw):
         result.update(kw)
-        tmp = result_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=1, default=str)
-        os.replace(tmp, result_path)
+        write_json(result_path, result, indent=1)
 
     import torch
 

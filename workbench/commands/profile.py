@@ -6,6 +6,7 @@ import os
 
 from workbench.commands.common import print_json, resolve_device, resolve_dtype
 from workbench.dtypes import DTYPES, name_of
+from workbench.run_folder import write_json
 
 
 def add_arguments(p) -> None:
@@ -70,10 +71,7 @@ def run(args) -> int:
                            ceilings=measure_device_ceilings(device),
                            trace_path=os.path.join(out, "profile.trace.json"))
     data = profile.to_dict()
-    import json
-
-    with open(os.path.join(out, "profile.json"), "w") as f:
-        json.dump(data, f, indent=2)
+    write_json(os.path.join(out, "profile.json"), data)
     in_step = _in_step(args, model, target, lock, profile, device, groups, out) if args.in_step else None
     if args.json:
         print_json({**data, "in_step": in_step} if in_step else data)
@@ -93,7 +91,6 @@ def run(args) -> int:
 def _in_step(args, model, target, lock, profile, device, groups, out) -> dict:
     """Each point's cost in the step as it runs (`workbench.profiler.in_step`), beside its floor from
     `profile`; written to in_step.json."""
-    import json
 
     from workbench.profiler.in_step import in_step_costs
     from workbench.targets import StepRunner
@@ -110,6 +107,5 @@ def _in_step(args, model, target, lock, profile, device, groups, out) -> dict:
         cost["floor_ms"] = sum(floors.get(p, 0.0) for p in members)
     result.update(target=profile.target, preset=profile.preset, dtype=profile.dtype, device=profile.device,
                   graphed=graphed.graph is not None)
-    with open(os.path.join(out, "in_step.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_json(os.path.join(out, "in_step.json"), result)
     return result

@@ -176,7 +176,8 @@ class BeamForCausalLM(nn.Module):
                 p["experts"] = ops.prepare("experts", dict(gate_proj=e.gate_proj, up_proj=e.up_proj,
                                                           down_proj=e.down_proj))
             else:
-                p["dense_mlp"] = ops.prepare("dense_mlp", dict(gate_proj=mlp.gate_proj.weight, up_proj=mlp.up_proj.weight,
+                p["dense_mlp"] = ops.prepare("dense_mlp", dict(gate_proj=mlp.gate_proj.weight,
+                                                              up_proj=mlp.up_proj.weight,
                                                               down_proj=mlp.down_proj.weight))
             layer.prepared = p
         self.head_weights = ops.prepare("head", dict(norm=self.model.norm.weight, lm_head=self.lm_head.weight))

@@ -22,9 +22,9 @@ import torch  # noqa: E402
 
 from beam_model import BeamForCausalLM  # noqa: E402
 from workbench import registry  # noqa: E402
+from workbench.end_to_end import STEP_SAMPLES_S  # noqa: E402
 from workbench.lock import Lock  # noqa: E402
 from workbench.profiler.in_step import time_builds  # noqa: E402
-from workbench.end_to_end import STEP_SAMPLES_S  # noqa: E402
 from workbench.targets import StepRunner, for_device, get_target  # noqa: E402
 from workbench.variants.inputs import DTYPES  # noqa: E402
 

@@ -20,8 +20,7 @@ import torch
 
 from beam_model.model import BeamForCausalLM
 from beam_model.tokenizer import ByteTokenizer
-from server.engine import Engine, SamplingParams
-from server.engine import llm_engine
+from server.engine import Engine, SamplingParams, llm_engine
 from server.engine import model_runner as mr
 from server.engine.graph_inputs import GraphInputs
 

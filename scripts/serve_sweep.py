@@ -377,7 +377,8 @@ def main() -> int:
                 dec = [s for s in row["server"]["step_times"] if s["kind"] == "decode"]
                 top = max(dec, key=lambda s: s["steps"]) if dec else None
                 log(f"concurrency {c}: {row['completed']}/{n} ok in {row['duration_s']:.1f} s; TTFT p50 "
-                    f"{row['ttft_p50_ms']:.1f} ms p99 {row['ttft_p99_ms']:.1f} ms; TPOT p50 {row['tpot_p50_ms']:.2f} ms "
+                    f"{row['ttft_p50_ms']:.1f} ms p99 {row['ttft_p99_ms']:.1f} ms; "
+                    f"TPOT p50 {row['tpot_p50_ms']:.2f} ms "
                     f"({row['per_user_decode_tok_s_p50']:.1f} tok/s/user); output {row['output_tok_s']:.1f} tok/s"
                     + (f"; server decode step b{top['batch']} {top['mean_ms']:.2f} ms" if top else ""))
     except Exception as e:  # noqa: BLE001 - still stop the server and write what we have
@@ -435,7 +436,8 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
              "exported as a Hugging Face folder, counts exactly); one request in flight per user "
              "(`--max-concurrency`, `--request-rate inf`). Each level's command is in sweep.json.", "",
              f"Environment: {env.get('gpu') or 'cpu'}, driver {env.get('driver')}, torch {env.get('torch')}, "
-             f"python {env.get('python')}, commit {env.get('git_commit')}" + (" (dirty)" if env.get("git_dirty") else "")
+             f"python {env.get('python')}, commit {env.get('git_commit')}"
+             + (" (dirty)" if env.get("git_dirty") else "")
              + (f", git tree {env['git_tree']}" if env.get("git_tree") else "")
              + f", {env.get('date')}; packages {json.dumps(env['packages'])}", ""]
     if error:
@@ -448,7 +450,8 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
             lines.append(f"| {r['concurrency']} | {r.get('num_prompts', '')} | {r.get('error')} | | | | | | | | | |")
             continue
         lines.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {f(r['ttft_p50_ms'])} | "
-                     f"{f(r['ttft_p99_ms'])} | {f(r['server']['ttft_mean_ms'])} | {f(r['tpot_p50_ms'], '.2f')} | {f(r['per_user_decode_tok_s_p50'])} | "
+                     f"{f(r['ttft_p99_ms'])} | {f(r['server']['ttft_mean_ms'])} | {f(r['tpot_p50_ms'], '.2f')} | "
+                     f"{f(r['per_user_decode_tok_s_p50'])} | "
                      f"{f(r['output_tok_s'])} | {f(r['itl_p50_ms'], '.2f')} | {f(r['duration_s'])} | "
                      f"{f(r['server'].get('prefix_hit_tokens'), '.0f')} |")
     lines += ["", "Per-user decode tok/s = 1000 / TPOT p50 (TPOT: a request's time after its first token divided "
@@ -469,12 +472,14 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
               "launched (inputs, page tables, attention plans), which the device never sees. 'device' "
               "(beam_engine_step_device_seconds, CUDA events): the GPU's time from the forward's launch until "
               "the tokens are drawn; the step's mean minus it is what the host adds.", "",
-              "| users | kind | batch (rounded up) | steps | mean ms | p50 ms (bucket upper bound) | host prepare mean ms "
+              "| users | kind | batch (rounded up) | steps | mean ms | p50 ms (bucket upper bound) "
+              "| host prepare mean ms "
               "| device mean ms |",
               "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in levels:
         for s in (r.get("server") or {}).get("step_times", []):
-            lines.append(f"| {r['concurrency']} | {s['kind']} | {s['batch']} | {s['steps']} | {f(s['mean_ms'], '.3f')} | "
+            lines.append(f"| {r['concurrency']} | {s['kind']} | {s['batch']} | {s['steps']} | "
+                         f"{f(s['mean_ms'], '.3f')} | "
                          f"{f(s['p50_ms_upper_bucket'], '.2f')} | {f(s.get('prepare_mean_ms'), '.3f')} | "
                          f"{f(s.get('device_mean_ms'), '.3f')} |")
     lines += ["", "Client TPOT minus the server's decode step at the level's batch size is what the rest of the "
@@ -486,13 +491,15 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
         if not dec or r.get("tpot_p50_ms") is None:
             continue
         top = max(dec, key=lambda s: s["steps"])
-        lines.append(f"| {r['concurrency']} | {f(r['tpot_p50_ms'], '.2f')} | {f(top['mean_ms'], '.3f')} (b{top['batch']}) | "
+        lines.append(f"| {r['concurrency']} | {f(r['tpot_p50_ms'], '.2f')} | "
+                     f"{f(top['mean_ms'], '.3f')} (b{top['batch']}) | "
                      f"{f(r['tpot_p50_ms'] - top['mean_ms'], '.2f')} | {f(r['server']['itl_mean_ms'], '.2f')} |")
     lines.append("")
     if opt:
         step = opt.get("step") or {}
-        lines += [f"`workbench optimize` ({opt['file']}: {opt.get('target')} on {opt.get('preset')} {opt.get('dtype')}, "
-                  f"batch {step.get('batch')}, context {step.get('context')}): locked step {f(opt.get('locked_ms'), '.3f')} ms, "
+        lines += [f"`workbench optimize` ({opt['file']}: {opt.get('target')} on {opt.get('preset')} "
+                  f"{opt.get('dtype')}, batch {step.get('batch')}, context {step.get('context')}): "
+                  f"locked step {f(opt.get('locked_ms'), '.3f')} ms, "
                   f"reference {f(opt.get('reference_ms'), '.3f')} ms. The server's batch-1 decode steps above ran at "
                   f"context {args.input_len}..{args.input_len + args.output_len}, so attention differs.", ""]
     else:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from workbench.code_text import code_text, is_config_list
+from workbench.code_text import code_text
 from workbench.registry import COMPOUNDS, POINTS, REFERENCE, get
 
 SCHEMA = 2  # its code keys: the code a variant runs (`source_hash`); schema 1 hashed file bytes
@@ -320,7 +320,8 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
                       f"now {now})" + (f": {where}" if where else "")
             # Tuning-config lists aside, the code is the same and the entry names its config: the same
             # build. (A default config, None, may be read off such a list, so it needs the whole hash.)
-            if e.get("config") is not None and code_key_matches(e.get("code_key"), point, e["variant"], own_configs=False):
+            same_code = code_key_matches(e.get("code_key"), point, e["variant"], own_configs=False)
+            if e.get("config") is not None and same_code:
                 notes.append(f"{point}: {changed}; tuning-config lists only, the locked config is the lock's own")
             else:
                 problems.append(f"{point}: {changed}")

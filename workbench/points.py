@@ -17,7 +17,6 @@ import torch
 from beam_model.config import BeamConfig
 from workbench.registry import POINTS, variants
 
-
 # Points whose inputs depend on the layer kind (window, RoPE or NoPE, cache group); the others see the
 # same shapes and values in sliding-window and full-attention layers.
 LAYER_DEPENDENT = ("qk_prep", "attention", "attention_out")

@@ -22,8 +22,17 @@ from beam_model.chat_template import END_THINK, END_TOOL_CALL, THINK, TOOL_CALL,
 from beam_model.tokenizer import ByteTokenizer
 from server.api import protocol
 from server.api.errors import invalid
-from server.api.streaming import (engine_error, finished, new_id, read_json, sampling_params, sse,
-                                  sse_body, submit, usage)
+from server.api.streaming import (
+    engine_error,
+    finished,
+    new_id,
+    read_json,
+    sampling_params,
+    sse,
+    sse_body,
+    submit,
+    usage,
+)
 
 
 def forced_prefix(req: protocol.ChatRequest) -> str:

@@ -10,8 +10,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.api import protocol
-from server.api.streaming import (engine_error, finished, new_id, read_json, sampling_params, sse,
-                                  sse_body, submit, usage)
+from server.api.streaming import (
+    engine_error,
+    finished,
+    new_id,
+    read_json,
+    sampling_params,
+    sse,
+    sse_body,
+    submit,
+    usage,
+)
 
 
 def legacy_logprobs(tokenizer, logprobs, offset: int) -> dict:

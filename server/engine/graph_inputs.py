@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
 # A padded row's sampling settings: greedy, no filter.
 PAD_SAMPLING = (0.0, 0, 1.0)
 

@@ -3,10 +3,10 @@
 Every step has a token budget (`max_num_batched_tokens`) shared by decode tokens (one per running
 sequence) and chunks of prompts (chunked prefill), so requests join and leave at any step.
 Running sequences go first (decode tokens before prompt chunks, oldest first); waiting ones are
-admitted only while the budget, the sequence limit and the free pages allow. When a running sequence needs a page and none is free,
-the newest running sequence is preempted: its pages go back (recompute later, its cached pages
-likely reused). The scheduler never raises for lack of pages: a sequence that cannot grow even
-alone is finished with "length".
+admitted only while the budget, the sequence limit and the free pages allow. When a running
+sequence needs a page and none is free, the newest running sequence is preempted: its pages go
+back (recompute later, its cached pages likely reused). The scheduler never raises for lack of
+pages: a sequence that cannot grow even alone is finished with "length".
 """
 
 from __future__ import annotations

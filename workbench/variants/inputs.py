@@ -20,7 +20,6 @@ from beam_model.kv_cache import PAGE_SIZE, PagedKVCache
 from workbench.dtypes import DTYPE_BYTES, DTYPES  # noqa: F401  (specs import DTYPE_BYTES from here)
 
 
-
 class Rand:
     """Seeded draws on the target device, one stream per (point, seed) so points never share values."""
 

@@ -1,0 +1,240 @@
+"""The kernels whose last program to finish does a final step, compiled for the H200 (sm_90) on the CPU.
+
+The interpreter runs their logic (the variants' own tests) but accepts code the GPU compiler may not,
+and says nothing about the memory ordering that makes the pattern correct on a GPU. Triton compiles
+to PTX and a cubin without a GPU, so each kernel is compiled here at a decode specialisation, and its
+PTX must hold what the pattern relies on: a GPU-scope acquire-release counter increment and reset, a
+CTA barrier before it, and the other programs' partials read from L2 (`ld.global.cg`). Runs in a
+subprocess without TRITON_INTERPRET (tests/conftest.py sets it, and interpreted kernels do not compile).
+"""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+
+SCRIPT = r'''
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import gemv_kernels
+from workbench.sm90 import compile_sm90
+import workbench.variants.kernels.attention as attention
+import workbench.variants.route.triton as route
+
+def ptx(fn, sig, consts):
+    return compile_sm90(fn, sig, consts).asm["ptx"]
+
+I32 = "i32"
+out = {}
+out["attention decode, fused merge"] = ptx(attention._decode_kernel, dict(
+    q_ptr="*bf16", cache_ptr="*bf16", table_ptr="*i32", seq_lens_ptr="*i32", pos_ptr="*i64", out_ptr="*bf16",
+    m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", count_ptr="*i32", stride_qn=I32, stride_qh=I32, stride_cp=I32,
+    stride_ckv=I32, stride_ct=I32, stride_ch=I32, stride_tb=I32, stride_on=I32, stride_oh=I32, max_pages=I32,
+    window=I32, qk_scale="fp32", n_heads=I32, head_dim=I32), dict(
+    GROUP=6, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, PAGE=16, HAS_WINDOW=True, SINGLE=False, FUSED_MERGE=True,
+    MERGE_BLOCK_S=16,
+    IEEE=False, INTERP=False))
+out["route GEMV, fused selection"] = ptx(route._route_gemv, dict(
+    x_ptr="*bf16", w_ptr="*fp32", part_ptr="*fp32", N=I32, E=I32, K=I32, K_PER_SPLIT=I32, bias_ptr="*fp32",
+    ids_ptr="*i64", wts_ptr="*fp32", count_ptr="*i32", EPG=I32, scale="fp32"), dict(
+    BLOCK_N=1, BLOCK_E=4, BLOCK_K=1024, FUSED=True, SPLIT=5, N_GROUP=8, TOPK_GROUP=4, TOP_K=8, BLOCK_T=1,
+    BLOCK_G=8, BLOCK_J=32))
+import workbench.variants.kernels.attention_merged_gemv as merged
+out["attention_out merged GEMV, head groups"] = ptx(merged._merged_gemv_kernel, dict(
+    m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16",
+    part_ptr="*fp32", count_ptr="*i32", M=I32, N=I32, n_heads=I32, head_dim=I32, n_splits=I32, g_stride=I32), dict(
+    HEADS=3, SPLIT_K=2, BLOCK_N=32, BLOCK_S=32, BLOCK_D=128, PDL=True))
+split_k = dict(path="gemv", BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1,
+               SPLIT_K=4)
+out["experts gate/up GEMV, split-K"] = gemv_kernels(split_k, top_k=8)["gate_up"].asm["ptx"]
+json.dump(out, sys.stdout)
+'''
+
+PERSISTENT = r'''
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import persistent_kernels
+from workbench.variants.experts.triton_persistent import CONFIGS
+
+json.dump({"ptx": persistent_kernels(CONFIGS[0], top_k=8)["one_launch"].asm["ptx"]}, sys.stdout)
+'''
+
+
+def _require_compiler() -> None:
+    try:
+        importlib.import_module("triton.backends.compiler").GPUTarget
+        importlib.import_module("triton.compiler").ASTSource
+    except (ImportError, AttributeError) as e:
+        pytest.skip(f"this triton cannot compile for a GPU target from Python: {e}")
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 3):
+        pytest.skip(f"triton {triton.__version__}: constexpr signatures need 3.3 or later")
+
+
+def _compiled(script: str = SCRIPT) -> dict[str, str]:
+    """What `script` prints (JSON), run in a subprocess without TRITON_INTERPRET."""
+    _require_compiler()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_fused_final_steps_compile_for_sm90_with_their_memory_ordering():
+    for name, ptx in _compiled().items():
+        lines = [line.strip() for line in ptx.splitlines()]
+        assert any(line.startswith("bar.sync") or line.startswith("barrier.sync") for line in lines), name
+        assert any("atom.global.gpu.acq_rel.add" in line for line in lines), f"{name}: no acq_rel arrival count"
+        assert any("atom.global.gpu.acq_rel.exch" in line for line in lines), f"{name}: counter never reset"
+        assert any("ld.global.cg" in line for line in lines), f"{name}: partials not read from L2"
+
+
+def test_persistent_experts_grid_barrier_in_the_ptx():
+    """experts:triton_persistent's grid barrier as the GPU will run it: each CTA's threads meet (bar.sync)
+    before one thread counts the CTA in with a GPU-scope acquire-release add, the spin re-reads the count
+    with GPU-scope acquires by that thread and the CTA meets again before leaving it, the counters are
+    reset, and the activations other CTAs wrote are read from L2. (Counted by every thread instead, the
+    barrier would open early; read without acquire, the spin could see the count before the stores.)"""
+    lines = [line.strip() for line in _compiled(PERSISTENT)["ptx"].splitlines()]
+    code = [line for line in lines if line and not line.startswith(("//", ".loc", "$L"))]
+    add = next(i for i, line in enumerate(code) if "atom.global.gpu.acq_rel.add" in line)
+    assert code[add].startswith("@%p"), "the arrival is counted by every thread"
+    meet = max((i for i in range(add) if code[i].startswith("bar.sync")), default=None)
+    assert meet is not None and not any("st.global" in line for line in code[meet:add]), \
+        "no CTA barrier between the activations' stores and the arrival"
+    spin = [i for i, line in enumerate(code) if "ld.global.gpu.acquire" in line or "atom.global.gpu.acquire" in line]
+    assert spin and all(code[i].startswith("@%p") for i in spin), "the spin does not acquire the count"
+    for i in spin:  # the CTA meets after the read, before the branch that leaves or repeats the spin
+        branch = next(j for j in range(i, len(code)) if " bra" in code[j])
+        assert any(line.startswith("bar.sync") for line in code[i:branch]), \
+            "threads leave the spin without meeting the thread that read the count"
+    assert sum("atom.global.gpu.acq_rel.exch" in line for line in code) == 2, "the two counters are not reset"
+    assert any("ld.global.cg" in line for line in code), "activations not read from L2"
+
+
+def test_sm90_resources_reads_registers_and_spills_of_a_config():
+    """scripts/sm90_resources.py: both GEMV kernels of an experts config, compiled for sm_90 on the
+    CPU, with their registers and spills from the cubin; a 1024-wide gate/up tile at 2 warps spills."""
+    _require_compiler()
+    config = dict(path="gemv", BLOCK_N=8, BLOCK_K=1024, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sm90_resources.py"), "--config",
+                           json.dumps(config)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    usage = json.loads(line.removesuffix(" SPILLS"))
+    assert usage["config"] == config and 0 < usage["down"]["REG"] <= 255
+    assert usage["gate_up"]["STACK"] > 0 and line.endswith(" SPILLS")
+
+
+def test_triton_rows_configs_do_not_spill():
+    """Every experts:triton_rows config (its comment says none spills, and the variant's register
+    budget assumes so): both kernels compiled for sm_90 at beam-501b-tp8's decode sizes."""
+    _require_compiler()
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sm90_resources.py"), "--rows"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    from workbench.variants.experts.triton_rows import CONFIGS
+
+    assert len(lines) == len(CONFIGS) and not any(line.endswith(" SPILLS") for line in lines), lines
+
+
+GROUPING_SCRIPT = r'''
+import json
+from workbench.sm90 import compile_sm90, resource_usage
+import workbench.variants.kernels.moe as moe
+
+ints = dict(N_PAIRS=131072, N_EXPERTS=256, N_CHUNKS=256, MAX_BLOCKS=1278)  # 8 x 2048 tokens, top 8 of 256
+sizes = dict(E_P2=256, CHUNK=moe.ALIGN_CHUNK)
+count = compile_sm90(moe.count_by_expert_kernel, dict(ids_ptr="*i64", chunk_counts_ptr="*i32", N_PAIRS="i32"),
+                     dict(**sizes, SUB=moe.ALIGN_SUB), ints=ints, num_warps=8)
+align = compile_sm90(moe.align_by_expert_kernel, dict(
+    ids_ptr="*i64", chunk_counts_ptr="*i32", cursor_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32",
+    N_PAIRS="i32", N_EXPERTS="i32", N_CHUNKS="i32", MAX_BLOCKS="i32"), dict(
+    **sizes, BLOCK_M=128, PLACE=moe.ALIGN_PLACE, ROWS=moe.ALIGN_ROWS, MARK_N=moe.MARK), ints=ints, num_warps=8)
+print(json.dumps({"count": resource_usage(count), "align": resource_usage(align)}))
+'''
+
+
+def test_grouping_kernels_fit_in_registers_at_a_prefill():
+    """experts' grouping kernels at an 8 x 2048-token prefill's sizes: placing 128 pairs at once took
+    255 registers and spilled on sm_90 (runs/bench-experts-prefill-tp8/next-relock-grouping/)."""
+    for name, usage in _compiled(GROUPING_SCRIPT).items():
+        assert usage["STACK"] == 0 and usage["REG"] <= 128, (name, usage)
+
+
+PDL_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import _sizes
+from workbench.sm90 import compile_sm90
+import workbench.variants.kernels.gemv as gemv
+import workbench.variants.kernels.moe as moe
+
+out = {}
+for pdl in (False, True):
+    out[f"linear pdl={pdl}"] = compile_sm90(gemv.linear_kernel, dict(
+        x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", part_ptr="*bf16", lock_ptr="*i32", M="i32", N="i32",
+        K="i32", stride_xm="i32", b1="i32", b2="i32", b3="i32"), dict(
+        BLOCK_M=1, BLOCK_N=8, BLOCK_K=512, SPLIT_K=1, DOT=False, SWIGLU=False, IEEE=False, PDL=pdl),
+        ints=dict(M=1, N=7168, K=5120, stride_xm=5120, b1=7168, b2=7168, b3=7168), num_warps=2).asm["ptx"]
+    out[f"experts gate/up pdl={pdl}"] = compile_sm90(moe.gate_up_gemv_kernel, dict(
+        x_ptr="*bf16", ids_ptr="*i64", wg_ptr="*bf16", wu_ptr="*bf16", act_ptr="*bf16", part_ptr="*fp32",
+        count_ptr="*i32", HIDDEN="i32", FF="i32", K_PER_SPLIT="i32", stride_we="i32", stride_wf="i32"), dict(
+        TOP_K=8, BLOCK_N=8, BLOCK_K=512, SPLIT=1, PDL=pdl), ints=_sizes(8), num_warps=2).asm["ptx"]
+json.dump(out, sys.stdout)
+'''
+
+
+def test_pdl_kernels_wait_in_the_ptx_and_only_a_gemv_reads_weights_before():
+    """With PDL, the GEMV's first weight tile is loaded before griddepcontrol.wait (weights are never
+    written), the experts kernel loads nothing before it (its rows depend on routed ids); without
+    PDL neither instruction is emitted."""
+    ptx = _compiled(PDL_SCRIPT)
+
+    def before_wait(text):
+        lines = [line.strip() for line in text.splitlines()]
+        wait = next(i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait"))
+        assert any(line.startswith("griddepcontrol.launch_dependents") for line in lines[:wait])
+        return [line for line in lines[:wait] if line.lstrip("@%!p0123456789 ").startswith("ld.global")]
+
+    for name in ("linear", "experts gate/up"):
+        assert "griddepcontrol" not in ptx[f"{name} pdl=False"], name
+    assert before_wait(ptx["linear pdl=True"]), "the GEMV reads no weights before its wait"
+    assert not before_wait(ptx["experts gate/up pdl=True"]), "experts reads memory before its wait"
+
+
+MERGED = r'''
+import json, sys, triton
+from workbench.sm90 import compile_sm90, resource_usage
+import workbench.variants.kernels.attention_merged_gemv as merged
+from workbench.variants.attention_out.triton_merged import CONFIGS
+
+sig = dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*bf16",
+           out_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32", M="i32", N="i32", n_heads="i32", head_dim="i32",
+           n_splits="i32", g_stride="i32")
+out = []
+for c in CONFIGS:  # beam-501b-tp8's rank: 6 query heads of 128; a 512-key window's splits
+    heads = merged.head_group(6, c["merged"]["HEADS"])
+    splits = min(c["attention"]["MAX_SPLITS"], -(-511 // c["attention"]["BLOCK_N"]) + 1)
+    kernel = compile_sm90(merged._merged_gemv_kernel, sig, dict(
+        HEADS=heads, SPLIT_K=6 // heads, BLOCK_N=c["merged"]["BLOCK_N"], BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=128, PDL=True), num_warps=c["merged"]["num_warps"])
+    out.append(dict(merged=c["merged"], splits=splits, **resource_usage(kernel)))
+json.dump(out, sys.stdout)
+'''
+
+
+def test_attention_out_merged_configs_do_not_spill():
+    """Every attention_out:triton_merged config's GEMV at the TP8 rank's decode sizes, for sm_90."""
+    usage = _compiled(MERGED)
+    assert len(usage) >= 6
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u

@@ -10,15 +10,7 @@ import torch
 from workbench import gates, registry
 from workbench.quarantine import quarantined
 
-TP8 = "beam-501b-tp8"  # the preset the GPU tests gate at: one tensor-parallel rank of eight
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def tp8_decode(layer: str, context: int, batches=(1, 8)) -> list:
-    """Decode workloads of a TP8 rank at `context` tokens, in a `layer` ("sliding" or "full") layer."""
-    from workbench.points import Workload
-
-    return [Workload(TP8, batch=b, context=context, layer=layer) for b in batches]
 
 
 def available(point: str, name: str):

@@ -179,15 +179,6 @@ def test_triton_widemerge_is_triton_prefetch_up_to_the_merges_summation_order(la
             torch.testing.assert_close(got, want, rtol=8e-3, atol=8e-3)
 
 
-@triton_only
-def test_triton_passes_the_op_gate_at_decode_and_prefill():
-    from workbench.gates import op_gate
-
-    report = op_gate(registry.get("attention_out", "triton"),
-                     [w.with_(layer=k) for w in (DECODE, PREFILL) for k in ("sliding", "full")], seeds=(0,))
-    assert report.passed, report.failures
-
-
 # ---- on the GPU: the TP8 rank's shapes, PDL, a CUDA graph ------------------------------------------
 
 def _tp8(layer, context, batch=1):
@@ -198,41 +189,28 @@ def _tp8(layer, context, batch=1):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layer, context, batch", [("sliding", 4096, 1), ("full", 4096, 1), ("full", 32768, 1),
                                                    ("sliding", 4096, 8)])
-def test_gpu_tp8_bitwise_apart_and_gated(layer, context, batch):
-    from workbench.gates import op_gate
+def test_gpu_tp8_bitwise_apart(layer, context, batch):
     from workbench.variants.attention_out.triton import CONFIGS
 
-    wl, call = _tp8(layer, context, batch)
+    _, call = _tp8(layer, context, batch)
     for config in CONFIGS + [dict(c, pdl=True) for c in CONFIGS]:
         fused = registry.get("attention_out", "triton").at(config)(*call.args, **call.kwargs)
         pdl = {"pdl": True} if config.get("pdl") else {}
         apart = _apart(call, registry.get("attention", "triton").at({**config["attention"], **pdl}),
                        registry.get("attn_out", "triton_gemv").at({**config["gemv"], **pdl}))
         assert torch.equal(fused, apart), config
-    assert op_gate(registry.get("attention_out", "triton"), [wl], device="cuda", seeds=(0,)).passed
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layer, context", [("sliding", 4096), ("full", 4096), ("full", 32768)])
-def test_gpu_tp8_prefetch_is_bitwise_triton_and_gated(layer, context):
-    from workbench.gates import op_gate
+def test_gpu_tp8_prefetch_is_bitwise_triton(layer, context):
     from workbench.variants.attention_out.triton_prefetch import CONFIGS
 
-    wl, call = _tp8(layer, context)
+    _, call = _tp8(layer, context)
     for config in CONFIGS + [dict(c, pdl=True) for c in CONFIGS]:
         want = registry.get("attention_out", "triton").at(_without_prefetch(config))(*call.args, **call.kwargs)
         got = registry.get("attention_out", "triton_prefetch").at(config)(*call.args, **call.kwargs)
         assert torch.equal(got, want), config
-    assert op_gate(registry.get("attention_out", "triton_prefetch"), [wl], device="cuda", seeds=(0,)).passed
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layer, context", [("sliding", 4096), ("full", 4096), ("full", 32768)])
-def test_gpu_tp8_widemerge_gated(layer, context):
-    from tests.variants.helpers import assert_every_config_passes
-
-    wl, _ = _tp8(layer, context)
-    assert_every_config_passes(registry.get("attention_out", "triton_widemerge"), [wl], device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

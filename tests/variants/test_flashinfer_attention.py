@@ -6,12 +6,11 @@ last_page_len; its queries sit at the end of its keys; `window_left` keys before
 visible), reading every row of the listed pages up to that length, masked or not, as a real kernel
 does. NaN sits in released pages and past each sequence's length, so a list that starts too early,
 holds a -1 or runs too long shows up as NaN or as a wrong output. The stand-in also records plans,
-so the tests check when the variant plans (once per metadata, again on `Ops.replan`). The `gpu` tests
-run the real library: the op gate at beam-501b-tp8 shapes and a captured decode step replayed after
-`replan` with new lengths, as the server does.
+so the tests check when the variant plans (once per metadata, again on `Ops.replan`). The `gpu` test
+runs the real library: a captured decode step replayed after `replan` with new lengths, as the server
+does (test_every_variant.py gates it at beam-501b-tp8 shapes).
 """
 
-import dataclasses
 import sys
 import types
 
@@ -22,8 +21,8 @@ from beam_model.config import BeamConfig
 from beam_model.kv_cache import StepMetadata
 from beam_model.model import BeamForCausalLM
 from tests.variants.attention_cases import _assert_close, _case, check_graph_replay
-from tests.variants.helpers import callables, failures
-from workbench import gates, registry
+from tests.variants.helpers import callables
+from workbench import registry
 from workbench.points import Workload
 
 MODULE = "workbench.variants.kernels.flashinfer_attention"
@@ -222,29 +221,8 @@ def test_supports_and_unavailable_without_the_library():
 
 # ---- on the GPU, the real library -----------------------------------------------------------------
 
-TP8 = "beam-501b-tp8"
 needs_flashinfer = pytest.mark.skipif(not registry.backend_available("flashinfer")[0],
                                       reason="needs flashinfer and a CUDA GPU")
-
-
-DECODE = [Workload(TP8, batch=b, context=ctx, layer=layer) for b in (1, 8, 64) for ctx in (4096, 32768)
-          for layer in ("sliding", "full")]
-PREFILL = [Workload(TP8, batch=b, tokens_per_seq=t, context=ctx, layer=layer)
-           for b, t, ctx in ((1, 2048, 2048), (1, 8192, 8192), (8, 2048, 2048), (2, 2048, 8192))
-           for layer in ("sliding", "full")]
-
-
-@pytest.mark.gpu
-@needs_flashinfer
-@pytest.mark.parametrize("kind, tensor_cores", [("decode", False), ("decode", True), ("prefill", False)],
-                         ids=["decode-cuda-cores", "decode-tensor-cores", "prefill"])
-def test_gpu_op_gate_tp8(kind, tensor_cores):
-    """One test per JIT-built module (decode without and with tensor cores, prefill; the config only
-    changes decode), so a slow first build shows up as one slow test."""
-    v = registry.get("attention", "flashinfer")
-    report = gates.op_gate(dataclasses.replace(v, fn=v.at(dict(tensor_cores=tensor_cores))),
-                           DECODE if kind == "decode" else PREFILL, device="cuda", seeds=(0,))
-    assert report.passed, failures(report)
 
 
 @pytest.mark.gpu

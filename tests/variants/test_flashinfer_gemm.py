@@ -1,7 +1,7 @@
 """`qkvg_proj:flashinfer` and `attn_out:flashinfer` without the library: a stand-in of
 `flashinfer.gemm.tinygemm_bf16` that follows its documented contract (BF16, contiguous, input features
 a multiple of 64, output features of 16, `out` written in place, FP32 accumulation) checks the adapters
-through the op gate; the `gpu` test runs the real kernel at beam-tiny and beam-501b-tp8 shapes."""
+through the op gate (the real kernel's: test_every_variant.py, on the GPU)."""
 
 import dataclasses
 import types
@@ -59,15 +59,3 @@ def test_supports_names_the_kernel_limits(point):
     verdict = v.supports(types.SimpleNamespace(config=odd, dtype="bf16"))
     assert isinstance(verdict, str) and "multiple of" in verdict
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not registry.backend_available("flashinfer")[0], reason="needs flashinfer and a CUDA GPU")
-@pytest.mark.parametrize("config", [None, {"pdl": True}])
-@pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_op_gate(point, preset, config):
-    report = gates.op_gate(registry.get(point, "flashinfer"),
-                           [Workload(preset, batch=b) for b in (1, 8, 64)]
-                           + [Workload(preset, batch=2, tokens_per_seq=512, context=512)], device="cuda", seeds=(0,),
-                           config=config)
-    assert report.passed, failures(report)

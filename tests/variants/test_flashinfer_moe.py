@@ -6,7 +6,7 @@ accumulators rounded to the model dtype; GEMM2: each valid row's down projection
 unscaled at its pair's row; tiles past `num_non_exiting_tiles` never run) and drive the adapters,
 their routing maps (made in torch, or experts:triton's grouping read as such) and experts:triton's
 combine through the op gate. Planted faults (gate packed first, a tile limit one row short or long)
-are rejected. The `gpu` test runs the real kernels."""
+are rejected. The real kernels' op gate: test_every_variant.py, on the GPU."""
 
 import dataclasses
 
@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from tests.variants.helpers import (
     assert_every_config_passes,
     failures,
-    prefill_workloads,
     stand_in_flashinfer,
     with_config,
 )
@@ -174,11 +173,3 @@ def test_supports_names_why_it_declines(monkeypatch):
     assert hybrid.supports(odd) is True and hybrid.supports(PREFILL) is True
     assert "prefill sizes" in hybrid.supports(Workload("beam-501b-tp8", batch=64))
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not registry.backend_available("flashinfer")[0] or not fi_kernels._cutlass_installed(),
-                    reason="needs flashinfer, the CUTLASS DSL and a CUDA GPU")
-@pytest.mark.parametrize("name", ["flashinfer", "flashinfer_down"])
-@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_every_config_passes_the_op_gate(name, preset):
-    assert_every_config_passes(registry.get("experts", name), prefill_workloads(preset), device="cuda", seeds=(0, 1))

@@ -1,14 +1,14 @@
 """`route:flashinfer` without the library: a stand-in of `fused_topk_deepseek` that follows its
 documented contract (FP32 in, int32 ids and FP32 weights written in place, launch_with_pdl flag)
 checks the adapter: argument order, the FP32 router GEMM, int64 ids, and the supports limits. The
-`gpu` test runs the op gate with the real kernel at beam-tiny and beam-501b-tp8 shapes."""
+op gate with the real kernel: test_every_variant.py, on the GPU."""
 
 
 import pytest
 import torch
 
-from tests.variants.helpers import failures, stand_in_flashinfer, with_config
-from workbench import gates, registry
+from tests.variants.helpers import stand_in_flashinfer, with_config
+from workbench import registry
 from workbench.points import Workload, spec
 
 
@@ -53,12 +53,3 @@ def test_supports_names_the_kernel_limits():
         verdict = v.supports(with_config(tiny, **changes))
         assert isinstance(verdict, str) and words in verdict
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not registry.backend_available("flashinfer")[0], reason="needs flashinfer and a CUDA GPU")
-@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_op_gate(preset):
-    v = registry.get("route", "flashinfer")
-    report = gates.op_gate(v, [Workload(preset, batch=b) for b in (1, 8, 64)] +
-                           [Workload(preset, batch=2, tokens_per_seq=512, context=512)], device="cuda", seeds=(0,))
-    assert report.passed, failures(report)

@@ -1,8 +1,7 @@
 """`sample:flashinfer` without the library: a stand-in of `flashinfer.sampling.top_k_top_p_sampling_from_probs`
 that follows its documented contract (FP32 probabilities, per-row top_k and top_p, top-k first, one draw
 per row from `generator`) checks the adapter (temperature, greedy rows, top_k 0) through the op gate,
-its statistical checks included; the `gpu` test runs the real kernel at beam-tiny and beam-501b-tp8
-shapes."""
+its statistical checks included (the real kernel's op gate: test_every_variant.py, on the GPU)."""
 
 import dataclasses
 import sys
@@ -66,11 +65,3 @@ def test_a_wrong_filter_order_fails_the_gate(calls, monkeypatch):
                            seeds=(0, 1))
     assert not report.passed and report.first_failure().startswith(("support", "distribution"))
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not registry.backend_available("flashinfer")[0], reason="needs flashinfer and a CUDA GPU")
-@pytest.mark.parametrize("preset", ["beam-tiny", "beam-501b-tp8"])
-def test_gpu_op_gate(preset):
-    report = gates.op_gate(registry.get("sample", "flashinfer"), [Workload(preset, batch=b) for b in (1, 8, 64)],
-                           device="cuda", seeds=(0, 1))
-    assert report.passed, failures(report)

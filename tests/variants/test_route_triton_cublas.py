@@ -3,7 +3,7 @@
 CPU: the GEMMs run as FP32 matmuls of the same exact BF16 products (no out_dtype kernels on the CPU) and
 the selection kernel under the Triton interpreter, so these check the plumbing: the pieces, their order,
 the chain's running sum, the split's and the batched GEMM's partials and the hand-over to route:triton
-at small sizes. `gpu`: the op gate with cuBLAS at beam-501b-tp8 shapes.
+at small sizes. (The op gate, every config, on the CPU and with cuBLAS on the GPU: test_every_variant.py.)
 """
 
 import dataclasses
@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tests.variants.helpers import assert_every_config_passes, failures  # noqa: E402
+from tests.variants.helpers import failures  # noqa: E402
 from tests.variants.test_triton_route_head_sample import _assert_routes_equal, _route_case  # noqa: E402
 from workbench import gates  # noqa: E402
 from workbench.points import Workload  # noqa: E402
@@ -38,18 +38,6 @@ def test_other_activation_dtypes_take_route_triton():
 
 
 PREFILL = Workload("beam-tiny", batch=1, tokens_per_seq=128, context=128)  # 128 tokens: the GEMMs
-
-
-def test_op_gate_passes_each_gemm_plan():
-    """One config per GEMM plan (chain, split, batched): every config is checked against the reference
-    above and op-gated by `test_gpu_op_gate_tp8`; gating all eleven interpreted took a minute of CI.
-    (Decode sizes run route:triton's kernels, gated in its own tests; one seed keeps the interpreter quick.)"""
-    v = get("route", "triton_cublas")
-    plans = {c["gemms"]: c for c in reversed(mod.CONFIGS)}  # each plan's first config
-    assert sorted(plans) == ["batched", "chain", "split"]
-    for config in plans.values():
-        report = gates.op_gate(v, [PREFILL], seeds=(0,), config=config)
-        assert report.passed, (config, failures(report))
 
 
 def test_op_gate_rejects_a_chain_that_drops_its_running_sum(monkeypatch):
@@ -80,10 +68,3 @@ def test_supports_and_config_supports_say_why():
     assert "timed once" in v.unsupported_config(mod.CONFIGS[1], decode)
     assert v.unsupported_config(mod.CONFIGS[1], PREFILL) is None
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_op_gate_tp8():
-    workloads = [Workload("beam-501b-tp8", batch=b) for b in (1, 64)] + \
-        [Workload("beam-501b-tp8", batch=2, tokens_per_seq=512, context=512)]
-    assert_every_config_passes(get("route", "triton_cublas"), workloads, device="cuda")

@@ -5,9 +5,9 @@ caches are hand-built at tiny shapes with small pages: contexts cross page bound
 smaller than a page or span several, batches mix lengths, and everything a kernel must not read
 (pages not in the table, -1 holes of released sliding pages, rows past a sequence's length, keys
 before the window) holds NaN, so a read that leaks shows up as a NaN output. Every tuning config is
-checked, since each is a separately compiled kernel. The `gpu` tests run the op gate at
-beam-501b-tp8 shapes (decode b1/b8/b64 at 4K and 32K of context, prefill 2K and 8K) and replay a
-decode step in a CUDA graph with new lengths, as the server does.
+checked, since each is a separately compiled kernel. The `gpu` test replays a decode step in a
+CUDA graph with new lengths, as the server does. (The op gate, every config, CPU and GPU shapes:
+test_every_variant.py.)
 """
 
 import dataclasses
@@ -17,13 +17,10 @@ import torch
 
 from tests.variants.attention_cases import _assert_close, _case, check_graph_replay
 from tests.variants.helpers import (
-    TP8,
-    assert_every_config_passes,
     available,
     callables,
     failures,
     needs_cuda,
-    tp8_decode,
 )
 from workbench import gates, registry
 from workbench.points import Workload
@@ -190,11 +187,6 @@ WORKLOADS = [w.with_(layer=k) for w in (Workload(batch=2, context=1000), Workloa
              for k in ("sliding", "full")]  # test_gates.py's decode and prefill, both layer kinds
 
 
-def test_op_gate_default():
-    report = gates.op_gate(available("attention", "triton"), WORKLOADS, seeds=(0,))
-    assert report.passed, failures(report)
-
-
 def test_op_gate_fp32():
     fp32 = [w.with_(dtype="fp32") for w in WORKLOADS[::3]]
     report = gates.op_gate(available("attention", "triton"), fp32, seeds=(1,))
@@ -203,26 +195,6 @@ def test_op_gate_fp32():
 
 # ---- on the GPU: the op gate at beam-501b-tp8 shapes, and a CUDA-graph replay ----------------------
 
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("context", [4096, 32768])
-@pytest.mark.parametrize("layer", ["sliding", "full"])
-def test_gpu_op_gate_tp8_decode(layer, context):
-    assert_every_config_passes(registry.get("attention", "triton"), tp8_decode(layer, context, (1, 8, 64)),
-                               device="cuda", seeds=(0,))
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("layer", ["sliding", "full"])
-def test_gpu_op_gate_tp8_prefill(layer):
-    v = registry.get("attention", "triton")
-    wls = [Workload(TP8, batch=1, tokens_per_seq=2048, context=2048, layer=layer),
-           Workload(TP8, batch=1, tokens_per_seq=8192, context=8192, layer=layer),
-           Workload(TP8, batch=8, tokens_per_seq=2048, context=2048, layer=layer),   # prefill-8x2k
-           Workload(TP8, batch=2, tokens_per_seq=2048, context=8192, layer=layer)]   # chunks after context
-    assert_every_config_passes(v, wls, device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

@@ -1,19 +1,18 @@
 """`attention:triton_prefetch`: attention:triton's decode with each split's first key block loaded
 before the PDL wait. It repeats attention:triton's arithmetic, so at the same config the output is
 bitwise attention:triton's (on the CPU interpreter, where PDL is off, that is what is checked, over
-the NaN-poisoned cases of tests/variants/attention_cases.py); the op gate runs at beam-tiny shapes. On the GPU:
-the op gate at TP8 shapes for every config, a CUDA-graph replay with new contents, and the one thing
-the interpreter cannot show: with PDL, the query's own K/V row is read only after the kernel before
-(which writes it) has finished. A planted fault that reads it early must fail that test.
+the NaN-poisoned cases of attention_cases.py). On the GPU: a CUDA-graph replay with new contents,
+and the one thing the interpreter cannot show: with PDL, the query's own K/V row is read only after
+the kernel before (which writes it) has finished. A planted fault that reads it early must fail that
+test. (The op gate, every config: test_every_variant.py.)
 """
 
 import pytest
 import torch
 
 from tests.variants.attention_cases import NAN, _case, check_graph_replay
-from tests.variants.helpers import assert_every_config_passes, available, failures, needs_cuda, tp8_decode
-from workbench import gates, registry
-from workbench.points import Workload
+from tests.variants.helpers import available, needs_cuda
+from workbench import registry
 
 # As tests/variants/test_triton_attention.py's SMALL: tiny blocks, so small contexts cross blocks and splits;
 # MAX_SPLITS 8: one block a split and empty splits; MAX_SPLITS 2: several blocks a split (the loop
@@ -49,12 +48,6 @@ def test_configs_are_the_separate_merge_forms():
     assert any(c.get("PREFETCH_V") is False for c in v.configs)
 
 
-def test_op_gate_default():
-    wls = [Workload(batch=2, context=1000, layer=k) for k in ("sliding", "full")]
-    report = gates.op_gate(available("attention", "triton_prefetch"), wls, seeds=(0,))
-    assert report.passed, failures(report)
-
-
 # ---- on the GPU ---------------------------------------------------------------------------------
 
 
@@ -62,15 +55,6 @@ def _config(v, block_n, prefetch_v=True):
     """The variant's config at `block_n` keys a block, 1 stage, holding K and V (or only K) across the wait."""
     return next(c for c in v.configs if c["BLOCK_N"] == block_n and c["num_stages"] == 1
                 and c.get("PREFETCH_V", True) == prefetch_v)
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("context", [4096, 32768])
-@pytest.mark.parametrize("layer", ["sliding", "full"])
-def test_gpu_op_gate_tp8_decode(layer, context):
-    assert_every_config_passes(registry.get("attention", "triton_prefetch"), tp8_decode(layer, context),
-                               device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

@@ -1,19 +1,17 @@
 """`attention:triton_widemerge`: attention:triton_prefetch's decode kernel with a merge that loads every
 split's partials in one round trip. The decode partials are the prefetch kernel's, so its output is
 attention:triton_prefetch's up to the order the merge sums the splits in (checked on the CPU
-interpreter over the NaN-poisoned cases of tests/variants/attention_cases.py, with empty splits, one block and
-several a split); the op gate at beam-tiny shapes; a config making more splits than one merge tile
-holds is refused by name. On the GPU: the op gate at TP8 shapes for every config and a CUDA-graph
-replay with new contents.
+interpreter over the NaN-poisoned cases of attention_cases.py, with empty splits, one block and
+several a split); a config making more splits than one merge tile holds is refused by name. On the
+GPU: a CUDA-graph replay with new contents. (The op gate, every config: test_every_variant.py.)
 """
 
 import pytest
 import torch
 
 from tests.variants.attention_cases import _case, check_graph_replay
-from tests.variants.helpers import assert_every_config_passes, available, failures, needs_cuda, tp8_decode
-from workbench import gates, registry
-from workbench.points import Workload
+from tests.variants.helpers import available, needs_cuda
+from workbench import registry
 
 # tests/variants/test_triton_attention_prefetch.py's SMALL: tiny blocks, so small contexts cross blocks and splits
 SMALL = dict(BLOCK_N=16, MIN_BLOCKS=1, WAVES=64, MAX_SPLITS=8, num_warps=2, num_stages=1, PREFILL_BLOCK_M=16,
@@ -52,22 +50,7 @@ def test_more_splits_than_one_merge_tile_is_refused_by_name(monkeypatch):
         available("attention", "triton_widemerge").at(cfg)(q, cache, meta, window=None, scale=0.25)
 
 
-def test_op_gate_default():
-    wls = [Workload(batch=2, context=1000, layer=k) for k in ("sliding", "full")]
-    report = gates.op_gate(available("attention", "triton_widemerge"), wls, seeds=(0,))
-    assert report.passed, failures(report)
-
-
 # ---- on the GPU ---------------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("context", [4096, 32768])
-@pytest.mark.parametrize("layer", ["sliding", "full"])
-def test_gpu_op_gate_tp8_decode(layer, context):
-    assert_every_config_passes(registry.get("attention", "triton_widemerge"), tp8_decode(layer, context),
-                               device="cuda", seeds=(0,))
 
 
 @pytest.mark.gpu

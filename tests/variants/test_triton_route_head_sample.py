@@ -1,7 +1,8 @@
 """Triton variants of `route`, `head` and `sample` against their torch references.
 
 CPU: the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU) at tiny shapes.
-GPU (`-m gpu`): the project's op gate at beam-501b-tp8 shapes (hidden 5120, 256 experts, vocab 16384).
+GPU (`-m gpu`): route:triton's regimes at beam-501b-tp8 shapes. (The op gate, every config, CPU and
+GPU shapes: test_every_variant.py.)
 """
 
 import math
@@ -305,26 +306,7 @@ def test_default_is_first_config_and_supports(point, name):
     assert isinstance(v.supports(Workload("beam-tiny", dtype="fp8")), str) or point == "sample"
 
 
-# ====================================================================== GPU: the op gate at TP8 shapes
-
-def _gate(point, name, batches):
-    from tests.variants.helpers import assert_every_config_passes
-    from workbench.points import Workload
-
-    v = get(point, name)
-    assert_every_config_passes(v, [Workload("beam-501b-tp8", batch=b) for b in batches], device="cuda")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("point, name, batches", [
-    ("route", "triton", (1, 8, 64, 128, 512)),  # GEMV, FP32 tiles, BF16x3 tensor cores
-    ("head", "triton", (1, 8, 64)),
-    ("head", "triton_softcap", (1, 8, 64)),
-    ("sample", "triton", (1, 8, 64)),
-])
-def test_gpu_op_gate_tp8(point, name, batches):
-    _gate(point, name, batches)
-
+# ====================================================================== GPU
 
 @pytest.mark.gpu
 def test_gpu_route_regimes_agree_tp8():

@@ -25,7 +25,7 @@ def _config(attention, block_n, heads, warps=4, max_splits=32, max_tokens=1):
 # 64 (attention's default: half the partials to re-read); a program per 32 or 64 rows of o_proj with
 # all six heads of the TP8 rank, or three, or one (more programs, each re-reading fewer partials).
 # Several heads a program take 8 warps: at 4, 64 rows spill and 32 use all 255 registers (none of
-# these spills, compiled for sm_90: tests/test_triton_sm90_compile.py).
+# these spills, compiled for sm_90: tests/variants/test_triton_sm90_compile.py).
 CONFIGS = [
     _config(ATTENTION_CONFIGS[5], 32, 6, warps=8),
     _config(ATTENTION_CONFIGS[5], 64, 6, warps=8),

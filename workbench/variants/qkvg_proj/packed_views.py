@@ -5,8 +5,8 @@ outputs returned as column views of the one [N, q+k+v+gate] result.
 the whole output once more: at a prompt's sizes that copy costs about what one GEMM over the packed
 weight saves against four. The point's contract fixes each output's shape and dtype, not its row
 stride, and every consumer honours one: the references view only the last dimension, the kernels of
-qk_prep and attn_out take the row stride as an argument (tests/test_qkvg_views.py runs every consumer
-variant on such views, with NaN between the columns, against contiguous copies).
+qk_prep and attn_out take the row stride as an argument (tests/variants/test_qkvg_views.py runs every
+consumer variant on such views, with NaN between the columns, against contiguous copies).
 """
 
 import torch.nn.functional as F

@@ -82,17 +82,20 @@ def _prefill(*shapes):
     return [Workload(batch=b, tokens_per_seq=t, context=ctx) for b, t, ctx in shapes]
 
 
-# GPU workloads past the standard ones, per point (the preset and layer kind are filled in).
+# GPU workloads past the standard ones, per point (the preset and layer kind are filled in). A prompt of
+# 2 x 512 tokens: the library GEMMs' and grouped MoE kernels' prefill at beam-tiny too.
+PROMPT = (2, 512, 512)
 GPU_EXTRA = {
     "boundary": _decode(8, 64, 2048),
-    "qkvg_proj": _decode(8, 16, 64) + _prefill((2, 64, 128)),  # past 16 rows: the CuTe GEMV's packed GEMM
+    # past 16 rows: the CuTe GEMV's packed GEMM
+    "qkvg_proj": _decode(8, 16, 64) + _prefill((2, 64, 128), PROMPT),
     "qk_prep": _decode(8, 64),
     # 32K of context; prefill-8x2k and a chunk of 2K after 6K of context
     "attention": _decode(8, 64) + _decode(1, 8, 64, context=32768)
     + _prefill((1, 2048, 2048), (1, 8192, 8192), (8, 2048, 2048), (2, 2048, 8192)),
-    "attn_out": _decode(8, 64),
-    "route": _decode(8, 64, 128, 512),  # route:triton's three GEMM regimes
-    "experts": _decode(8, 64) + _prefill((1, 2048, 2048)),
+    "attn_out": _decode(8, 64) + _prefill(PROMPT),
+    "route": _decode(8, 64, 128, 512) + _prefill(PROMPT),  # route:triton's three GEMM regimes
+    "experts": _decode(8, 64) + _prefill(PROMPT, (1, 2048, 2048)),
     "dense_mlp": _decode(8, 64),
     "head": _decode(8, 64),
     "sample": _decode(8, 64),

@@ -88,7 +88,8 @@ def test_each_level_gets_prompts_no_other_level_has(tmp_path):
 CLIENT = all(importlib.util.find_spec(m) for m in ("sglang", "transformers", "aiohttp", "requests"))
 
 
-@pytest.mark.skipif(not CLIENT, reason="SGLang's bench_serving client is not installed (see scripts/gpu_serve_sweep.sh)")
+@pytest.mark.skipif(not CLIENT,
+                    reason="SGLang's bench_serving client is not installed (see scripts/gpu_serve_sweep.sh)")
 def test_quick_sweep_end_to_end(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT + os.pathsep
            + os.environ.get("PYTHONPATH", "")}

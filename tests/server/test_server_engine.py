@@ -278,7 +278,8 @@ def test_random_traffic_keeps_pages_consistent(model, seed):
                  max_num_batched_tokens=budget)
     eng.runner = CheckingRunner(PS, W)
     bases = [[rng.randrange(256) for _ in range(n)] for n in (0, 64, 130, 200)]
-    pending = [(f"r{i}", rng.choice(bases)[:rng.randint(0, 200)] + [rng.randrange(256) for _ in range(rng.randint(1, 40))],
+    pending = [(f"r{i}",
+                rng.choice(bases)[:rng.randint(0, 200)] + [rng.randrange(256) for _ in range(rng.randint(1, 40))],
                 SamplingParams(max_tokens=rng.randint(1, 40), temperature=0.0, ignore_eos=True)) for i in range(60)]
     finished, aborted, lengths = {}, set(), {r: p.max_tokens for r, _, p in pending}
     while pending or eng.has_unfinished():

@@ -91,7 +91,7 @@ def test_the_in_step_table_cuts_no_name_and_no_number_at_80_columns():
 
     from workbench.progress import in_step_table
 
-    path = Path(__file__).parents[3] / "runs/decode-b1-step-ablation-tp8/in-step-session38/in_step.json"
+    path = Path(__file__).parents[3] / "runs/decode-b1-step-ablation-tp8/in-step/in_step.json"
     r = json.loads(path.read_text())
     console = Console(width=80, record=True)
     console.print(in_step_table(r))

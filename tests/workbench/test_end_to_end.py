@@ -88,10 +88,9 @@ def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(
 
 
 def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stays_within_it(monkeypatch):
-    """Session 10's prefill lock dropped attn_out, dense_mlp, sample and head one by one, each reverted
-    within the step's band of the set before it: 289.0 -> 299.0 ms in all. Each choice is reverted
-    alone against the whole set; those within the band go together, and only if the step without all
-    of them still times within the band."""
+    """Choices dropped one by one, each within the step's band of the set before it, can add up to a
+    slower step (docs/decisions.md #12-13). Each choice is reverted alone against the whole set; those
+    within the band go together, and only if the step without all of them still times within the band."""
     from workbench import gates
     from workbench.end_to_end import EndToEnd
     from workbench.noise import step_band

@@ -2,7 +2,7 @@
 # `pytest -m gpu` on the GPU host, one process per test file under its own time limit (a hang or a
 # slow first compile costs that file only), every log in one archive: the device hands back a few
 # files per command, so $OUT gets $OUT/gpu-tests.tgz (logs/<file>.log, each ending "exit N").
-# Usage (repository root): bash scripts/gpu_tests.sh SECONDS_PER_FILE tests/test_a.py[::test] ...
+# Usage (repository root): bash scripts/gpu_tests.sh SECONDS_PER_FILE tests/variants/test_a.py[::test] ...
 # With GPU_TESTS_UNTIL (epoch seconds: the command's own deadline) no file runs past it, and a file
 # left under 30 s is skipped and says so in its log.
 set -uo pipefail

@@ -7,7 +7,7 @@ run's tokens. Prints, per prompt, the largest logit difference at each output to
 With the reference attention, FP32 steps differ by ~1e-5 (the padded batch changes the GEMMs'
 blocking); BF16 steps by ~0.2 and, where a near-tied expert choice flips, by O(1): why the GPU test
 compares each graph replay with an eager step on the replay's own inputs instead
-(tests/test_server_gpu.py).
+(tests/server/test_server_gpu.py).
 
     PYTHONPATH=. python3 scripts/graph_decode_emulation.py [--attention torch] [--preset beam-small]
         [--dtype bfloat16] [--prompts 3,70,130,17,64,700,33] [--tokens 6]

@@ -1,5 +1,5 @@
 """`GraphInputs`: one step's decode-graph inputs written through the shared buffers (on the CPU the
-"device" buffer is a CPU tensor; the GPU test of graph replay is tests/test_server_gpu.py)."""
+"device" buffer is a CPU tensor; the GPU test of graph replay is tests/server/test_server_gpu.py)."""
 
 import pytest
 import torch

@@ -11,6 +11,7 @@ refused unless forced. This module never times or gates anything itself: `verify
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import json
@@ -57,24 +58,41 @@ def _outside_functions(node):
             yield from _outside_functions(child)
 
 
-def _imported_modules(nodes) -> set[str]:
-    """The project modules the import statements among `nodes` run code from. `from pkg import mod`
-    names the submodule only; the package's `__init__` counts when a name is taken from it."""
-    names = set()
+def _import_statements(nodes) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
+    """(module, names) of each import statement among `nodes`: `from module import names`, or
+    (None, names) for `import names`."""
+    out = []
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                names.add(sub if _module_file(sub) else node.module)
+            out.append((node.module, tuple(a.name for a in node.names)))
         elif isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-    return {n for n in names - _HARNESS if _module_file(n)}
+            out.append((None, tuple(a.name for a in node.names)))
+    return tuple(out)
 
 
-def _imported_files(nodes, seen: set[str], at_import: bool) -> None:
-    """Adds to `seen` the project files the import statements among `nodes` name, and theirs in turn."""
-    for name in sorted(_imported_modules(nodes)):
-        path = _module_file(name)
+@functools.lru_cache(maxsize=None)
+def _source_imports(source: str, at_import: bool) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
+    """A module text's import statements (with `at_import`, only those importing it runs), parsed
+    once per text: the kernel modules most variants share are met again for every variant keyed."""
+    tree = ast.parse(source)
+    return _import_statements(_outside_functions(tree) if at_import else ast.walk(tree))
+
+
+def _imported_module_files(statements) -> set[str]:
+    """The files of the project modules `statements` run code from. `from pkg import mod` names the
+    submodule only; the package's `__init__` counts when a name is taken from it."""
+    names = set()
+    for module, imported in statements:
+        if module is None:
+            names.update(imported)
+        else:
+            names.update(sub if _module_file(sub) else module for sub in (f"{module}.{n}" for n in imported))
+    return {path for path in map(_module_file, names - _HARNESS) if path}
+
+
+def _imported_files(statements, seen: set[str], at_import: bool) -> None:
+    """Adds to `seen` the project files `statements` import, and theirs in turn."""
+    for path in sorted(_imported_module_files(statements)):
         if path not in seen:
             seen.add(path)
             _project_imports(path, seen, at_import=at_import)
@@ -84,8 +102,7 @@ def _project_imports(path: str, seen: set[str] | None = None, *, at_import: bool
     """Project files a module imports, transitively (module level or inside functions; with
     `at_import`, only what importing it runs), read statically."""
     seen = set() if seen is None else seen
-    tree = ast.parse(_read(path))
-    _imported_files(_outside_functions(tree) if at_import else ast.walk(tree), seen, at_import)
+    _imported_files(_source_imports(_read(path), at_import), seen, at_import)
     return sorted(seen)
 
 
@@ -105,7 +122,13 @@ def file_key(path: str, *, configs: bool = True) -> str:
     """sha256 (16 hex) of a module's code: its tokens without comments, docstrings or layout
     (`code_text`), and without top-level tuning-config lists unless `configs`. Where a file lives
     and what it says to readers are not part of what runs."""
-    return hashlib.sha256(code_text(_read(path), configs=configs).encode()).hexdigest()[:16]
+    return _text_key(_read(path), configs)
+
+
+@functools.lru_cache(maxsize=None)
+def _text_key(source: str, configs: bool) -> str:
+    """`file_key` of a module text, computed once per text (most variants share kernel modules)."""
+    return hashlib.sha256(code_text(source, configs=configs).encode()).hexdigest()[:16]
 
 
 def _hash_files(paths, *, configs: bool = True, extra: str = "") -> str:
@@ -133,7 +156,8 @@ def reference_key(point: str) -> str:
     v = get(point, REFERENCE)
     seen = _run_at_import([v.source_file])
     fn = inspect.unwrap(v.fn)
-    _imported_files(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))), seen, at_import=True)
+    _imported_files(_import_statements(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn))))), seen,
+                    at_import=True)
     return _hash_files(seen)
 
 
@@ -307,12 +331,13 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
             continue
         try:
             _register_outside_source(point, e)
-            now = source_hash(point, e["variant"])
+            get(point, e["variant"])
         except KeyError as err:
             problems.append(f"{point}: {err.args[0]}")
             continue
         if lock.schema != SCHEMA:  # its keys are of another form: nothing to compare them with
             continue
+        now = source_hash(point, e["variant"])
         if now != e.get("source_hash"):
             files = e.get("source_files")
             where = _changed_files(files, source_files(point, e["variant"])) if isinstance(files, dict) else None

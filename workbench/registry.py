@@ -204,11 +204,11 @@ def variant_modules(point: str) -> list[str]:
 
 def compiled(fn: Callable) -> Callable:
     """The reference under torch.compile, compiled on first call (compiling at import would be slow)."""
-    compiled = None
+    graph = None
 
     def run(*args, **kwargs):
-        nonlocal compiled
-        if compiled is None:
+        nonlocal graph
+        if graph is None:
             import torch
             import torch._dynamo
 
@@ -217,8 +217,8 @@ def compiled(fn: Callable) -> Callable:
             cfg = torch._dynamo.config
             limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
             setattr(cfg, limit, max(getattr(cfg, limit), 64))
-            compiled = torch.compile(fn, dynamic=False)
-        return compiled(*args, **kwargs)
+            graph = torch.compile(fn, dynamic=False)
+        return graph(*args, **kwargs)
 
     run.__wrapped__ = fn
     run.__name__ = f"compiled_{fn.__name__}"

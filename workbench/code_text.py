@@ -24,14 +24,19 @@ def is_config_list(node: ast.stmt) -> bool:
     return all(isinstance(t, ast.Name) and t.id.endswith("CONFIGS") for t in targets)
 
 
+def docstring(node: ast.AST) -> ast.Expr | None:
+    """The docstring statement of a module, class or function node, or None."""
+    body = getattr(node, "body", None) if isinstance(
+        node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first
+    return None
+
+
 def _docstrings(tree: ast.Module):
     """The docstring statements of a module, its classes and functions."""
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
-                yield first
+    return [doc for node in ast.walk(tree) if (doc := docstring(node)) is not None]
 
 
 def code_text(source: str, *, configs: bool = False) -> str:

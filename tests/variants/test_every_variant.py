@@ -108,6 +108,11 @@ def _why_not(v, config, workload, device) -> str | None:
     return v.unsupported(workload, device) or v.unsupported_config(config, workload)
 
 
+def _runs_nowhere(v, config, workloads, device) -> str:
+    return f"{v.qualname} {config or ''} runs as itself at none of {[w.label() for w in workloads]}: " \
+           f"{_why_not(v, config, workloads[0], device)}"
+
+
 def _skipped(v, device) -> str | None:
     return (device == "cpu" and SKIP.get(v.qualname)) or v.unsupported(None, device) \
         or quarantined(v.point, v.name, device)
@@ -130,9 +135,8 @@ def _cpu_cases():
                     continue
                 runs = [wl for wl in ladder if _why_not(v, config, wl, "cpu") is None]
                 if not runs:
-                    reason = f"{v.qualname} {config or ''} runs as itself at none of {[w.label() for w in ladder]}: " \
-                             f"{_why_not(v, config, ladder[0], 'cpu')}"
-                    yield pytest.param(point, v.name, i, None, id=_id(v, i), marks=pytest.mark.skip(reason=reason))
+                    yield pytest.param(point, v.name, i, None, id=_id(v, i),
+                                       marks=pytest.mark.skip(reason=_runs_nowhere(v, config, ladder, "cpu")))
                     continue
                 picked = (i == 0 and [wl for wl in standard if wl in runs]) or runs[:1]
                 for wl in picked:
@@ -177,7 +181,6 @@ def test_op_gate_on_the_gpu(point, name, index):
     workloads = _gpu_workloads(v)
     runs = [wl for wl in workloads if _why_not(v, config, wl, "cuda") is None]
     if not runs:
-        pytest.skip(f"{v.qualname} {config or ''} runs as itself at none of {[w.label() for w in workloads]}: "
-                    f"{_why_not(v, config, workloads[0], 'cuda')}")
+        pytest.skip(_runs_nowhere(v, config, workloads, "cuda"))
     report = gates.op_gate(v, runs, device="cuda", seeds=(0, 1), config=config)
     assert report.passed, _failures(report, config)

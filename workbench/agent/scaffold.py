@@ -18,6 +18,7 @@ import re
 import textwrap
 
 from workbench import registry
+from workbench.code_text import docstring
 
 BACKENDS = ("torch", "triton", "cute")
 PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "variants")
@@ -79,8 +80,7 @@ def _free_names(node: ast.AST) -> set[str]:
 
 def _strip_docstrings(node: ast.AST) -> ast.AST:
     for n in ast.walk(node):
-        first = n.body[0] if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.body else None
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and docstring(n) is not None:
             n.body = n.body[1:] or [ast.Pass()]
     return node
 

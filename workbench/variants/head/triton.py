@@ -21,7 +21,7 @@ import torch
 from workbench.registry import register
 from workbench.variants.kernels.softcap import tanh_softcap
 from workbench.variants.kernels.triton_common import jit as _jit
-from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, tl, triton
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, pow2, tl, triton
 
 
 @_jit
@@ -113,10 +113,6 @@ def _head_mm(x_ptr, w_ptr, out_ptr, N, V, K, cap,
              mask=(offs_m[:, None] < N) & (offs_v[None, :] < V))
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def _dot_dtype(dtype):
     if os.environ.get("TRITON_INTERPRET") == "1" and dtype == torch.bfloat16:
         return tl.float32
@@ -146,15 +142,15 @@ def _head_triton_at(cfg):
             return out
         x = torch.empty_like(h)
         pdl = pdl_launch(cfg.get("pdl"))
-        _head_norm[(n,)](h, w["norm"], x, k, float(eps), BLOCK_H=min(_pow2(k), 8192), num_warps=8, **pdl)
+        _head_norm[(n,)](h, w["norm"], x, k, float(eps), BLOCK_H=min(pow2(k), 8192), num_warps=8, **pdl)
         if n <= cfg["gemv_max_tokens"]:
-            bn = _pow2(n)
+            bn = pow2(n)
             bk = max(16, cfg["gemv_block_k"] // bn)  # the register tile stays BLOCK_V x gemv_block_k
             _head_gemv[(triton.cdiv(v, cfg["gemv_block_v"]),)](
                 x, weight, out, n, v, k, float(softcap), BLOCK_N=bn, BLOCK_V=cfg["gemv_block_v"], BLOCK_K=bk,
                 num_warps=cfg["gemv_warps"], **pdl)
         else:
-            bm = min(cfg["mm_block_m"], max(16, _pow2(n)))
+            bm = min(cfg["mm_block_m"], max(16, pow2(n)))
             _head_mm[(triton.cdiv(n, bm), triton.cdiv(v, cfg["mm_block_v"]))](
                 x, weight, out, n, v, k, float(softcap), BLOCK_M=bm, BLOCK_V=cfg["mm_block_v"],
                 BLOCK_K=cfg["mm_block_k"], DOT=_dot_dtype(weight.dtype), IEEE=weight.dtype == torch.float32,

@@ -16,11 +16,7 @@ Imports without triton (`triton_common.jit` leaves plain functions); never impor
 import torch
 
 from workbench.variants.kernels.triton_common import jit as _jit
-from workbench.variants.kernels.triton_common import pdl_enter, tl
-
-
-def pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+from workbench.variants.kernels.triton_common import pdl_enter, pow2, tl
 
 
 def prepare_router(w):

@@ -19,6 +19,11 @@ except ImportError:
 # `@jit` defines a kernel where triton is installed, and leaves a plain function where it is not.
 jit = triton.jit if triton is not None else (lambda fn: fn)
 
+def pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1): a block size that covers n."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def gemv_config(bn, bk, split_k=1, warps=4, stages=1, bm=16, dot=False) -> dict:
     """A tuning config of `kernels.gemv.linear` (plain data: defined whether or not triton is installed)."""
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k, DOT=dot, num_warps=warps, num_stages=stages)

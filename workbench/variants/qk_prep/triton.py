@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from workbench.registry import register
-from workbench.variants.kernels.triton_common import pdl_launch, triton
+from workbench.variants.kernels.triton_common import pdl_launch, pow2, triton
 
 if triton is not None:
     import triton.language as tl
@@ -132,10 +132,6 @@ def _fp32_exact(x) -> bool:
     return float(np.float32(x)) == float(x)
 
 
-def _pow2(x: int) -> int:
-    return 1 << (x - 1).bit_length()
-
-
 def _qk_prep_triton_at(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_theta=None, ssmax=None,
                        num_warps=4, pdl=False):
     n, hd = q.shape[0], cache.shape[-1]
@@ -152,7 +148,7 @@ def _qk_prep_triton_at(q, k, v, w, *, cache, slot_mapping, positions, eps, rope_
             q, k, v, w["q_norm"], w["k_norm"], cache, slot_mapping, positions, q_out,
             q.stride(0), k.stride(0), v.stride(0), heads, kv_heads, cache.shape[2],
             c[0], c[1], c[2], c[3], eps, float(rope_theta or 1.0), float(base), float(exponent),
-            HD=hd, HALF=_pow2(hd // 2), HEADS=_pow2(heads), KV_HEADS=_pow2(kv_heads),
+            HD=hd, HALF=pow2(hd // 2), HEADS=pow2(heads), KV_HEADS=pow2(kv_heads),
             ROPE=rope_theta is not None, SSMAX=ssmax is not None, num_warps=num_warps, **pdl_launch(pdl))
     return q_out
 
@@ -161,7 +157,7 @@ def _supports(workload):
     c = workload.config
     if workload.dtype not in ("bf16", "fp16", "fp32"):
         return f"dtype {workload.dtype} not handled (bf16, fp16, fp32)"
-    tile = _pow2(c.num_attention_heads) * _pow2(c.head_dim)
+    tile = pow2(c.num_attention_heads) * pow2(c.head_dim)
     if tile > MAX_TILE:
         return f"{c.num_attention_heads} heads x hd {c.head_dim} exceed one program's tile ({MAX_TILE})"
     if workload.layer == "sliding" and not _fp32_exact(c.rope_theta):

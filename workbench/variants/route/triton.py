@@ -30,14 +30,13 @@ from workbench.registry import register
 from workbench.variants.kernels.arrivals import arrival_counters
 from workbench.variants.kernels.route_select import (
     group_tile,
-    pow2,
     prepare_router,
     route_select,
     select_args,
     select_experts,
 )
 from workbench.variants.kernels.triton_common import jit as _jit
-from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, tl, triton
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, pow2, tl, triton
 
 ROUTE_GEMV_MAX = 16   # tokens: up to here the FP32 GEMV
 ROUTE_FP32_MAX = 96   # tokens: up to here FP32 tiles; above, tensor cores on the BF16x3 split

@@ -28,8 +28,8 @@ it does for activations other than BF16 (which `supports` declines: the search n
 import torch
 
 from workbench.registry import register
-from workbench.variants.kernels.route_select import pow2, prepare_router, route_select, select_args
-from workbench.variants.kernels.triton_common import triton
+from workbench.variants.kernels.route_select import prepare_router, route_select, select_args
+from workbench.variants.kernels.triton_common import pow2, triton
 from workbench.variants.route.triton import CONFIGS as TRITON_CONFIGS
 from workbench.variants.route.triton import ROUTE_FP32_MAX, route_triton_at
 

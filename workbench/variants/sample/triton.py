@@ -22,7 +22,7 @@ import torch
 
 from workbench.registry import register
 from workbench.variants.kernels.triton_common import jit as _jit
-from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, tl
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, pow2, tl
 
 
 @_jit
@@ -113,10 +113,6 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
     tl.store(out_ptr + row, result.to(tl.int64))
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 # block: the chunk a pass loads at once (a batch-1 row is one CTA's work: fewer, larger chunks mean
 # fewer round trips to memory per pass).
 CONFIGS = [dict(block=4096, num_warps=16), dict(block=2048, num_warps=8), dict(block=8192, num_warps=16),
@@ -131,7 +127,7 @@ def _sample_triton_at(cfg):
             return out
         race = torch.empty((n, v), dtype=torch.float32, device=logits.device).exponential_(generator=generator)
         _sample_kernel[(n,)](logits.float().contiguous(), temperature.float().contiguous(), top_k.contiguous(),
-                             top_p.float().contiguous(), race, out, v, BLOCK=min(cfg["block"], _pow2(v)),
+                             top_p.float().contiguous(), race, out, v, BLOCK=min(cfg["block"], pow2(v)),
                              num_warps=cfg["num_warps"], **pdl_launch(cfg.get("pdl")))
         return out
 

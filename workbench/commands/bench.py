@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from workbench.commands.common import DTYPES, print_json, resolve_device, run_in_worker
+from workbench.commands.common import print_json, resolve_device, run_in_worker
+from workbench.dtypes import DTYPES
 
 
 def add_arguments(p) -> None:

@@ -6,7 +6,8 @@ import shlex
 import signal
 import sys
 
-from workbench.commands.common import DTYPES, print_json, resolve_device, resolve_dtype
+from workbench.commands.common import print_json, resolve_device, resolve_dtype
+from workbench.dtypes import DTYPES
 from workbench.registry import POINTS
 
 STOPPED = 3  # exit status of a run that spent its --budget before the search finished

@@ -13,7 +13,8 @@ import os
 import shlex
 import sys
 
-from workbench.commands.common import DTYPES, resolve_device, resolve_dtype
+from workbench.commands.common import resolve_device, resolve_dtype
+from workbench.dtypes import DTYPES
 from workbench.registry import POINTS
 
 

@@ -48,8 +48,8 @@ def sampling_params(state, common, prompt_ids: list[int], prompt_param: str) -> 
                       f"{len(prompt_ids)} prompt tokens{asked}", prompt_param, "context_length_exceeded")
     try:
         return SamplingParams(max_tokens=common.max_tokens or room, **common.sampling)
-    except ValueError as e:
-        raise invalid(str(e)) from None
+    except ValueError as e:  # a value the engine cannot take (a seed past 64 bits): its field is the param
+        raise invalid(str(e), getattr(e, "param", None)) from None
 
 
 def submit(state, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:

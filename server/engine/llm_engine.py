@@ -3,9 +3,9 @@
 `Engine(model, tokenizer, ...)` wires a block manager (page ownership), a scheduler (who runs this
 step) and a model runner (the step itself); `add_request` / `abort` / `step` are all it does.
 `variants=` / `variant_configs=` re-bind the model's fusion-point variants (a lock file's
-selection and tuning configs). A failing model step fails the requests of that step, never the
-engine; pages always go back. Must never be called from two threads at once (`AsyncEngine` owns
-it from one thread).
+selection and tuning configs). A model step that fails runs each of its sequences alone once and
+fails only the requests that fail alone, never the engine; pages always go back. Must never be
+called from two threads at once (`AsyncEngine` owns it from one thread).
 """
 
 from __future__ import annotations
@@ -174,34 +174,64 @@ class Engine:
         self.num_steps += 1
         kind = step_kind(batch.seqs, batch.num_tokens)
         self.last_step = (kind, len(batch.seqs), list(batch.num_tokens))
+        # A seeded request's generator as the step starts (the one thing a step changes in a sequence)
+        seeded = [(q, None if q.generator is None else q.generator.get_state())
+                  for q in batch.seqs if q.params.seed is not None]
         try:
-            first_use.take()  # what compiled between steps is no step's
-            started = time.perf_counter()
-            samples = self.runner.run(batch.seqs, batch.num_tokens)
-            seconds = time.perf_counter() - started
-            self.last_first_uses = first_use.take()
-            if seconds > self.slow_step_seconds:  # a first-seen shape compiling, most often: say which
-                log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s%s", kind, seconds,
-                            len(batch.seqs), batch.num_tokens,
-                            f"; Triton kernels first specialised in it: {first_use.summary(self.last_first_uses)}"
-                            if self.last_first_uses else "")
-                for signature in self.last_first_uses:
-                    log.debug("first specialised: %s", signature)
-            if self.step_observer is not None:
-                self.step_observer(kind, len(batch.seqs), seconds, self.runner.last_prepare_seconds,
-                                   self.runner.last_device_seconds)
+            samples = self._run(kind, batch.seqs, batch.num_tokens)
         except Exception as e:  # noqa: BLE001 - one bad step must not take the server down
-            log.exception("model step failed; failing its %d requests", len(batch.seqs))
-            for seq in batch.seqs:
-                self._finish(seq, "error", f"model step failed: {type(e).__name__}: {e}")
-                outputs.append(self._output(seq, [], "", None))
-            return outputs
+            if len(batch.seqs) == 1:
+                log.exception("model step failed; failing its request")
+                self._fail(batch.seqs[0], e, outputs)
+                return outputs
+            # One request can break a whole step: run each alone once, so only those that fail alone fail
+            log.warning("model step of %d sequences failed (%s: %s); running each alone", len(batch.seqs),
+                        type(e).__name__, e)
+            for q, state in seeded:  # the failed step may have drawn: draw again from where it started
+                if state is None:
+                    q.generator = None
+                else:
+                    q.generator.set_state(state)
+            samples = [self._run_alone(q, n, outputs) for q, n in zip(batch.seqs, batch.num_tokens)]
         for seq, n, sample in zip(batch.seqs, batch.num_tokens, samples):
+            if seq.finished:  # failed alone
+                continue
             seq.num_computed += n
             self.block_manager.commit(seq)
             if sample is not None:
                 outputs.append(self._append(seq, sample))
         return outputs
+
+    def _run(self, kind: str, seqs: list, counts: list[int]) -> list:
+        """One model step, timed, observed and logged when slow."""
+        first_use.take()  # what compiled between steps is no step's
+        started = time.perf_counter()
+        samples = self.runner.run(seqs, counts)
+        seconds = time.perf_counter() - started
+        self.last_first_uses = first_use.take()
+        if seconds > self.slow_step_seconds:  # a first-seen shape compiling, most often: say which
+            log.warning("slow %s step: %.2f s for %d sequences, tokens fed %s%s", kind, seconds, len(seqs), counts,
+                        f"; Triton kernels first specialised in it: {first_use.summary(self.last_first_uses)}"
+                        if self.last_first_uses else "")
+            for signature in self.last_first_uses:
+                log.debug("first specialised: %s", signature)
+        if self.step_observer is not None:
+            self.step_observer(kind, len(seqs), seconds, self.runner.last_prepare_seconds,
+                               self.runner.last_device_seconds)
+        return samples
+
+    def _run_alone(self, seq: Sequence, n: int, outputs: list):
+        """`seq`'s part of a failed step on its own: its sample, or None (and it is failed) if it fails."""
+        try:
+            return self.runner.run([seq], [n])[0]
+        except Exception as e:  # noqa: BLE001 - this request's own failure
+            log.exception("request %s fails on its own too; failing it", seq.request_id)
+            self._fail(seq, e, outputs)
+            return None
+
+    def _fail(self, seq: Sequence, error: Exception, outputs: list) -> None:
+        self._finish(seq, "error", f"model step failed: {type(error).__name__}: {error}")
+        outputs.append(self._output(seq, [], "", None))
 
     def _append(self, seq: Sequence, sample) -> RequestOutput:
         tid, p = sample.token_id, seq.params

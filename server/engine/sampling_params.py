@@ -1,7 +1,7 @@
 """Per-request sampling settings, as the engine sees them (already translated from the API).
 
 Validated once at construction so the engine loop never meets a bad value; the HTTP layer maps the
-`ValueError`s to 400s. This module must never import torch or know about HTTP.
+`ValueError`s (each names its field as `param`) to 400s. This module must never import torch or know about HTTP.
 """
 
 from __future__ import annotations
@@ -9,6 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_TOP_LOGPROBS = 20
+# What torch.Generator.manual_seed takes: a seed outside it raises inside the model step
+SEED_MIN, SEED_MAX = -2**63, 2**64 - 1
+
+
+class SamplingParamError(ValueError):
+    """A bad value of one field; `param` names it (the API's name for the same setting)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _require(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamError(param, message)
 
 
 @dataclass(frozen=True)
@@ -25,20 +40,19 @@ class SamplingParams:
     top_logprobs: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError("max_tokens must be an integer >= 1")
-        if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError("temperature must be between 0 and 2")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError("top_k must be an integer >= 0 (0 = off)")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError("seed must be an integer")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
+                 "max_tokens must be an integer >= 1")
+        _require(0.0 <= self.temperature <= 2.0, "temperature", "temperature must be between 0 and 2")
+        _require(0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]")
+        _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "top_k must be an integer >= 0 (0 = off)")
+        seed = self.seed
+        _require(seed is None or (isinstance(seed, int) and not isinstance(seed, bool)), "seed",
+                 "seed must be an integer")
+        _require(seed is None or SEED_MIN <= seed <= SEED_MAX, "seed",
+                 f"seed must be between {SEED_MIN} and {SEED_MAX} (a 64-bit integer)")
+        _require(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
+        _require(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs",
+                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
 
     @property
     def greedy(self) -> bool:

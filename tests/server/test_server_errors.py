@@ -60,6 +60,17 @@ def test_bad_json(server):
     assert_error(post(server, "/v1/completions", content=b"[1, 2]"), 400, message="JSON object")
 
 
+def test_seed_out_of_range_is_400_and_its_extremes_work(server):
+    # torch.Generator.manual_seed takes [-2**63, 2**64 - 1]; outside it, the step itself used to fail
+    for seed in (2**64, -2**63 - 1, 10**30):
+        assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "seed": seed,
+                                                      "temperature": 1.0}), 400, param="seed", message="seed")
+    for seed in (2**63 - 1, 2**64 - 1, -2**63, 0):
+        r = post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "seed": seed,
+                                             "temperature": 1.0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, (seed, r.text)
+
+
 def test_unknown_model(server):
     for path, body in (("/v1/chat/completions", chat_body(model="gpt-17")),
                        ("/v1/completions", {"model": "gpt-17", "prompt": "x"})):

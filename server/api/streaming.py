@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
 
 from fastapi import Request
@@ -30,12 +31,54 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+# Deeper bodies are refused: the parser, templates and json.dumps recurse through them (Python's stack)
+MAX_JSON_DEPTH = 64
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # only lone ones survive json.loads (pairs become one character)
+
+
 async def read_json(request: Request):
+    """The body as JSON, at most MAX_JSON_DEPTH deep, and every string Unicode text."""
     raw = await request.body()
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = json.loads(raw)
+    except RecursionError:
+        raise _too_deep(None) from None
+    except ValueError as e:  # bad syntax, bad UTF-8, an integer past Python's digit limit
         raise invalid(f"the request body is not valid JSON: {e}") from None
+    _check_values(body)
+    return body
+
+
+def _too_deep(param: str | None) -> APIError:
+    return invalid(f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", param)
+
+
+def _check_values(body) -> None:
+    """Refuse containers nested past MAX_JSON_DEPTH and strings with a lone UTF-16 surrogate (not text:
+    it cannot be encoded, tokenized or sent back), naming the top-level field they are in. Iterative,
+    so depth costs no stack."""
+    stack = [(body, 1, None)]
+    while stack:
+        value, depth, param = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise _not_text(param)
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep(param)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if _SURROGATE.search(k):
+                    raise _not_text(param)  # a key names no field of its own
+                if isinstance(v, (dict, list, str)):
+                    stack.append((v, depth + 1, param or k))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, param) for v in value if isinstance(v, (dict, list, str)))
+
+
+def _not_text(param: str | None) -> APIError:
+    where = f"'{param}'" if param else "the request body"
+    return invalid(f"{where} contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not Unicode text", param)
 
 
 def sampling_params(state, common, prompt_ids: list[int], prompt_param: str) -> SamplingParams:

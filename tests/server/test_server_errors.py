@@ -5,6 +5,7 @@ A real server with tight limits: at most 2 running + 1 waiting request (a 4th in
 """
 
 import contextlib
+import json
 import signal
 import threading
 
@@ -55,9 +56,40 @@ def test_unknown_routes_and_methods(server):
     assert_error(httpx.get(server.url + "/v1/chat/completions", headers=server.headers), 405)
 
 
+def post_raw(server, path, content: bytes, content_type: str | None = "application/json"):
+    headers = {**server.headers, **({"Content-Type": content_type} if content_type else {})}
+    return httpx.post(server.url + path, content=content, headers=headers, timeout=30)
+
+
 def test_bad_json(server):
-    assert_error(post(server, "/v1/chat/completions", content=b"{not json"), 400, message="not valid JSON")
-    assert_error(post(server, "/v1/completions", content=b"[1, 2]"), 400, message="JSON object")
+    assert_error(post_raw(server, "/v1/chat/completions", b"{not json"), 400, message="not valid JSON")
+    assert_error(post_raw(server, "/v1/completions", b"[1, 2]"), 400, message="JSON object")
+    huge = b'{"model": "beam-tiny", "prompt": "x", "seed": ' + b"1" * 5000 + b"}"  # past Python's digit limit
+    assert_error(post_raw(server, "/v1/completions", huge), 400, message="not valid JSON")
+
+
+def test_deeply_nested_json_is_400(server):
+    # '[' * 100000 overflows the parser's recursion; 200 levels parse but later code recurses through them
+    assert_error(post_raw(server, "/v1/completions", b"[" * 100_000), 400, message="nested")
+    deep = {"model": MODEL, "prompt": "x", "metadata": {}}
+    node = deep["metadata"]
+    for _ in range(200):
+        node["a"] = {}
+        node = node["a"]
+    assert_error(post(server, "/v1/completions", deep), 400, param="metadata", message="nested")
+    assert post(server, "/v1/chat/completions", chat_body()).status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"model": MODEL, "prompt": "a\ud800b", "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "ab", "stop": ["\udc00"], "max_tokens": 2}, "stop"),
+    ("/v1/chat/completions", chat_body(stop="x\ud800"), "stop"),
+    ("/v1/chat/completions", chat_body(messages=[{"role": "user", "content": "a\ud800b"}]), "messages"),
+    ("/v1/chat/completions", chat_body(model="beam\ud800"), "model"),
+])
+def test_lone_surrogates_are_400_naming_the_param(server, path, body, param):
+    # json.dumps escapes the lone surrogate as \ud800: valid JSON syntax, but not Unicode text
+    assert_error(post_raw(server, path, json.dumps(body).encode()), 400, param=param, message="surrogate")
 
 
 def test_seed_out_of_range_is_400_and_its_extremes_work(server):

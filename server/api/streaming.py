@@ -36,8 +36,18 @@ MAX_JSON_DEPTH = 64
 _SURROGATE = re.compile(r"[\ud800-\udfff]")  # only lone ones survive json.loads (pairs become one character)
 
 
+def _is_json_type(content_type: str) -> bool:
+    kind, _, sub = content_type.split(";", 1)[0].strip().lower().partition("/")
+    return kind == "application" and (sub == "json" or (sub.endswith("+json") and len(sub) > 5))
+
+
 async def read_json(request: Request):
-    """The body as JSON, at most MAX_JSON_DEPTH deep, and every string Unicode text."""
+    """The body as JSON: sent as JSON (a browser's cross-site form or text/plain post, which needs no CORS
+    preflight, is refused), at most MAX_JSON_DEPTH deep, and every string Unicode text."""
+    content_type = request.headers.get("content-type", "")
+    if not _is_json_type(content_type):
+        got = f"'{content_type}'" if content_type else "none"
+        raise invalid(f"the request body must be JSON sent with 'Content-Type: application/json' (got {got})")
     raw = await request.body()
     try:
         body = json.loads(raw)

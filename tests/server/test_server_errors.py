@@ -92,6 +92,15 @@ def test_lone_surrogates_are_400_naming_the_param(server, path, body, param):
     assert_error(post_raw(server, path, json.dumps(body).encode()), 400, param=param, message="surrogate")
 
 
+def test_a_json_body_needs_a_json_content_type(server):
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
+    for content_type in ("text/plain", None, "application/x-www-form-urlencoded", "multipart/form-data"):
+        assert_error(post_raw(server, "/v1/completions", body, content_type), 400, message="application/json")
+    for content_type in ("application/json", "application/json; charset=utf-8", "Application/JSON",
+                         "application/vnd.api+json"):
+        assert post_raw(server, "/v1/completions", body, content_type).status_code == 200, content_type
+
+
 def test_seed_out_of_range_is_400_and_its_extremes_work(server):
     # torch.Generator.manual_seed takes [-2**63, 2**64 - 1]; outside it, the step itself used to fail
     for seed in (2**64, -2**63 - 1, 10**30):

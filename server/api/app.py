@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -17,11 +18,14 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
 from server.api import chat, completions, errors
 from server.api.errors import APIError
 from server.api.metrics import Metrics
 from server.engine.async_engine import AsyncEngine
+
+log = logging.getLogger("beam.api")
 
 
 @dataclass
@@ -43,7 +47,8 @@ class ServerState:
 
 
 class _Guard:
-    """Pure ASGI middleware (streaming-safe): the API-key check and counting error responses."""
+    """Pure ASGI middleware (streaming-safe): the API-key check and counting error responses, those
+    answered outside it (an unhandled error's 500) included; a client that leaves is no error."""
 
     def __init__(self, app, state: ServerState):
         self.app, self.state = app, state
@@ -60,12 +65,26 @@ class _Guard:
                                code="invalid_api_key")
                 return await err.response()(scope, receive, send)
 
+        started = False
+
         async def counting_send(message):
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                self.state.metrics.rejected.labels(str(message["status"])).inc()
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 400:
+                    self.state.metrics.rejected.labels(str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except ClientDisconnect:  # the client left (mid-body, say): routine, so a debug line and no traceback
+            log.debug("client disconnected during %s %s", scope["method"], path)
+            if not started:  # answered (to no one) like the handlers' own disconnects, so it is counted once
+                await Response(status_code=499)(scope, receive, counting_send)
+        except Exception:
+            if not started:  # Starlette's ServerErrorMiddleware, outside this guard, answers it with a 500
+                self.state.metrics.rejected.labels("500").inc()
+            raise
 
 
 def build_app(state: ServerState) -> FastAPI:

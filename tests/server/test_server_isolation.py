@@ -1,14 +1,22 @@
 """Failures kept to the request that causes them, in-process: a model step that fails with several
-sequences fails only the ones that fail alone; seeds outside what torch takes are refused up front.
+sequences fails only the ones that fail alone; seeds outside what torch takes are refused up front;
+every 500 is counted once in /metrics; a client leaving mid-body is no server error.
 
-beam-tiny in FP32 on the CPU.
+beam-tiny in FP32 on the CPU, the app driven over ASGI without a socket.
 """
+
+import asyncio
+import json
+import logging
 
 import pytest
 import torch
+from starlette.testclient import TestClient
 
 from beam_model.model import BeamForCausalLM
 from beam_model.tokenizer import ByteTokenizer
+from server.api.app import build_app
+from server.api.server import make_state
 from server.engine import Engine, SamplingParams
 from server.engine.testing import ScriptedLogits
 
@@ -86,3 +94,52 @@ def test_sampling_params_take_the_seeds_torch_takes():
         with pytest.raises(ValueError, match="seed") as e:
             SamplingParams(seed=seed)
         assert e.value.param == "seed"
+
+
+# ------------------------------------------------------------------ the HTTP app
+
+@pytest.fixture(scope="module")
+def state(model):
+    return make_state(Engine(model, TOK, num_pages=16), TOK, served_model_name="beam-tiny")
+
+
+def rejected(state) -> dict[str, float]:
+    return {s.labels["status"]: s.value for m in state.metrics.rejected.collect() for s in m.samples
+            if s.name.endswith("_total")}
+
+
+def test_every_500_is_counted_once(state, monkeypatch, caplog):
+    def broken(text):
+        raise RuntimeError("tokenizer bug")
+
+    monkeypatch.setattr(state.tokenizer, "encode", broken)  # raised in the handler, answered outside it
+    client = TestClient(build_app(state), raise_server_exceptions=False)
+    before = rejected(state).get("500", 0)
+    r = client.post("/v1/completions", json={"model": "beam-tiny", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert rejected(state).get("500", 0) - before == 1
+    assert any("unhandled error" in rec.message for rec in caplog.records)  # a real bug keeps its traceback
+
+
+def test_a_client_leaving_mid_body_is_no_server_error(state, caplog):
+    app = build_app(state)
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")]}
+    messages = [{"type": "http.request", "body": json.dumps({"model": "beam-tiny"})[:9].encode(), "more_body": True},
+                {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    before = rejected(state).get("500", 0)
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(app(scope, receive, send))  # raises nothing: nothing is left for the server to log
+    assert rejected(state).get("500", 0) == before
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING or rec.exc_info]
+    assert all(m.get("status", 0) != 500 for m in sent)

@@ -114,8 +114,15 @@ def decode_only():
 
 
 def ignores_top_p():
-    def sample(logits, temperature, top_k, top_p, *, generator=None):
-        return _ref("sample")(logits, temperature, top_k, torch.ones_like(top_p), generator=generator)
+    def sample(logits, temperature, top_k, top_p, *, generator=None, allowed=None):
+        return _ref("sample")(logits, temperature, top_k, torch.ones_like(top_p), generator=generator,
+                              allowed=allowed)
+    return sample
+
+
+def ignores_mask():
+    def sample(logits, temperature, top_k, top_p, *, generator=None, allowed=None):  # a grammar's mask dropped
+        return _ref("sample")(logits, temperature, top_k, top_p, generator=generator)
     return sample
 
 
@@ -172,6 +179,7 @@ PLANTED = {
     "writes_next_slot": ("qk_prep", writes_next_slot, "inplace_bounds"),
     "decode_only": ("attention", decode_only, "runs"),
     "ignores_top_p": ("sample", ignores_top_p, "support"),
+    "ignores_mask": ("sample", ignores_mask, "masked greedy"),
     "one_group_score": ("route", one_group_score, "route_ids"),
     "one_vector_wrong": ("boundary", one_vector_wrong, "accuracy"),
     "prepare_scales_in_place": ("dense_mlp", prepare_scales_in_place, "inputs_unchanged"),

@@ -1,10 +1,13 @@
 """`sample`: next-token choice from FP32 logits.
 
-Contract: `sample(logits, temperature, top_k, top_p, *, generator=None) -> ids`; logits [N, V]
-FP32; per row: temperature [N] FP32 (0 = greedy argmax), top_k [N] int (0 = off), top_p [N] FP32
-(1 = off). Top-k is applied before top-p (the most likely token always survives), then one draw
-from the renormalised distribution by the exponential-race (Gumbel-max) trick, reproducible for a
-given `generator`. No host syncs. Returns ids [N] int64.
+Contract: `sample(logits, temperature, top_k, top_p, *, generator=None, allowed=None) -> ids`;
+logits [N, V] FP32; per row: temperature [N] FP32 (0 = greedy argmax), top_k [N] int (0 = off),
+top_p [N] FP32 (1 = off); `allowed` (a grammar's token mask, or None = every token) [N, ceil(V/32)]
+int32, bit j of word i set iff token 32 i + j may be drawn: the format grammar engines fill
+(xgrammar, llguidance). A token not allowed is out before anything else (greedy rows included, as if
+its logit were -inf). Top-k is applied before top-p (the most likely allowed token always survives),
+then one draw from the renormalised distribution by the exponential-race (Gumbel-max) trick,
+reproducible for a given `generator`. No host syncs. Returns ids [N] int64.
 """
 
 import math
@@ -16,8 +19,29 @@ from workbench.registry import register
 from workbench.variants.inputs import Rand
 
 
+def allowed_mask(allowed, vocab: int):
+    """The contract's bitmask [N, ceil(V/32)] int32 as [N, V] bool."""
+    bits = torch.arange(32, device=allowed.device, dtype=torch.int32)
+    return ((allowed[:, :, None] >> bits) & 1).bool().flatten(1)[:, :vocab]
+
+
+def pack_allowed(mask):
+    """[N, V] bool -> the contract's bitmask [N, ceil(V/32)] int32 (bit j of word i: token 32 i + j)."""
+    n, vocab = mask.shape
+    words = -(-vocab // 32)
+    padded = torch.nn.functional.pad(mask, (0, 32 * words - vocab)).view(n, words, 32).long()
+    packed = (padded << torch.arange(32, device=mask.device)).sum(-1)
+    return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+
+
+def mask_logits(logits, allowed):
+    """`logits` with the tokens `allowed` leaves out at -inf (out of place); `logits` when None."""
+    return logits if allowed is None else logits.masked_fill(~allowed_mask(allowed, logits.shape[-1]), -math.inf)
+
+
 @register("sample", "torch", "torch")
-def sample(logits, temperature, top_k, top_p, *, generator=None):
+def sample(logits, temperature, top_k, top_p, *, generator=None, allowed=None):
+    logits = mask_logits(logits, allowed)
     greedy = logits.argmax(-1)
     scaled = logits.float() / temperature.clamp(min=1e-6)[:, None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
@@ -52,9 +76,9 @@ def _inputs(wl, device, seed):
     return Call((logits, temperature, top_k, top_p), dict(generator=generator))
 
 
-def contract_probs(logits, temperature, top_k, top_p, slack=0.0):
+def contract_probs(logits, temperature, top_k, top_p, slack=0.0, allowed=None):
     """FP64 probabilities of the contract's distribution per row (temperature > 0 rows)."""
-    z = logits.double() / temperature.double().clamp(min=1e-6)[:, None]
+    z = mask_logits(logits.double(), allowed) / temperature.double().clamp(min=1e-6)[:, None]
     sorted_z, order = z.sort(dim=-1, descending=True)
     ranks = torch.arange(z.shape[-1], device=z.device)[None, :]
     drop = (top_k[:, None] > 0) & (ranks >= top_k[:, None])
@@ -81,37 +105,65 @@ def _chi2(counts, probs):
     return chi2, df
 
 
-def _compare(call, out, ref, tol, run=None):
-    """Greedy rows exact; every draw inside its row's top-k/top-p support; with `run`, the
+def gate_mask(logits, seed: int):
+    """A grammar-like mask for the gate: per row about a quarter of the vocabulary, never the row's
+    argmax (a variant that ignores the mask picks it on a greedy row), and one row with a single
+    token left (a forced token)."""
+    gen = torch.Generator(device=logits.device).manual_seed(20_000 + seed)
+    keep = torch.rand(logits.shape, generator=gen, device=logits.device) < 0.25
+    keep.scatter_(1, logits.argmax(-1, keepdim=True), False)
+    keep[:, 0] |= ~keep.any(-1)  # a row left empty keeps token 0
+    only = int(torch.randint(logits.shape[1], (1,), generator=gen, device=logits.device))
+    keep[-1] = False
+    keep[-1, only if only != int(logits[-1].argmax()) else (only + 1) % logits.shape[1]] = True
+    return pack_allowed(keep)
+
+
+def _judge(call, ids, run, label: str) -> list:
+    """Greedy rows exact; every draw inside its row's support (mask, top-k, top-p); with `run`, the
     empirical distribution of DRAWS draws per sampled row against FP64 (chi-square)."""
     logits, temperature, top_k, top_p = call.args
-    ids = out[0]
+    allowed_bits = call.kwargs.get("allowed")
     if ids.dtype != torch.int64:
-        return [("greedy", None, None, False, f"ids are {ids.dtype}, want int64")]
+        return [(f"{label}greedy", None, None, False, f"ids are {ids.dtype}, want int64")]
     greedy = temperature == 0
-    wrong = int((ids != logits.argmax(-1))[greedy].sum())
-    allowed = contract_probs(logits, temperature, top_k, top_p, slack=1e-6) > 0
+    wrong = int((ids != mask_logits(logits, allowed_bits).argmax(-1))[greedy].sum())
+    allowed = contract_probs(logits, temperature, top_k, top_p, slack=1e-6, allowed=allowed_bits) > 0
     outside = int((~allowed.gather(1, ids.clamp(0, logits.shape[1] - 1)[:, None])[:, 0] & ~greedy).sum())
-    results = [("greedy", float(wrong), 0.0, wrong == 0, f"{int(greedy.sum())} greedy rows")]
+    results = [(f"{label}greedy", float(wrong), 0.0, wrong == 0, f"{int(greedy.sum())} greedy rows")]
     if run is None or greedy.all():
-        return results + [("support", float(outside), 0.0, outside == 0, "draws outside top-k/top-p")]
+        return results + [(f"{label}support", float(outside), 0.0, outside == 0, "draws outside the support")]
     rows = (~greedy).nonzero().flatten()[:MAX_ROWS]
     # One batch holds many copies of each row: few calls, one shape whatever the case.
     batch = max(len(rows), min(2048, 2 ** 24 // logits.shape[1]))
     reps = batch // len(rows)
     counts = torch.zeros(len(rows), logits.shape[1], dtype=torch.int64, device=logits.device)
+    extra = {} if allowed_bits is None else {"allowed": allowed_bits[rows].repeat_interleave(reps, 0)}
     for i in range(math.ceil(DRAWS / reps)):
         sub = [a[rows].repeat_interleave(reps, 0) for a in call.args]
-        got = run(Call(tuple(sub), dict(generator=torch.Generator(device=logits.device).manual_seed(10_000 + i))))[0]
+        generator = torch.Generator(device=logits.device).manual_seed(10_000 + i)
+        got = run(Call(tuple(sub), dict(generator=generator, **extra)))[0]
         counts.scatter_add_(1, got.view(len(rows), reps), torch.ones_like(got.view(len(rows), reps)))
     outside += int((counts * ~allowed[rows]).sum())
-    chi2, df = _chi2(counts.cpu(), contract_probs(*(a[rows] for a in call.args)).cpu())
+    probs = contract_probs(*(a[rows] for a in call.args),
+                           allowed=None if allowed_bits is None else allowed_bits[rows])
+    chi2, df = _chi2(counts.cpu(), probs.cpu())
     crit = df * (1 - 2 / (9 * df) + Z * math.sqrt(2 / (9 * df))) ** 3 if df else 0.0  # Wilson-Hilferty
-    return results + [
-        ("support", float(outside), 0.0, outside == 0, "draws outside top-k/top-p"),
-        ("distribution", chi2, crit, chi2 <= crit, f"chi-square over {len(rows)} rows x {counts[0].sum()} draws, "
-                                                   f"{df} dof"),
-    ]
+    return results + [(f"{label}support", float(outside), 0.0, outside == 0, "draws outside the support"),
+                      (f"{label}distribution", chi2, crit, chi2 <= crit,
+                       f"chi-square over {len(rows)} rows x {counts[0].sum()} draws, {df} dof")]
+
+
+def _compare(call, out, ref, tol, run=None):
+    """The call as made (no mask: every token allowed), then, with `run`, the same logits under a
+    grammar-like mask (`gate_mask`): both judged by `_judge`."""
+    results = _judge(call, out[0], run, "")
+    if run is None or call.kwargs.get("allowed") is not None:
+        return results
+    generator = call.kwargs.get("generator")
+    seed = int(generator.initial_seed()) if generator is not None else 0
+    masked = Call(call.args, dict(call.kwargs, allowed=gate_mask(call.args[0], seed)))
+    return results + _judge(masked, run(masked)[0], run, "masked ")
 
 
 # Ids, not values: no tolerance applies; `compare` judges them.

@@ -4,8 +4,9 @@
 "top_k_first", generator=...)` draws one id per row from FP32 probabilities: top-k first, then top-p
 over the renormalised rest (the contract's order), by rejection sampling in one kernel, with the
 Philox seed and offset taken from `generator` (so a generator state reproduces the ids). The
-contract's other parts are adapted around it, not relaxed: temperature scales the logits before the
-softmax, greedy rows (temperature 0) take the raw logits' argmax, and top_k 0 ("off") becomes the
+contract's other parts are adapted around it, not relaxed: a grammar's mask sets the tokens it leaves
+out to -inf first (beside the kernel, in torch), temperature scales the logits before the
+softmax, greedy rows (temperature 0) take the masked logits' argmax, and top_k 0 ("off") becomes the
 vocabulary size. Exact ties at the top-k cut are kept together (FlashInfer's pivot), as
 `sample:triton` keeps them; the gate's support check allows that.
 
@@ -15,12 +16,14 @@ FlashInfer is imported on the first call: this module must import without it (do
 import torch
 
 from workbench.registry import register
+from workbench.variants.sample import mask_logits
 
 
 @register("sample", "flashinfer", "flashinfer")
-def sample_flashinfer(logits, temperature, top_k, top_p, *, generator=None):
+def sample_flashinfer(logits, temperature, top_k, top_p, *, generator=None, allowed=None):
     from flashinfer.sampling import top_k_top_p_sampling_from_probs
 
+    logits = mask_logits(logits, allowed)
     vocab = logits.shape[-1]
     probs = (logits.float() / temperature.clamp(min=1e-6)[:, None]).softmax(-1)
     k = torch.where(top_k > 0, top_k, vocab).to(torch.int32)

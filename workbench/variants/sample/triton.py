@@ -26,8 +26,18 @@ from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, pow2
 
 
 @_jit
-def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_ptr, V, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = False):
+def _row(base, words, o, V, other, MASKED: tl.constexpr):
+    """Logits `o` of a row (`other` past V); with MASKED, -inf where the row's mask bit is clear."""
+    x = tl.load(base + o, mask=o < V, other=other)
+    if MASKED:
+        w = tl.load(words + o // 32, mask=o < V, other=0)
+        x = tl.where(((w >> (o % 32)) & 1) != 0, x, float("-inf"))
+    return x
+
+
+@_jit
+def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, allowed_ptr, out_ptr, V, W,
+                   BLOCK: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr = False):
     """Greedy argmax, or temperature + top-k + top-p + one draw, for one row; every step a pass.
 
     1. max and first argmax of the raw logits: the greedy answer, and m = max / T for the softmax.
@@ -37,10 +47,12 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
     4. top-p (p < 1), by rejection: j stands iff the kept mass strictly above s_j is <= p * Z;
        else the race is rerun with the same noise over the kept tokens above s_j. The race's
        memorylessness makes the accepted token exactly proportional to exp(s) over the nucleus. A
-       round is one pass and accepts with probability >= p, so rows average about 1 / p rounds."""
+       round is one pass and accepts with probability >= p, so rows average about 1 / p rounds.
+    With MASKED, every pass reads a token the row's mask leaves out as -inf (never kept, never drawn)."""
     pdl_enter(PDL)
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * V
+    words = allowed_ptr + row.to(tl.int64) * W
     noise = noise_ptr + row.to(tl.int64) * V
     offs = tl.arange(0, BLOCK)
     neg_inf = float("-inf")
@@ -48,7 +60,7 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
     result = 0
     for start in range(0, V, BLOCK):
         o = start + offs
-        x = tl.load(base + o, mask=o < V, other=neg_inf)
+        x = _row(base, words, o, V, neg_inf, MASKED)
         cmax = tl.max(x, axis=0)
         first = tl.min(tl.where((x == cmax) & (o < V), o, V), axis=0)
         result = tl.where(cmax > best, first, result)  # strict: an earlier chunk wins a tie
@@ -70,7 +82,7 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
                 c = 0
                 for start in range(0, V, BLOCK):
                     o = start + offs
-                    b = (tl.load(base + o, mask=o < V, other=0.0) / t).to(tl.int32, bitcast=True)
+                    b = (_row(base, words, o, V, 0.0, MASKED) / t).to(tl.int32, bitcast=True)
                     c += tl.sum(((b ^ ((b >> 31) & 0x7FFFFFFF) >= mid) & (o < V)).to(tl.int32), axis=0)
                 lo = tl.where(c >= k, mid, lo)
                 count = tl.where(c >= k, c, count)
@@ -80,7 +92,7 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
         j = V
         for start in range(0, V, BLOCK):
             o = start + offs
-            s = tl.load(base + o, mask=o < V, other=0.0) / t
+            s = _row(base, words, o, V, 0.0, MASKED) / t
             b = s.to(tl.int32, bitcast=True)
             kept = (o < V) & ((b ^ ((b >> 31) & 0x7FFFFFFF)) >= lo)
             e = tl.where(kept, tl.exp(s - m), 0.0)
@@ -97,7 +109,7 @@ def _sample_kernel(logits_ptr, temp_ptr, top_k_ptr, top_p_ptr, noise_ptr, out_pt
             nxt = V
             for start in range(0, V, BLOCK):
                 o = start + offs
-                s = tl.load(base + o, mask=o < V, other=0.0) / t
+                s = _row(base, words, o, V, 0.0, MASKED) / t
                 b = s.to(tl.int32, bitcast=True)
                 up = (o < V) & ((b ^ ((b >> 31) & 0x7FFFFFFF)) >= lo) & (s > sj)
                 e = tl.where(up, tl.exp(s - m), 0.0)
@@ -120,14 +132,16 @@ CONFIGS = [dict(block=4096, num_warps=16), dict(block=2048, num_warps=8), dict(b
 
 
 def _sample_triton_at(cfg):
-    def sample_triton(logits, temperature, top_k, top_p, *, generator=None):
+    def sample_triton(logits, temperature, top_k, top_p, *, generator=None, allowed=None):
         n, v = logits.shape
         out = torch.empty(n, dtype=torch.int64, device=logits.device)
         if n == 0:
             return out
         race = torch.empty((n, v), dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+        words = race if allowed is None else allowed.contiguous()  # any pointer when unmasked: never read
         _sample_kernel[(n,)](logits.float().contiguous(), temperature.float().contiguous(), top_k.contiguous(),
-                             top_p.float().contiguous(), race, out, v, BLOCK=min(cfg["block"], pow2(v)),
+                             top_p.float().contiguous(), race, words, out, v, words.shape[-1],
+                             BLOCK=min(cfg["block"], pow2(v)), MASKED=allowed is not None,
                              num_warps=cfg["num_warps"], **pdl_launch(cfg.get("pdl")))
         return out
 

@@ -106,6 +106,10 @@ class ByteTokenizer:
     def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(lambda ids: self.decode(ids, skip_special=skip_special))
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes (a special token's are its text): the vocabulary a grammar engine matches."""
+        return [bytes([i]) for i in range(256)] + [t.encode() for t in SPECIAL_TOKENS]
+
 
 class HFTokenizer:
     """A Hugging Face `tokenizer.json` behind the ByteTokenizer interface."""
@@ -160,6 +164,24 @@ class HFTokenizer:
 
     def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(lambda ids: self.decode(ids, skip_special=skip_special))
+
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes (an added token's are its text): the vocabulary a grammar engine matches.
+        Only byte-level BPE vocabularies (GPT-2's byte-to-character table) are read; another kind is
+        refused, naming the token that is not byte-level."""
+        chars = {c: b for b, c in _byte_to_char().items()}
+        added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+        out = []
+        for i in range(self.vocab_size):
+            token = added.get(i) or self._tok.id_to_token(i)
+            if i in added or token is None:
+                out.append((token or "").encode())
+            elif all(c in chars for c in token):
+                out.append(bytes(chars[c] for c in token))
+            else:
+                raise ValueError(f"{self.path}: token {i} ({token!r}) is not byte-level BPE; grammar-"
+                                 "constrained decoding needs a byte-level vocabulary")
+        return out
 
 
 def _byte_to_char() -> dict[int, str]:

@@ -1,7 +1,7 @@
 """How far a served decode step's logits move when the step is graph-shaped, on the CPU: the serving
 engine runs once eagerly and once with its CUDA-graph path emulated (the graph buffers and metadata
 `ModelRunner._capture` builds: page tables as wide as the longest graphed sequence, the batch padded
-to a captured size; each "replay" an eager `model.step` on them and the graph's draw), fed the eager
+to a captured size; each "replay" an eager `model.step` on them, then the draw graph's `_draw`), fed the eager
 run's tokens. Prints, per prompt, the largest logit difference at each output token.
 
 With the reference attention, FP32 steps differ by ~1e-5 (the padded batch changes the GEMMs'
@@ -42,11 +42,14 @@ def _emulated_capture(self, sizes, max_pages):
             out = self.model.step(self._inputs.ids[:b], self.cache, meta).clone()
             ids = self._draw(out, b).clone()
 
-        def step(b=b, meta=meta, out=out, ids=ids):
+        def forward(b=b, meta=meta, out=out):
             with torch.inference_mode():
                 out.copy_(self.model.step(self._inputs.ids[:b], self.cache, meta))
+
+        def draw(b=b, out=out, ids=ids):
+            with torch.inference_mode():
                 ids.copy_(self._draw(out, b))
-        self.graphs[b] = mr.Captured(_Replay(step), out, meta, ids)
+        self.graphs[b] = mr.Captured(_Replay(forward), out, meta, _Replay(draw), ids)
 
 
 def _emulated_runner(*args, cuda_graphs=False, **kw):

@@ -30,8 +30,11 @@ SCRIPT = [
     {"when": "SCRIPT_REASON", "reply": "<|think|>I think deeply.<|/think|>The answer is 42."},
     {"when": "SCRIPT_TOOL", "reply": '<|think|>Need weather.<|/think|><|tool_call|>{"name": "get_weather", '
                                      '"arguments": {"city": "Paris"}}<|/tool_call|>'},
-    {"when": "SCRIPT_FORCED_NAMED", "reply": '{"city": "Rome"}}<|/tool_call|>'},
-    {"when": "SCRIPT_FORCED_REQ", "reply": '{"name": "get_time", "arguments": {"tz": "UTC"}}<|/tool_call|>'},
+    # Forced calls are decoded under the template's grammar: the reply is a whole turn that follows it
+    {"when": "SCRIPT_FORCED_NAMED", "reply": '<|think|><|/think|><|tool_call|>{"name": "get_weather", '
+                                             '"arguments": {"city": "Rome"}}<|/tool_call|>'},
+    {"when": "SCRIPT_FORCED_REQ", "reply": '<|think|>Time.<|/think|><|tool_call|>{"name": "get_time", '
+                                           '"arguments": {"tz": "UTC"}}<|/tool_call|>'},
     {"when": "SCRIPT_BAD_TOOL", "reply": '<|think|><|/think|><|tool_call|>{"name": broken<|/tool_call|>'},
     {"when": "SCRIPT_FAIL", "reply": "partial output", "fail_at": 6},
 ]

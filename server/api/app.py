@@ -35,6 +35,7 @@ class ServerState:
     served_models: list[str]
     api_key: str | None = None
     fingerprint: str = "fp_beam"
+    constrain: str = "tools"  # what is decoded under a grammar unasked (structures.CONSTRAIN)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = None
 

@@ -2,10 +2,12 @@
 tool calls back out, streamed (SSE) or not.
 
 Reasoning (`<|think|>...<|/think|>`) becomes `reasoning_content` (and `reasoning`); tool-call
-blocks become OpenAI `tool_calls` (streamed as the name, then the arguments). tool_choice
-"required" / a named function forces a call by prefilling the assistant turn with
-`<|think|><|/think|><|tool_call|>` (+ `{"name": NAME, "arguments": ` when named); a block that is
-not valid JSON is reported as content, never an error. Must never start a stream before the
+blocks become OpenAI `tool_calls` (streamed as the name, then the arguments). The answer is decoded
+under the grammar `structures.chat_structure` writes (forced and offered tool calls, response_format,
+thinking_token_budget), so a call parses and matches its tool's schema. With constraining off
+(`--constrained-decoding off`), tool_choice "required" / a named function only prefills the assistant
+turn with `<|think|><|/think|><|tool_call|>` (+ `{"name": NAME, "arguments": ` when named); a block
+that is not valid JSON is reported as content, never an error. Must never start a stream before the
 request is validated and admitted: every 4xx/503 is a plain HTTP error.
 """
 
@@ -20,9 +22,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from beam_model.chat_template import END_THINK, END_TOOL_CALL, THINK, TOOL_CALL, AssistantStreamParser, encode_chat
 from beam_model.tokenizer import ByteTokenizer
-from server.api import protocol
+from server.api import protocol, structures
 from server.api.errors import invalid
 from server.api.streaming import (
+    check_structure,
     engine_error,
     finished,
     new_id,
@@ -116,9 +119,12 @@ async def create(request: Request, state) -> Response:
         prompt_ids = encode_chat(state.tokenizer, req.messages, tools)
     except ValueError as e:
         raise invalid(str(e), "messages") from None
-    prefix = forced_prefix(req)  # the server's own markers (forced tool calls): special tokens allowed
+    structure = structures.chat_structure(req, state.constrain)
+    await check_structure(state, structure, "response_format" if req.common.response_schema else "tools")
+    # Without a grammar, a forced call is prefilled: the server's own markers, special tokens allowed
+    prefix = forced_prefix(req) if structure is None else ""
     prompt_ids += state.tokenizer.encode(prefix)
-    params = sampling_params(state, req.common, prompt_ids, "messages")
+    params = sampling_params(state, req.common, prompt_ids, "messages", structure)
     rid = new_id("chatcmpl")
     stream = submit(state, rid, prompt_ids, params)
     timer = state.metrics.timer("chat")

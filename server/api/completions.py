@@ -1,5 +1,6 @@
 """POST /v1/completions: plain text (or token ids) in, text out, streamed (SSE) or not, with the
-legacy logprobs format. One prompt per request. Must never start a stream before the request is
+legacy logprobs format. One prompt per request; `response_format` decodes the text under its JSON
+schema's grammar. Must never start a stream before the request is
 validated and admitted."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.api import protocol
+from server.api import protocol, structures
 from server.api.streaming import (
+    check_structure,
     engine_error,
     finished,
     new_id,
@@ -38,7 +40,9 @@ async def create(request: Request, state) -> Response:
     req = protocol.parse_completion(await read_json(request), state.served_models)
     prompt = req.prompt
     prompt_ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    params = sampling_params(state, req.common, prompt_ids, "prompt")
+    structure = structures.completion_structure(req.common.response_schema)
+    await check_structure(state, structure, "response_format")
+    params = sampling_params(state, req.common, prompt_ids, "prompt", structure)
     rid = new_id("cmpl")
     stream = submit(state, rid, prompt_ids, params)
     timer = state.metrics.timer("completions")

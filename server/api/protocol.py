@@ -33,16 +33,30 @@ def _opt(body: dict, name: str, check, what: str, default=None):
     return v
 
 
-def _check_response_format(fmt) -> None:
-    """Plain text only: a JSON mode asked for and not enforced would hand back unparsable output."""
+def _response_schema(fmt) -> dict | None:
+    """`response_format` -> the JSON schema the output must follow, or None for free text. Every schema
+    is enforced (`strict` or not): the output is decoded under its grammar."""
     if fmt is None:
-        return
+        return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if not isinstance(kind, str):
-        raise invalid("'response_format' must be an object with a 'type'", "response_format")
-    if kind != "text":
-        raise invalid(f"'response_format' of type '{kind}' is not supported (structured output is not "
-                      "implemented; only 'text')", "response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise invalid("'response_format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
+                      "response_format")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise invalid("'response_format.json_schema' must be an object with a 'name' and a 'schema'",
+                      "response_format.json_schema")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise invalid("'response_format.json_schema.schema' must be a JSON Schema object",
+                      "response_format.json_schema.schema")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise invalid("'response_format.json_schema.strict' must be a boolean", "response_format.json_schema.strict")
+    return schema
 
 
 @dataclass
@@ -51,7 +65,8 @@ class Common:
     stream: bool
     include_usage: bool
     max_tokens: int | None          # None: up to the context length
-    sampling: dict = field(default_factory=dict)  # SamplingParams fields except max_tokens
+    sampling: dict = field(default_factory=dict)  # SamplingParams fields except max_tokens and structure
+    response_schema: dict | None = None  # the JSON schema `response_format` asks for (None: text)
 
 
 def parse_common(body, served_models: list[str]) -> Common:
@@ -76,7 +91,7 @@ def parse_common(body, served_models: list[str]) -> Common:
             raise invalid(f"'{name}' is not supported (must be 0)", name)
     if body.get("logit_bias"):
         raise invalid("'logit_bias' is not supported", "logit_bias")
-    _check_response_format(body.get("response_format"))
+    response_schema = _response_schema(body.get("response_format"))
     max_tokens = body.get("max_completion_tokens")
     param = "max_completion_tokens"
     if max_tokens is None:
@@ -103,7 +118,7 @@ def parse_common(body, served_models: list[str]) -> Common:
     ignore_eos = _opt(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False)
     sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0), seed=seed,
                     stop=tuple(stop or ()), stop_token_ids=tuple(stop_ids), ignore_eos=ignore_eos)
-    return Common(model, stream, include_usage, max_tokens, sampling)
+    return Common(model, stream, include_usage, max_tokens, sampling, response_schema)
 
 
 # ---------------------------------------------------------------------------- chat
@@ -115,6 +130,8 @@ class ChatRequest:
     tools: list | None
     tool_choice: str            # "auto", "none", "required" or "named"
     tool_name: str | None       # the function when tool_choice is "named"
+    parallel_tool_calls: bool = True
+    thinking_token_budget: int | None = None  # the reasoning closes after this many tokens
 
 
 def _check_tools(tools) -> None:
@@ -162,7 +179,9 @@ def parse_chat(body, served_models: list[str]) -> ChatRequest:
         raise invalid(f"tool_choice '{choice}' needs 'tools'", "tool_choice")
     if name is not None and name not in {t["function"]["name"] for t in tools}:
         raise invalid(f"tool_choice names '{name}', which is not among the tools", "tool_choice")
-    return ChatRequest(common, messages, tools, choice, name)
+    parallel = _opt(body, "parallel_tool_calls", lambda v: isinstance(v, bool), "a boolean", True)
+    budget = _opt(body, "thinking_token_budget", lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    return ChatRequest(common, messages, tools, choice, name, parallel, budget)
 
 
 # ----------------------------------------------------------------------- completions

@@ -33,16 +33,16 @@ def fingerprint(engine) -> str:
 
 
 def make_state(engine, tokenizer, *, served_model_name: str, api_key: str | None = None,
-               max_queue_len: int = 1024) -> ServerState:
+               max_queue_len: int = 1024, constrain: str = "tools") -> ServerState:
     return ServerState(AsyncEngine(engine, max_queue_len=max_queue_len), tokenizer, [served_model_name],
-                       api_key=api_key, fingerprint=fingerprint(engine))
+                       api_key=api_key, fingerprint=fingerprint(engine), constrain=constrain)
 
 
 def serve(engine, tokenizer, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str,
           api_key: str | None = None, max_queue_len: int = 1024, graceful_s: int = 10,
-          log_level: str = "info") -> int:
+          log_level: str = "info", constrain: str = "tools") -> int:
     state = make_state(engine, tokenizer, served_model_name=served_model_name, api_key=api_key,
-                       max_queue_len=max_queue_len)
+                       max_queue_len=max_queue_len, constrain=constrain)
     config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=graceful_s, access_log=False)
     _Server(config, state).run()

@@ -13,6 +13,7 @@ import re
 import uuid
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from server.api.errors import APIError, invalid
 from server.engine.async_engine import EngineUnavailable, RequestStream
@@ -91,7 +92,19 @@ def _not_text(param: str | None) -> APIError:
     return invalid(f"{where} contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not Unicode text", param)
 
 
-def sampling_params(state, common, prompt_ids: list[int], prompt_param: str) -> SamplingParams:
+async def check_structure(state, structure: str | None, param: str) -> None:
+    """Compile a request's output structure off the event loop (the engine's cache keeps it): a schema
+    the grammar engine refuses is a 400 naming `param`."""
+    if structure is None:
+        return
+    try:
+        await run_in_threadpool(state.engine.engine.grammars.compile, structure)
+    except ValueError as e:
+        raise invalid(str(e), param) from None
+
+
+def sampling_params(state, common, prompt_ids: list[int], prompt_param: str,
+                    structure: str | None = None) -> SamplingParams:
     """Resolve max_tokens against the context length and build the engine's SamplingParams."""
     limit = state.max_model_len
     room = limit - len(prompt_ids)
@@ -100,7 +113,7 @@ def sampling_params(state, common, prompt_ids: list[int], prompt_param: str) -> 
         raise invalid(f"this model's maximum context length is {limit} tokens, but the request has "
                       f"{len(prompt_ids)} prompt tokens{asked}", prompt_param, "context_length_exceeded")
     try:
-        return SamplingParams(max_tokens=common.max_tokens or room, **common.sampling)
+        return SamplingParams(max_tokens=common.max_tokens or room, structure=structure, **common.sampling)
     except ValueError as e:  # a value the engine cannot take (a seed past 64 bits): its field is the param
         raise invalid(str(e), getattr(e, "param", None)) from None
 

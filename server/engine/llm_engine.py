@@ -11,6 +11,7 @@ called from two threads at once (`AsyncEngine` owns it from one thread).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from beam_model.config import FULL, SLIDING
@@ -18,6 +19,7 @@ from beam_model.kv_cache import PAGE_SIZE
 from server.engine import cache_sizing, first_use
 from server.engine.block_manager import GROUPS, BlockManager
 from server.engine.detokenizer import IncrementalDetokenizer
+from server.engine.grammar import Grammars
 from server.engine.model_runner import ModelRunner
 from server.engine.output import RequestOutput
 from server.engine.sampling_params import SamplingParams
@@ -81,6 +83,7 @@ class Engine:
                                   graph_max_len=min(self.max_model_len, GRAPH_MAX_LEN), seed=seed,
                                   logits_hook=logits_hook)
         self.eos_token_id = tokenizer.eos_token_id
+        self._grammars_lock = threading.Lock()
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
         # Called on the engine thread after each model step as (kind, num_seqs, seconds, prepare,
@@ -123,8 +126,17 @@ class Engine:
         return pages
 
     # ---- requests ------------------------------------------------------------------------
+    @property
+    def grammars(self) -> Grammars:
+        """The grammar compiler, made on the first structured request (llguidance loads then)."""
+        with self._grammars_lock:
+            if self.runner.grammars is None:
+                self.runner.grammars = Grammars(self.tokenizer, self.config.vocab_size)
+            return self.runner.grammars
+
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError if the request can never be served. Reads only constants: thread-safe."""
+        """Raise ValueError if the request can never be served. Reads only constants and compiles the
+        output's structure (cached, under a lock): thread-safe."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         vocab = min(self.config.vocab_size, self.tokenizer.vocab_size)
@@ -133,12 +145,16 @@ class Engine:
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"this model's context length is {self.max_model_len} tokens, but the request "
                              f"needs {len(prompt_ids)} prompt + {params.max_tokens} completion tokens")
+        if params.structure is not None:
+            self.grammars.compile(params.structure)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.check_request(prompt_ids, params)
         seq = Sequence(request_id, prompt_ids, params, IncrementalDetokenizer(self.tokenizer, params.stop))
+        if params.structure is not None:
+            seq.matcher = self.grammars.matcher(params.structure)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
@@ -235,6 +251,9 @@ class Engine:
 
     def _append(self, seq: Sequence, sample) -> RequestOutput:
         tid, p = sample.token_id, seq.params
+        if seq.matcher is not None and not seq.matcher.accept(tid):  # drawn under its mask: a sampler's fault
+            self._finish(seq, "error", f"token {tid} breaks the output's grammar (the sampler ignored its mask)")
+            return self._output(seq, [], "", None)
         seq.token_ids.append(tid)
         stop_token = (tid == self.eos_token_id and not p.ignore_eos) or tid in p.stop_token_ids
         text = "" if stop_token else seq.detokenizer.add(tid)  # a stop token's text is never shown

@@ -2,11 +2,13 @@
 `model.step`, and samples the next token of every sequence whose pending tokens are all fed.
 
 Owns the KV storage (`PagedKVCache`, used as storage only: pages are the block manager's) and,
-on CUDA with `cuda_graphs=True`, one captured graph per decode batch size: a decode step is padded
+on CUDA with `cuda_graphs=True`, two captured graphs per decode batch size: a decode step is padded
 to the next captured size, padded tokens write to the reserved page 0 and read nothing live. The
-graph also draws each row's token (the `sample` op on the engine's generator, each row's settings
-from the graph's inputs), so a decode step launches once and waits once; rows that need more (a
-seeded request's own generator, logprobs, a logits hook) are drawn eagerly from the graph's logits.
+forward's graph is launched first; while it runs, the host fills the rows' grammar masks (only rows
+with a grammar: `TokenMasks`); then the draw's graph takes each row's token (the `sample` op on the
+engine's generator, each row's settings from the graph's inputs, its mask from the masks' buffer),
+so a decode step waits once; rows that need more (a seeded request's own generator, logprobs, a
+logits hook) are drawn eagerly from the graph's logits.
 Prefill or mixed steps, and decode steps wider than the captured page tables, run eagerly. The CPU
 never uses graphs. Must never change a sequence's tokens, pages or progress: the engine applies the
 results (the one thing it sets is a seeded request's generator, on first use).
@@ -26,6 +28,7 @@ from beam_model.kv_cache import AttentionMetadata, PagedKVCache, StepMetadata, b
 from server.engine.block_manager import GROUPS
 from server.engine.graph_inputs import GraphInputs
 from server.engine.output import TokenLogprob
+from server.engine.token_masks import TokenMasks
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 # The reference experts group tokens by expert (a host sync, not capturable) above 256 tokens.
@@ -35,11 +38,14 @@ log = logging.getLogger(__name__)
 
 
 class Captured(NamedTuple):
-    """One decode batch size's graph: its logits [size, vocab] FP32, its metadata (alive as long as
-    the graph) and the ids it draws [size] (None when drawing could not be captured)."""
+    """One decode batch size's graphs: the forward (its logits [size, vocab] FP32; its metadata, alive as
+    long as the graph) and the draw from those logits under the token masks' device buffer (its ids
+    [size]; both None when drawing could not be captured). Two graphs, so that the host builds a step's
+    grammar masks while the device runs its forward."""
     graph: object
     logits: torch.Tensor
     meta: StepMetadata
+    draw: object | None
     ids: torch.Tensor | None
 
 
@@ -56,6 +62,8 @@ class ModelRunner:
         self.vocab_limit = vocab_limit if vocab_limit is not None else model.config.vocab_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # unseeded requests
         self.logits_hook = logits_hook  # test-only: see server/engine/testing.py
+        self.grammars = None  # the engine's grammar compiler (engine/grammar.py), set on the first structured request
+        self.masks = TokenMasks(max(max_num_seqs, 1), model.config.vocab_size, self.device)
         self.graphs: dict[int, Captured] = {}
         # [vocab] bool: the ids past the tokenizer's, masked before every draw; None when there are none
         vocab = model.config.vocab_size
@@ -84,19 +92,23 @@ class ModelRunner:
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
         rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
         graph = self._graph_for(pages) if all(n == 1 for n in counts) else None
-        drawn = None
+        drawn, allowed, sampled = None, None, [seqs[i] for i in rows]
         if graph is not None:  # one token a row
             captured = self._replay(graph, ids, pages, starts, [s.params for s in seqs], started)
             b, x = len(seqs), self._inputs
+            # While the forward runs: the masks (rows mid-prompt have no grammar yet), then the draw
+            allowed = self.masks.fill(self.grammars, seqs, always=captured.draw is not None)
             logits, params = captured.logits[:b], (x.temperature[:b], x.top_k[:b], x.top_p[:b])
-            if captured.ids is not None and self.logits_hook is None:
-                drawn = captured.ids[:b]
+            if captured.draw is not None:
+                captured.draw.replay()
+                drawn = captured.ids[:b] if self.logits_hook is None else None
             if rows and len(rows) < b:  # a prompt fed a token at a time samples at its last one only
                 pick = self._to_device(rows, torch.int64)
                 logits, params = logits[pick], tuple(t[pick] for t in params)
                 drawn = None if drawn is None else drawn[pick]
+                allowed = None if allowed is None else allowed[pick]
         else:
-            params = self._sampling_params([seqs[i] for i in rows]) if rows else None
+            params = self._sampling_params(sampled) if rows else None
             pick = self._to_device(rows, torch.int64) if rows and len(rows) < len(seqs) else None
             step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
             ids = torch.tensor(ids, device=self.device)
@@ -104,9 +116,10 @@ class ModelRunner:
             self._mark(0)
             logits = self.model.step(ids, self.cache, step)
             logits = logits if pick is None else logits[pick]
+            allowed = self.masks.fill(self.grammars, sampled) if rows else None  # while the forward runs
         results: list[TokenLogprob | None] = [None] * len(seqs)
         if rows:
-            for i, r in zip(rows, self._sample([seqs[i] for i in rows], logits, params, drawn)):
+            for i, r in zip(rows, self._sample(sampled, logits, params, drawn, allowed)):
                 results[i] = r
         return results
 
@@ -133,9 +146,11 @@ class ModelRunner:
         masked = self._in_vocab(logits.float())
         return masked.clone() if masked is logits else masked
 
-    def _sample(self, seqs: list, logits: torch.Tensor, params, drawn=None) -> list[TokenLogprob]:
-        """The tokens of `seqs` from their logits rows. `drawn`: ids a graph already drew for every row
-        from the engine's generator, used for every row that draws from it (not a seeded one)."""
+    def _sample(self, seqs: list, logits: torch.Tensor, params, drawn=None, allowed=None) -> list[TokenLogprob]:
+        """The tokens of `seqs` from their logits rows, under their grammar masks (`allowed`: device rows,
+        or None). `drawn`: ids a graph already drew for every row from the engine's generator under the
+        same masks, used for every row that draws from it (not a seeded one). Logprobs are the model's,
+        before any mask."""
         want = [i for i, s in enumerate(seqs) if s.params.logprobs]
         dev, n = self.device, len(seqs)
         seeded = [i for i, s in enumerate(seqs) if s.params.seed is not None and not s.params.greedy]
@@ -151,16 +166,17 @@ class ModelRunner:
         if drawn is not None:
             ids.copy_(drawn)
         elif len(shared) == n:  # the usual eager step: every row draws from the engine's generator, no gather
-            ids = sample(logits, temperature, top_k, top_p, generator=self.generator)
+            ids = sample(logits, temperature, top_k, top_p, generator=self.generator, allowed=allowed)
         elif shared:  # greedy and unseeded rows: one batched draw from the engine's generator
             idx = self._to_device(shared, torch.int64)
-            ids[idx] = sample(logits[idx], temperature[idx], top_k[idx], top_p[idx], generator=self.generator)
+            ids[idx] = sample(logits[idx], temperature[idx], top_k[idx], top_p[idx], generator=self.generator,
+                              allowed=None if allowed is None else allowed[idx])
         for i in seeded:  # a row of its own with its own generator: reproducible whatever the batch
             s = seqs[i]
             if s.generator is None:
                 s.generator = torch.Generator(device=dev).manual_seed(s.params.seed)
             ids[i:i + 1] = sample(logits[i:i + 1], temperature[i:i + 1], top_k[i:i + 1], top_p[i:i + 1],
-                                  generator=s.generator)
+                                  generator=s.generator, allowed=None if allowed is None else allowed[i:i + 1])
         return self._results(seqs, ids, logits, want)
 
     def _results(self, seqs: list, ids: torch.Tensor, logits: torch.Tensor, want: list[int]) -> list[TokenLogprob]:
@@ -197,6 +213,7 @@ class ModelRunner:
                     logits = self.model.step(self._inputs.ids[:b], self.cache, meta)
                     if draw:
                         self._draw(logits, b)
+                        self._draw(logits, b, masked=False)
                 torch.cuda.current_stream().wait_stream(stream)
                 try:
                     captured = self._capture_one(b, meta, pool, draw)
@@ -213,19 +230,23 @@ class ModelRunner:
 
     def _capture_one(self, b: int, meta: StepMetadata, pool, draw: bool) -> Captured:
         graph = torch.cuda.CUDAGraph()
-        if draw:  # each replay advances the engine's generator past the draws it made
-            graph.register_generator_state(self.generator)
         with torch.cuda.graph(graph, pool=pool):
             logits = self.model.step(self._inputs.ids[:b], self.cache, meta)
-            ids = self._draw(logits, b) if draw else None
-        return Captured(graph, logits, meta, ids)
+        if not draw:
+            return Captured(graph, logits, meta, None, None)
+        drawing = torch.cuda.CUDAGraph()
+        drawing.register_generator_state(self.generator)  # each replay advances it past the draws it made
+        with torch.cuda.graph(drawing, pool=graph.pool()):
+            ids = self._draw(logits, b)
+        return Captured(graph, logits, meta, drawing, ids)
 
-    def _draw(self, logits: torch.Tensor, b: int) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, b: int, masked: bool = True) -> torch.Tensor:
         """Each of the `b` rows' token from the engine's generator at the row's settings in the graph's
-        inputs (as `_sample` draws an unseeded row)."""
+        inputs and under the token masks' device buffer (as `_sample` draws an unseeded row)."""
         x = self._inputs
         return self.model.ops.sample(self._in_vocab(logits), x.temperature[:b], x.top_k[:b], x.top_p[:b],
-                                     generator=self.generator)
+                                     generator=self.generator,
+                                     allowed=self.masks.device_buffer[:b] if masked else None)
 
     def _graph_metadata(self, b: int) -> StepMetadata:
         x = self._inputs

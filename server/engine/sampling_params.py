@@ -38,6 +38,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    # The output's structure (an xgrammar structural tag, JSON text; server/api/structures.py builds it):
+    # every token is drawn under its grammar's mask. None: free text.
+    structure: str | None = None
 
     def __post_init__(self):
         _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
@@ -53,6 +56,10 @@ class SamplingParams:
         _require(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         _require(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs",
                  f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        _require(self.structure is None or isinstance(self.structure, str), "response_format",
+                 "the output structure must be JSON text")
+        _require(not (self.structure and self.ignore_eos), "ignore_eos",
+                 "ignore_eos cannot be used with a structured output (its grammar ends at the end of the structure)")
 
     @property
     def greedy(self) -> bool:

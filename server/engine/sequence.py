@@ -40,6 +40,7 @@ class Sequence:
         self.pages: dict[str, list[int]] = {FULL: [], SLIDING: []}  # logical page -> page id, -1 released
         self.page_hashes: list[bytes] = []  # hash chain of this sequence's full pages, in order
         self.generator = None               # per-request torch.Generator (seeded requests only)
+        self.matcher = None                 # its grammar's matcher (structured outputs only): engine/grammar.py
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.arrival_time = time.monotonic()

@@ -180,13 +180,13 @@ def test_forced_tool_calls(client):
     (call,) = required.choices[0].message.tool_calls
     assert call.function.name == "get_time" and json.loads(call.function.arguments) == {"tz": "UTC"}
     assert required.choices[0].finish_reason == "tool_calls"
-    # Random weights continue the forced prefix with junk: reported as content, not an error.
+    # Random weights under the grammar: a turn that follows the template, cut by max_tokens
     junk = chat(client, "no script here", tools=[WEATHER], tool_choice="required", max_tokens=24)
-    assert junk.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert junk.choices[0].finish_reason in ("length", "tool_calls")
 
 
 def test_malformed_or_refused_tool_calls_are_content(client):
-    bad = chat(client, "SCRIPT_BAD_TOOL", tools=[WEATHER], max_tokens=64)
+    bad = chat(client, "SCRIPT_BAD_TOOL", max_tokens=64)  # no tools offered: decoded without a grammar
     m = bad.choices[0].message
     assert not m.tool_calls and m.content == '<|tool_call|>{"name": broken<|/tool_call|>'
     assert bad.choices[0].finish_reason == "stop"

@@ -134,9 +134,15 @@ def test_unknown_model(server):
     ({"tools": [{"type": "function"}]}, "tools[0]"), ({"tools": "all"}, "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"), ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
-    ({"model": None}, "model"), ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
-    ({"response_format": "json"}, "response_format"),
+    ({"model": None}, "model"), ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}},
+     "response_format"),  # the grammar engine refuses it
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
+    ({"response_format": "json"}, "response_format"), ({"thinking_token_budget": -1}, "thinking_token_budget"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
 ])
 def test_invalid_chat_requests(server, extra, param):
     assert_error(post(server, "/v1/chat/completions", chat_body(**extra)), 400, param=param)

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from server.api.structures import CONSTRAIN
 from workbench.commands.common import add_model_arguments, load_model, resolve_device
 
 
@@ -37,6 +38,11 @@ def add_arguments(p) -> None:
     p.add_argument("--no-warm-up", action="store_true",
                    help="skip the start-up steps that compile prompt and mixed-step kernels before the first "
                         "request (run on CUDA only: nothing compiles on the CPU)")
+    p.add_argument("--constrained-decoding", default="tools", choices=CONSTRAIN,
+                   help="what is decoded under the chat template's grammar without the request asking: 'tools' "
+                        "(requests that offer tools: every call parses and matches its tool's schema), 'all' "
+                        "(every chat turn), 'off' (only response_format and thinking_token_budget; tool_choice "
+                        "required/named only prefills the call's start) (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--fake-model-script", help=argparse.SUPPRESS)  # test-only, see server/engine/testing.py
 
@@ -109,4 +115,4 @@ def run(args) -> int:
     print(f"serving {name} on http://{args.host}:{args.port} ({device}, {engine.num_pages} KV pages, "
           f"context {engine.max_model_len}, variants {model.ops.selection if lock else 'reference'})", flush=True)
     return serve(engine, tokenizer, host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,
-                 max_queue_len=args.max_queue_len, log_level=args.log_level)
+                 max_queue_len=args.max_queue_len, log_level=args.log_level, constrain=args.constrained_decoding)

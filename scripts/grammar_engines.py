@@ -4,9 +4,10 @@ For each engine and tokenizer (the byte tokenizer of the random presets, and a b
 VOCAB ids trained here on the standard library, the size class of a real checkpoint's), it times:
 compiling a tool's JSON schema; the token mask of one decode step at batch 1 and at batch 64 (64
 matchers at different points of a valid output, filled into one bitmask, each engine's batched
-call); consuming a sampled token. It also checks whether the engine can require one of the chat
-template's special tokens (`<|tool_call|>`), which the template grammar needs. The chosen engine
-is in docs/decisions.md; the results are in runs/grammar-engines/.
+call); consuming a sampled token. Two correctness checks: whether the engine can require one of the
+chat template's special tokens (`<|tool_call|>`), which the template grammar needs, and whether a
+JSON string with a `maxLength` refuses raw control characters (JSON forbids them). The chosen engine
+is in docs/decisions.md #33; the results are in runs/grammar-engines/.
 
     pip install llguidance xgrammar
     python scripts/grammar_engines.py runs/grammar-engines
@@ -108,6 +109,13 @@ class Llguidance:
         self.mask([m], bitmask)
         return not m.is_error() and bool((bitmask[0, token_id // 32] >> (token_id % 32)) & 1)
 
+    def bounded_string_matcher(self, prefix: bytes):
+        schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}}
+        m = self.compile(schema)()
+        for b in prefix:
+            m.consume_token(self.tok.tokenize_bytes(bytes([b]))[0])
+        return m
+
 
 class Xgrammar:
     name = "xgrammar"
@@ -144,6 +152,22 @@ class Xgrammar:
         bitmask = np.zeros((1, (self.vocab + 31) // 32), dtype=np.int32)
         self.mask([m], bitmask)
         return bool((bitmask[0, token_id // 32] >> (token_id % 32)) & 1)
+
+    def bounded_string_matcher(self, prefix: bytes):
+        schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}}
+        m = self.compile(schema)()
+        m.accept_string(prefix)
+        return m
+
+
+def control_characters_refused(engine, hf) -> bool:
+    """Inside a JSON string with a maxLength, no token of a raw control character (U+0000-U+001F) is
+    allowed (JSON forbids them unescaped)."""
+    m = engine.bounded_string_matcher(b'{"a":"')
+    bitmask = np.zeros((1, (engine.vocab + 31) // 32), dtype=np.int32)
+    engine.mask([m], bitmask)
+    controls = {hf.encode(chr(c), allow_special=False)[0] for c in range(32)}
+    return not any((bitmask[0, t // 32] >> (t % 32)) & 1 for t in controls)
 
 
 def measure(engine, tokens: list[int]) -> dict:
@@ -206,6 +230,7 @@ def main() -> int:
             row = measure(engine, tokens)
             row["requires_special_token"] = engine.special_token_required("<|tool_call|>",
                                                                           hf.special_ids["<|tool_call|>"])
+            row["bounded_string_refuses_control_characters"] = control_characters_refused(engine, hf)
             results[f"{engine.name}/{tok_name}"] = row
             print(engine.name, tok_name, row, flush=True)
     env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),

@@ -87,6 +87,13 @@ class Metrics:
             "GPU time of one model step from its forward's launch until its tokens are drawn (CUDA events): "
             "beam_engine_step_seconds minus this is the host's share of the step; CUDA only; same labels",
             ["kind", "batch"], buckets=STEP_BUCKETS, registry=r)
+        self.step_grammar = Histogram(
+            "beam_engine_step_grammar_seconds",
+            "Host time of one model step spent on grammar masks (structured outputs: filling each "
+            "constrained row's mask while the forward runs, and starting its copy); steps with a "
+            "constrained row only; same labels",
+            ["kind", "batch"], buckets=PREPARE_BUCKETS, registry=r)
+        self._masks = async_engine.engine.runner.masks
         async_engine.engine.step_observer = self.observe_step  # called on the engine thread (thread-safe)
         r.register(_EngineCollector(async_engine))
 
@@ -96,6 +103,8 @@ class Metrics:
         self.step_prepare.labels(kind, batch_label(num_seqs)).observe(prepare)
         if device is not None:
             self.step_device.labels(kind, batch_label(num_seqs)).observe(device)
+        if self._masks.last_constrained:
+            self.step_grammar.labels(kind, batch_label(num_seqs)).observe(self._masks.last_seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -86,7 +86,7 @@ class ModelRunner:
         """Feed `counts[i]` pending tokens of `seqs[i]`; returns the sampled token of each sequence
         that has now fed all its pending tokens (None for a sequence mid-prompt)."""
         started = time.perf_counter()
-        self.last_device_seconds = None
+        self.last_device_seconds, self.masks.last_constrained = None, 0
         starts = [s.num_computed for s in seqs]
         ids = [t for s, c, n in zip(seqs, starts, counts) for t in s.token_ids[c:c + n]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}

@@ -24,6 +24,7 @@ class TokenMasks:
         self.device_buffer = torch.full((rows, words), -1, dtype=torch.int32, device=device)
         self._dirty = 0  # rows of the device buffer that may hold a grammar's mask (the rest are all ones)
         self.last_seconds = 0.0  # host time of the last fill (grammar work included)
+        self.last_constrained = 0  # rows of the last fill that had a grammar
 
     def fill(self, grammars, seqs: list, *, always: bool = False) -> torch.Tensor | None:
         """The masks of `seqs` (row i: seqs[i]) as device rows [len(seqs), words]; None when no row has a
@@ -40,5 +41,5 @@ class TokenMasks:
         elif self._dirty and always:
             self.device_buffer[:self._dirty].fill_(-1)
             self._dirty = 0
-        self.last_seconds = time.perf_counter() - started
+        self.last_seconds, self.last_constrained = time.perf_counter() - started, len(rows)
         return self.device_buffer[:n] if rows or always else None

@@ -79,11 +79,13 @@ def parse_metrics(text: str) -> dict:
 
 def step_times(before: dict, after: dict) -> list[dict]:
     """beam_engine_step_seconds between two scrapes: per (kind, batch) count, mean and p50 (bucket),
-    with the means of beam_engine_step_prepare_seconds (host time before the forward) and, on CUDA,
-    beam_engine_step_device_seconds (GPU time from the forward's launch to the drawn tokens) beside it."""
+    with the means of beam_engine_step_prepare_seconds (host time before the forward), on CUDA
+    beam_engine_step_device_seconds (GPU time from the forward's launch to the drawn tokens) and, for
+    steps with a grammar-constrained row, beam_engine_step_grammar_seconds (host time filling masks)."""
     rows = _histogram_rows(before, after, "beam_engine_step_seconds")
     for field, histogram in (("prepare_mean_ms", "beam_engine_step_prepare_seconds"),
-                             ("device_mean_ms", "beam_engine_step_device_seconds")):
+                             ("device_mean_ms", "beam_engine_step_device_seconds"),
+                             ("grammar_mean_ms", "beam_engine_step_grammar_seconds")):
         means = {(r["kind"], r["batch"]): r["mean_ms"] for r in _histogram_rows(before, after, histogram)}
         for r in rows:
             r[field] = means.get((r["kind"], r["batch"]))
@@ -474,14 +476,14 @@ def write_results(args, out: Path, server: Server, levels, probe, error, metrics
               "the tokens are drawn; the step's mean minus it is what the host adds.", "",
               "| users | kind | batch (rounded up) | steps | mean ms | p50 ms (bucket upper bound) "
               "| host prepare mean ms "
-              "| device mean ms |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+              "| device mean ms | grammar masks mean ms |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in levels:
         for s in (r.get("server") or {}).get("step_times", []):
             lines.append(f"| {r['concurrency']} | {s['kind']} | {s['batch']} | {s['steps']} | "
                          f"{f(s['mean_ms'], '.3f')} | "
                          f"{f(s['p50_ms_upper_bucket'], '.2f')} | {f(s.get('prepare_mean_ms'), '.3f')} | "
-                         f"{f(s.get('device_mean_ms'), '.3f')} |")
+                         f"{f(s.get('device_mean_ms'), '.3f')} | {f(s.get('grammar_mean_ms'), '.3f')} |")
     lines += ["", "Client TPOT minus the server's decode step at the level's batch size is what the rest of the "
               "server (scheduler, detokenizer, asyncio, HTTP/SSE) and the prompts' prefill steps add per token:", "",
               "| users | client TPOT p50 ms | server decode step ms (batch) | difference ms | server ITL mean ms |",

@@ -93,18 +93,17 @@ class Metrics:
             "constrained row's mask while the forward runs, and starting its copy); steps with a "
             "constrained row only; same labels",
             ["kind", "batch"], buckets=PREPARE_BUCKETS, registry=r)
-        self._masks = async_engine.engine.runner.masks
         async_engine.engine.step_observer = self.observe_step  # called on the engine thread (thread-safe)
         r.register(_EngineCollector(async_engine))
 
     def observe_step(self, kind: str, num_seqs: int, seconds: float, prepare: float,
-                     device: float | None = None) -> None:
+                     device: float | None = None, grammar: float | None = None) -> None:
         self.step.labels(kind, batch_label(num_seqs)).observe(seconds)
         self.step_prepare.labels(kind, batch_label(num_seqs)).observe(prepare)
         if device is not None:
             self.step_device.labels(kind, batch_label(num_seqs)).observe(device)
-        if self._masks.last_constrained:
-            self.step_grammar.labels(kind, batch_label(num_seqs)).observe(self._masks.last_seconds)
+        if grammar is not None:
+            self.step_grammar.labels(kind, batch_label(num_seqs)).observe(grammar)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

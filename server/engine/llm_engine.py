@@ -87,13 +87,14 @@ class Engine:
         self.requests: dict[str, Sequence] = {}
         self.num_steps = 0
         # Called on the engine thread after each model step as (kind, num_seqs, seconds, prepare,
-        # device): the wall time of `ModelRunner.run`, from the step's start until its sampled tokens
+        # device, grammar): the wall time of `ModelRunner.run`, from the step's start until its sampled tokens
         # are on the host (the runner's `.tolist()` of the samples is the only synchronization; none is
         # added), the host time it spent before launching the forward (inputs, page tables, attention
         # plans), and on CUDA the GPU time from the forward's launch to the drawn tokens (events; else
-        # None). A step that samples nothing (a prompt chunk mid-prompt) is not waited for: its GPU
-        # time lands in the next step. The server's metrics set this (beam_engine_step_seconds,
-        # beam_engine_step_prepare_seconds, beam_engine_step_device_seconds).
+        # None), and the host time it spent filling grammar masks (None when no row had a grammar). A step
+        # that samples nothing (a prompt chunk mid-prompt) is not waited for: its GPU time lands in the
+        # next step. The server's metrics set this (beam_engine_step_seconds,
+        # beam_engine_step_prepare_seconds, beam_engine_step_device_seconds, beam_engine_step_grammar_seconds).
         self.step_observer = None
         self.slow_step_seconds = SLOW_STEP_SECONDS  # steps slower than this are logged (warm-up: none)
         # The last step's (kind, sequences, tokens fed by each), or None when it ran no model step, and
@@ -232,8 +233,9 @@ class Engine:
             for signature in self.last_first_uses:
                 log.debug("first specialised: %s", signature)
         if self.step_observer is not None:
+            masks = self.runner.masks
             self.step_observer(kind, len(seqs), seconds, self.runner.last_prepare_seconds,
-                               self.runner.last_device_seconds)
+                               self.runner.last_device_seconds, masks.last_seconds if masks.last_constrained else None)
         return samples
 
     def _run_alone(self, seq: Sequence, n: int, outputs: list):

@@ -17,6 +17,7 @@ import torch
 from beam_model.model import BeamForCausalLM
 from beam_model.tokenizer import ByteTokenizer, HFTokenizer, save_hf_tokenizer
 from server.api.metrics import Metrics
+from server.api.structures import completion_structure
 from server.engine import Engine, SamplingParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,14 +52,16 @@ def test_step_metric_is_read_back_per_kind_and_rounded_batch():
         fake.engine.step_observer("decode", 3, seconds, 0.0003, 0.0035)
     fake.engine.step_observer("prefill", 1, 0.02, 0.001, None)  # a CPU step: no device time
     fake.engine.step_observer("decode", 300, 0.05, 0.002)
+    fake.engine.step_observer("decode", 64, 0.01, 0.001, 0.008, 0.0021)  # rows under a grammar
     after = serve_sweep.parse_metrics(m.render().decode())
     rows = {(r["kind"], r["batch"]): r for r in serve_sweep.step_times(before, after)}
-    assert set(rows) == {("decode", 4), ("prefill", 1), ("decode", 256)}
+    assert set(rows) == {("decode", 4), ("prefill", 1), ("decode", 256), ("decode", 64)}
     assert rows["decode", 4]["steps"] == 3 and rows["decode", 4]["mean_ms"] == pytest.approx(17 / 3)
     assert rows["decode", 4]["p50_ms_upper_bucket"] == pytest.approx(4.0)
     assert rows["decode", 4]["prepare_mean_ms"] == pytest.approx(0.3)
     assert rows["prefill", 1]["prepare_mean_ms"] == pytest.approx(1.0)
     assert rows["decode", 4]["device_mean_ms"] == pytest.approx(3.5) and rows["prefill", 1]["device_mean_ms"] is None
+    assert rows["decode", 64]["grammar_mean_ms"] == pytest.approx(2.1) and rows["decode", 4]["grammar_mean_ms"] is None
 
 
 def test_engine_reports_each_model_step_to_its_observer():
@@ -66,15 +69,20 @@ def test_engine_reports_each_model_step_to_its_observer():
     model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
     engine = Engine(model, ByteTokenizer(), num_pages=32, max_num_batched_tokens=64)
     seen = []
-    engine.step_observer = lambda kind, n, seconds, prepare, device: seen.append((kind, n, seconds, prepare, device))
+    engine.step_observer = lambda kind, n, seconds, prepare, device, grammar: \
+        seen.append((kind, n, seconds, prepare, device, grammar))
     engine.generate([list(range(10, 15)), list(range(5, 105))], SamplingParams(max_tokens=4, temperature=0.0))
     kinds = [k for k, *_ in seen]
-    assert len(seen) == engine.num_steps and all(0 < prepare < s for *_, s, prepare, _ in seen)
-    assert all(device is None for *_, device in seen)  # CUDA events only
+    assert len(seen) == engine.num_steps and all(0 < prepare < s for *_, s, prepare, _, _ in seen)
+    assert all(device is None and grammar is None for *_, device, grammar in seen)  # CUDA events; no grammar
     # 5 + 100 prompt tokens under a 64-token budget: both prompts start (prefill), the short one's
     # decode rides along the long one's second chunk (mixed), then both decode
     assert kinds[:2] == ["prefill", "mixed"] and kinds[-1] == "decode"
     assert {n for k, n, *_ in seen if k == "decode"} <= {1, 2}
+    seen.clear()  # a request under a grammar: its steps report the host time of their masks
+    engine.generate([list(range(10, 15))], SamplingParams(max_tokens=4, temperature=0.0,
+                                                          structure=completion_structure({"type": "object"})))
+    assert seen and all(grammar is not None and 0 < grammar < s for _, _, s, _, _, grammar in seen)
 
 
 def test_each_level_gets_prompts_no_other_level_has(tmp_path):

@@ -124,7 +124,8 @@ async def create(request: Request, state) -> Response:
     # Without a grammar, a forced call is prefilled: the server's own markers, special tokens allowed
     prefix = forced_prefix(req) if structure is None else ""
     prompt_ids += state.tokenizer.encode(prefix)
-    params = sampling_params(state, req.common, prompt_ids, "messages", structure)
+    budget = req.thinking_token_budget if structure is not None else None  # off + forced: no reasoning
+    params = sampling_params(state, req.common, prompt_ids, "messages", structure, budget)
     rid = new_id("chatcmpl")
     stream = submit(state, rid, prompt_ids, params)
     timer = state.metrics.timer("chat")

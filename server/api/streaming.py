@@ -104,7 +104,7 @@ async def check_structure(state, structure: str | None, param: str) -> None:
 
 
 def sampling_params(state, common, prompt_ids: list[int], prompt_param: str,
-                    structure: str | None = None) -> SamplingParams:
+                    structure: str | None = None, thinking_token_budget: int | None = None) -> SamplingParams:
     """Resolve max_tokens against the context length and build the engine's SamplingParams."""
     limit = state.max_model_len
     room = limit - len(prompt_ids)
@@ -113,7 +113,8 @@ def sampling_params(state, common, prompt_ids: list[int], prompt_param: str,
         raise invalid(f"this model's maximum context length is {limit} tokens, but the request has "
                       f"{len(prompt_ids)} prompt tokens{asked}", prompt_param, "context_length_exceeded")
     try:
-        return SamplingParams(max_tokens=common.max_tokens or room, structure=structure, **common.sampling)
+        return SamplingParams(max_tokens=common.max_tokens or room, structure=structure,
+                              thinking_token_budget=thinking_token_budget, **common.sampling)
     except ValueError as e:  # a value the engine cannot take (a seed past 64 bits): its field is the param
         raise invalid(str(e), getattr(e, "param", None)) from None
 

@@ -2,8 +2,9 @@
 llguidance's dialect (`SamplingParams.structure`), written in the chat template's own tokens.
 
 A chat turn is `<|think|>REASONING<|/think|>ANSWER`, then the end token (the grammar's stop token).
-The reasoning is free text (template tokens are tokens, never text, so none is inside it), closed after
-`thinking_token_budget` tokens when one is given. The answer is one of:
+The reasoning is free text (template tokens are tokens, never text, so none is inside it); a
+`thinking_token_budget` closes it after that many tokens (the engine narrows the grammar's mask:
+engine/reasoning_budget.py), so a budget needs the template's grammar. The answer is one of:
 - tool calls, `<|tool_call|>{"name": ..., "arguments": ...}<|/tool_call|>` each, the arguments valid
   against the named tool's JSON schema: forced (`tool_choice` required or named; one call, or one or
   more with `parallel_tool_calls`), or offered beside free text (`auto`: text, and a call wherever the
@@ -44,9 +45,8 @@ def call_schema(tool: dict) -> dict:
                            "arguments": fn.get("parameters") or {"type": "object"}}}
 
 
-def _rules(answer: str, budget: int | None, tools: list[dict] | None) -> str:
-    reasoning = f"reasoning[max_tokens={budget}]" if budget is not None else "reasoning"
-    lines = [f"start: {THINK} reasoning {END_THINK} answer", f"{reasoning}: {TEXT}", f"answer: {answer}",
+def _rules(answer: str, tools: list[dict] | None) -> str:
+    lines = [f"start: {THINK} reasoning {END_THINK} answer", f"reasoning: {TEXT}", f"answer: {answer}",
              f"text: {TEXT}"]
     if tools:
         schemas = [call_schema(t) for t in tools]
@@ -75,7 +75,7 @@ def chat_structure(req, constrain: str) -> str | None:
         answer = "text"
     else:
         return None
-    return _rules(answer, budget, tools if constrain != "off" else None)
+    return _rules(answer, tools if constrain != "off" else None)
 
 
 def completion_structure(schema: dict | None) -> str | None:

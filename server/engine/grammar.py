@@ -3,8 +3,8 @@ fill the token masks the `sample` point takes.
 
 A request's structure is a Lark grammar in llguidance's dialect (`SamplingParams.structure`): the chat
 template's special tokens are written as tokens (`<|tool_call|>`), never matched by text, JSON values
-as `%json {schema}`, the reasoning's budget as `[max_tokens=N]`; the API writes it
-(server/api/structures.py). `Grammars` is one per engine: the tokenizer's vocabulary read once, each
+as `%json {schema}`; the API writes it (server/api/structures.py). A reasoning budget narrows the
+grammar's mask (engine/reasoning_budget.py). `Grammars` is one per engine: the tokenizer's vocabulary read once, each
 structure validated once (cached by its text). A mask row is `ceil(V/32)` int32 words over the
 model's vocabulary (bit j of word i: token 32 i + j; padded ids never set), the `sample` contract's
 `allowed`. llguidance was chosen over xgrammar, which is faster per mask, because xgrammar 0.2.9 lets
@@ -18,6 +18,9 @@ from __future__ import annotations
 import threading
 
 import torch
+
+from beam_model.chat_template import END_THINK, THINK
+from server.engine.reasoning_budget import ReasoningBudget, Utf8Tails
 
 
 def mask_words(vocab_size: int) -> int:
@@ -48,7 +51,10 @@ class Grammars:
         import llguidance  # imported here: a server that never constrains never loads it
 
         self._llg = llguidance
-        self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size)))
+        self._vocabulary = _Vocabulary(tokenizer, vocab_size)
+        self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(self._vocabulary))
+        self._markers = (tokenizer.special_ids[THINK], tokenizer.special_ids[END_THINK])
+        self._tails = None  # the vocabulary's UTF-8 tails, made for the first reasoning budget
         self._executor = None  # the parallel mask filler, made on first use (it starts threads)
         self._checked: dict[str, str] = {}  # structure -> llguidance's grammar text, once it validated
         self._lock = threading.Lock()  # compiling runs on the API's threads and the engine's
@@ -68,11 +74,16 @@ class Grammars:
             self._checked[structure] = grammar
         return grammar
 
-    def matcher(self, structure: str) -> "Matcher":
+    def matcher(self, structure: str, thinking_token_budget: int | None = None) -> "Matcher":
         m = self._llg.LLMatcher(self._tokenizer, self.compile(structure), log_level=0)
         if m.is_error():
             raise ValueError(f"the output structure cannot be compiled: {m.get_error()}")
-        return Matcher(m)
+        budget = None
+        if thinking_token_budget is not None:
+            if self._tails is None:
+                self._tails = Utf8Tails(self._vocabulary.tokens)
+            budget = ReasoningBudget(thinking_token_budget, *self._markers, self._tails)
+        return Matcher(m, budget)
 
     def fill(self, rows: list[tuple[int, "Matcher"]], bitmask: torch.Tensor) -> None:
         """Write each (row, matcher)'s mask into `bitmask[row]` (a contiguous host [rows, words] int32
@@ -81,7 +92,13 @@ class Grammars:
             row, m = rows[0]
             target = bitmask[row]
             m.llg.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
-            return
+        else:
+            self._fill_many(rows, bitmask)
+        for row, m in rows:
+            if m.budget is not None:
+                m.budget.restrict(bitmask[row])
+
+    def _fill_many(self, rows: list[tuple[int, "Matcher"]], bitmask: torch.Tensor) -> None:
         if self._executor is None:
             self._executor = self._llg.LLExecutor()
         self._executor.unsafe_compute_mask_ptr([(m.llg, row) for row, m in rows], bitmask.data_ptr(),
@@ -89,11 +106,13 @@ class Grammars:
 
 
 class Matcher:
-    """One request's position in its grammar."""
+    """One request's position in its grammar (and in its reasoning budget, if it has one)."""
 
-    def __init__(self, matcher):
-        self.llg = matcher
+    def __init__(self, matcher, budget: ReasoningBudget | None = None):
+        self.llg, self.budget = matcher, budget
 
     def accept(self, token_id: int) -> bool:
         """Advance past a sampled token; False if the grammar does not allow it (the request fails)."""
+        if self.budget is not None:
+            self.budget.accept(token_id)
         return self.llg.consume_token(token_id) and not self.llg.is_error()

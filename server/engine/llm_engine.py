@@ -155,7 +155,7 @@ class Engine:
         self.check_request(prompt_ids, params)
         seq = Sequence(request_id, prompt_ids, params, IncrementalDetokenizer(self.tokenizer, params.stop))
         if params.structure is not None:
-            seq.matcher = self.grammars.matcher(params.structure)
+            seq.matcher = self.grammars.matcher(params.structure, params.thinking_token_budget)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 

@@ -41,6 +41,7 @@ class SamplingParams:
     # The output's structure (an xgrammar structural tag, JSON text; server/api/structures.py builds it):
     # every token is drawn under its grammar's mask. None: free text.
     structure: str | None = None
+    thinking_token_budget: int | None = None  # the reasoning's most tokens (needs the template's structure)
 
     def __post_init__(self):
         _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
@@ -58,6 +59,11 @@ class SamplingParams:
                  f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         _require(self.structure is None or isinstance(self.structure, str), "response_format",
                  "the output structure must be JSON text")
+        budget = self.thinking_token_budget
+        _require(budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0),
+                 "thinking_token_budget", "thinking_token_budget must be an integer >= 0")
+        _require(budget is None or self.structure is not None, "thinking_token_budget",
+                 "thinking_token_budget needs the chat template's structure")
         _require(not (self.structure and self.ignore_eos), "ignore_eos",
                  "ignore_eos cannot be used with a structured output (its grammar ends at the end of the structure)")
 

@@ -92,7 +92,8 @@ def chat_request(prompt: str, temperature: float):
             "tool_choice": {"type": "function", "function": {"name": "move"}}, "parallel_tool_calls": False,
             "thinking_token_budget": 2, "temperature": temperature}
     req = protocol.parse_chat(body, ["m"])
-    params = SamplingParams(max_tokens=200, temperature=temperature, structure=structures.chat_structure(req, "tools"))
+    params = SamplingParams(max_tokens=200, temperature=temperature, structure=structures.chat_structure(req, "tools"),
+                            thinking_token_budget=req.thinking_token_budget)
     return encode_chat(TOK, req.messages, req.tools), params
 
 
@@ -182,18 +183,14 @@ def test_token_masks_rows_without_a_grammar_are_all_ones():
     assert again.eq(-1).all() and masks.device_buffer.eq(-1).all()  # every row a grammar wrote is reset
 
 
-CUT_CHARACTER = ("a thinking_token_budget reached inside a UTF-8 character closes the reasoning there (llguidance's "
-                 "max_tokens ends the lexeme mid-character): reasoning_content ends in U+FFFD")
-
-
-@pytest.mark.parametrize("budget", [None, pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=CUT_CHARACTER)),
-                                    pytest.param(3, marks=pytest.mark.xfail(strict=True, reason=CUT_CHARACTER))])
+@pytest.mark.parametrize("budget", [None, 1, 3])
 def test_the_reasoning_can_only_close_on_a_character_boundary(budget):
     """Walk the chat grammar's reasoning taking the longest UTF-8 lead byte it allows, then continuation
-    bytes: wherever it lets <|/think|> close the reasoning, the bytes so far are whole characters."""
+    bytes, then ASCII: wherever it lets <|/think|> close the reasoning, the bytes so far are whole
+    characters, and with a budget the walk ends on <|/think|> alone."""
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "thinking_token_budget": budget}
     grammars = Grammars(TOK, VOCAB)
-    matcher = grammars.matcher(structures.chat_structure(protocol.parse_chat(body, ["m"]), "all"))
+    matcher = grammars.matcher(structures.chat_structure(protocol.parse_chat(body, ["m"]), "all"), budget)
     masks, end = TokenMasks(1, VOCAB, torch.device("cpu")), TOK.special_ids["<|/think|>"]
     assert matcher.accept(TOK.special_ids["<|think|>"])
     reasoning = []
@@ -201,8 +198,8 @@ def test_the_reasoning_can_only_close_on_a_character_boundary(budget):
         (allowed,) = rows(masks.fill(grammars, [SimpleNamespace(matcher=matcher)]))
         if end in allowed:
             bytes(reasoning).decode("utf-8")  # strict: no character cut
-        taken = [t for group in (range(0xF0, 0xF5), range(0xE0, 0xF0), range(0xC2, 0xE0), range(0x80, 0xC0))
-                 for t in group if t in allowed]
+        taken = [t for group in (range(0xF0, 0xF5), range(0xE0, 0xF0), range(0xC2, 0xE0), range(0x80, 0xC0),
+                                 range(0x20, 0x7F)) for t in group if t in allowed]
         if not taken:
             break
         reasoning.append(taken[0])
@@ -234,3 +231,26 @@ def test_sample_under_a_one_token_mask_always_draws_it(temperature):
         ids = sample(logits, t, top_k, top_p, generator=torch.Generator().manual_seed(seed), allowed=allowed)
         assert torch.equal(ids, only)
     assert not torch.equal(sample(logits, t, top_k, top_p, generator=torch.Generator().manual_seed(0)), only)
+
+
+def test_a_budget_never_starts_a_character_it_cannot_finish_with_multibyte_tokens():
+    """Tokens that split a character (as byte-level BPE's do): one owing a byte is allowed only while two
+    tokens are left; the budget spent, only <|/think|>."""
+    from server.engine.reasoning_budget import ReasoningBudget, Utf8Tails
+
+    vocab = [b"a", "中".encode()[:2], "中".encode()[2:], "中".encode(), b"<|think|>", b"<|/think|>"]
+    budget = ReasoningBudget(2, 4, 5, Utf8Tails(vocab))
+
+    def allowed():
+        row = torch.full((1,), -1, dtype=torch.int32)
+        budget.restrict(row)
+        return [t for t in range(len(vocab)) if (int(row[0]) >> t) & 1]
+
+    budget.accept(4)
+    assert allowed() == [0, 1, 2, 3, 4, 5]  # two left: the half character may start
+    budget.accept(0)
+    assert allowed() == [0, 2, 3, 4, 5]  # one left: not a token that owes a byte
+    budget.accept(3)
+    assert allowed() == [5]
+    budget.accept(5)
+    assert allowed() == list(range(6))  # past the reasoning: nothing narrowed

@@ -62,8 +62,8 @@ def check_call(name: str, arguments: str, allowed=tuple(SCHEMAS)) -> None:
 
 
 def check_reasoning(reasoning: str | None, budget: int = BUDGET) -> None:
-    """At most `budget` byte tokens (a UTF-8 character the budget cut shows as one U+FFFD: count it as 1)."""
-    assert reasoning is None or len(reasoning.replace("\ufffd", "?").encode()) <= budget, repr(reasoning)
+    """At most `budget` byte tokens, whole characters only (the budget never cuts one)."""
+    assert reasoning is None or (len(reasoning.encode()) <= budget and "\ufffd" not in reasoning), repr(reasoning)
 
 
 def chat(client, content: str, **kw):

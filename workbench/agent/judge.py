@@ -2,15 +2,17 @@
 
 `judge(path, task)` returns a `Verdict`: accepted, or the stage that rejected it and why.
 1. Static check (`static_check`), and the file must register exactly the task's `point:name`.
-2. In a worker process (`worker.run`, time and memory limits): the op gate at the task's
-   workloads on seeds drawn fresh for this attempt (new values, and new addresses: a new process);
-   then the incumbent, the candidate and the incumbent again, timed at the task's workloads with
-   `checked_timing`: every rotated input copy is a fresh seed (never a clone), and a random sample
-   of the timed calls runs with uninitialised memory poisoned and has its outputs re-checked
-   against the reference afterwards (a variant right in the gate and wrong once timing starts fails).
+2. In a worker process (`worker.run`, time and memory limits), which never imports the candidate: its
+   code runs only in a sandbox process of its own (`sandbox.Sandbox`), the worker holding the clock,
+   the inputs, the reference, the tolerances and the result file. The op gate at the task's workloads
+   on seeds drawn fresh for this attempt, each call run plain and poisoned in the sandbox and
+   compared bit for bit; then the incumbent (in a sandbox too) and the candidate timed in rounds
+   interleaved in a random order (`sandboxed_timing`): every round refills the input copies with
+   fresh values, and a random sample of the candidate's outputs is re-checked against the reference
+   after it (a variant right in the gate and wrong once timing starts fails).
 3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
-4. Accepted only if faster than the incumbent beyond the noise band (the incumbent timed before and
-   after the candidate; their gap, within [MIN_BAND, MAX_BAND]).
+4. Accepted only if faster than the incumbent beyond the noise band (the gap between the incumbent's
+   first and second half of rounds, within [MIN_BAND, MAX_BAND]).
 A crash, hang or CUDA error in the worker is a rejection with the reason; never an exception here.
 """
 
@@ -18,10 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import random
 import secrets
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from workbench.agent import worker
@@ -31,9 +33,9 @@ from workbench.noise import bounded_band
 from workbench.run_folder import write_json
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
-RECHECK_FRACTION = 1 / 16
-RECHECK_SAMPLES = 4
-MAX_COPIES = 64         # rotated input copies in checked timing, each from its own seed
+RECHECK_SAMPLES = 2     # candidate outputs re-checked against the reference after each timed round
+COPIES = 8              # input copies a timed round runs, each refilled with fresh values every round
+MAX_ROUNDS = 200
 
 
 @dataclass
@@ -75,9 +77,10 @@ class Verdict:
         return asdict(self)
 
 
-def judge(path: str, task: Task, *, work_dir: str) -> Verdict:
-    """Judge the candidate at `path`; the worker's request, result and log go to `work_dir`."""
-    violations = check_file(path, task.point)
+def judge(path: str, task: Task, *, work_dir: str, static_check: bool = True) -> Verdict:
+    """Judge the candidate at `path`; the worker's request, result and log go to `work_dir`. Without
+    `static_check` (the red-team tests only) the defences behind it are judged on their own."""
+    violations = check_file(path, task.point) if static_check else []
     if violations:
         return Verdict(False, "static", "static check: " + "; ".join(str(v) for v in violations),
                        static=[v.to_dict() for v in violations])
@@ -91,7 +94,7 @@ def judge(path: str, task: Task, *, work_dir: str) -> Verdict:
     seed_base = 1000 + secrets.randbelow(1 << 20) * 64  # fresh values each attempt
     os.makedirs(work_dir, exist_ok=True)
     request = {"file": os.path.abspath(path), "task": _task_dict(task), "seed_base": seed_base,
-               "threads": _threads()}
+               "threads": _threads(), "static_check": static_check}
     req_path, res_path = os.path.join(work_dir, "request.json"), os.path.join(work_dir, "result.json")
     if os.path.exists(res_path):
         os.remove(res_path)
@@ -161,76 +164,84 @@ def _threads() -> int:
 
 # ------------------------------------------------------------------------------ the worker's side
 
-def checked_timing(variant, workload, *, device, seed_base: int, timing: dict, rng: random.Random | None,
-                   config=None) -> tuple[dict, dict | None]:
-    """timing.time_call on copies that each come from their own seed; with `rng`, a random sample of
-    the timed calls runs poisoned and is re-checked against the reference afterwards.
-    Returns (Timing.as_dict(), {"checked", "failed"} or None)."""
+def _shared(call):
+    """`call` with its CPU tensors moved to shared memory (in place), so a sandbox reads and writes them."""
+    import torch
+
+    from workbench.points import named_leaves
+
+    for _, t in named_leaves(call):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            t.share_memory_()
+    return call
+
+
+def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timing: dict) -> tuple[dict, dict]:
+    """Each sandbox's time per call at `workload`, the runs interleaved in a random order per round, on
+    COPIES input copies whose activations get fresh values before every round, with a random sample of
+    the candidate's outputs (`boxes["candidate"]`) re-checked against the reference after each round.
+    Returns ({name: {"median_us", "rounds", "copies"}}, {"checked", "failed"})."""
+    import time
+
     import torch
 
     from workbench import gates
-    from workbench.points import Call, spec
-    from workbench.timing import time_call
+    from workbench.points import Call, named_leaves, spec
 
-    point_spec = spec(variant.point)
-    plain: dict[int, object] = {}
-    layout = {}
-
-    def make_call(i: int) -> Call:
-        call = point_spec.make_inputs(workload, device, seed_base + i)
-        layout["weights_arg"] = call.weights_arg
-        if call.weights_arg is None:
-            return call
-        prepared = variant.prepare_weights(call.args[call.weights_arg])
-        plain[id(prepared)] = call.args[call.weights_arg]
-        return call.with_weights(prepared)
-
-    fn = variant.at(config)
-    kept: list[tuple] = []
-    poisoned = [0]
-
-    def sampled(*args, **kwargs):
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if capturing or rng.random() >= RECHECK_FRACTION:
-            return fn(*args, **kwargs)
-        with gates._poisoned():
-            out = fn(*args, **kwargs)
-        poisoned[0] += 1
-        if len(kept) < RECHECK_SAMPLES:
-            kept.append((args, kwargs, out))
-        else:
-            j = rng.randrange(poisoned[0])
-            if j < RECHECK_SAMPLES:
-                kept[j] = (args, kwargs, out)
-        return out
-
-    kw = {"max_copies": MAX_COPIES, "make_seconds": math.inf, **timing}
-    t = time_call(sampled if rng else fn, make_call, device=device,
-                        touched_bytes=int(point_spec.bytes(workload)), **kw)
-    if rng is None:
-        return t.as_dict(), None
-    failed = []
+    point_spec = spec(next(iter(boxes.values())).point)
+    copies = int(timing.get("copies", COPIES))
+    seeds = iter(lambda: rng.randrange(1 << 40), None)
+    base = [_shared(point_spec.make_inputs(workload, device, next(seeds))) for _ in range(copies)]
+    w = base[0].weights_arg
+    point = next(iter(boxes.values())).point
+    reference = gates._outputs(gates._reference(point, base[0], None, device)[0])  # the slots' shapes
+    per_box = {}
+    for name, box in boxes.items():  # each sandbox its prepared weights and its own output slots
+        calls = [c if w is None else c.with_weights(box.prepare(c.args[w]) if box.info["prepare"] else c.args[w])
+                 for c in base]
+        slots = [[None if r is None else torch.empty_like(r).share_memory_() if r.device.type == "cpu"
+                  else torch.empty_like(r) for r in reference] for _ in base]
+        box.prepare_batch(name, calls, slots)
+        per_box[name] = slots
+    times = {name: [] for name in boxes}
+    failed, checked, rounds = [], 0, 0
+    warmup, min_rounds = int(timing.get("warmup", 2)), int(timing.get("min_reps", 10))
+    budget, started = float(timing.get("max_seconds", 2.0)), time.monotonic()
     tol = point_spec.tolerance[workload.dtype]
-    hp = gates._hp_dtype(device, workload.dtype)
-    for args, kwargs, out in kept:
-        w = layout["weights_arg"]
-        args = list(args)
-        if w is not None:
-            args[w] = plain.get(id(args[w]), args[w])
-        call = Call(tuple(args), kwargs, w)
-        try:
-            ref, _ = gates._reference(variant.point, call, hp, device)
-            for name, err, thr, ok, detail in gates._judge(point_spec, call, gates._outputs(out), ref, {}, {}, {},
-                                                          tol, None):
-                if not ok:
-                    failed.append(f"{name} {detail} error {err} > {thr}")
-        except Exception as e:  # wrong shapes or types in a timed output
-            failed.append(gates._error_text(e))
-    return t.as_dict(), {"checked": len(kept), "poisoned_calls": poisoned[0], "failed": failed}
+    while rounds < warmup + min_rounds or (time.monotonic() - started < budget and rounds < MAX_ROUNDS):
+        for c in base:  # fresh activation values, same tensors: nothing computed before this round pays
+            fresh = point_spec.make_inputs(workload, device, next(seeds))
+            for (path, old), (_, new) in zip(named_leaves(c), named_leaves(fresh)):
+                if isinstance(old, torch.Tensor) and not path.startswith(f"args[{w}]"):
+                    old.copy_(new)
+        order = list(boxes)
+        rng.shuffle(order)
+        for name in order:
+            seconds = boxes[name].run_batch(name, list(range(copies)))
+            if rounds >= warmup:
+                times[name].append(seconds / copies)
+        rounds += 1
+        for i in rng.sample(range(copies), min(RECHECK_SAMPLES, copies)):
+            checked += 1
+            call = Call(base[i].args, base[i].kwargs, w)
+            try:
+                ref, _ = gates._reference(point, call, gates._hp_dtype(device, workload.dtype), device)
+                for cname, err, thr, ok, detail in gates._judge(point_spec, call, per_box["candidate"][i], ref,
+                                                               {}, {}, {}, tol, None):
+                    if not ok:
+                        failed.append(f"{cname} {detail} error {err} > {thr}")
+            except Exception as e:  # noqa: BLE001 - wrong shapes or types in a timed output
+                failed.append(gates._error_text(e))
+    medians = {name: {"median_us": statistics.median(t) * 1e6, "rounds": len(t), "copies": copies,
+                      "first_half_us": statistics.median(t[:len(t) // 2] or t) * 1e6,
+                      "second_half_us": statistics.median(t[len(t) // 2:]) * 1e6}
+               for name, t in times.items()}
+    return medians, {"checked": checked, "failed": list(dict.fromkeys(failed))}
 
 
 def worker_main(request_path: str, result_path: str) -> int:
-    """The worker side of `judge` (in `python -m workbench.agent.worker`): load, gate, time; write the result."""
+    """The worker side of `judge` (in `python -m workbench.agent.worker`): gate and time the candidate,
+    which runs only in its sandbox (`sandbox.Sandbox`), never here; write the result."""
     with open(request_path) as f:
         req = json.load(f)
     result: dict = {"stage": "start"}
@@ -241,56 +252,50 @@ def worker_main(request_path: str, result_path: str) -> int:
 
     import torch
 
-    from workbench import registry
-    from workbench.agent.plugins import PluginError, load_file
+    from workbench.agent.sandbox import Sandbox, SandboxError
     from workbench.gates import op_gate
     from workbench.points import Workload
 
     torch.set_num_threads(req["threads"])
     task = req["task"]
     device = torch.device(task["device"])
+    common = dict(device=task["device"], threads=req["threads"])
     try:
-        found = load_file(req["file"])
-    except PluginError as e:
+        candidate = Sandbox(task["point"], task["name"], file=req["file"], static_check=req["static_check"], **common)
+    except SandboxError as e:
         save(stage="load", error=str(e))
         return 0
-    variant = next((v for v in found if (v.point, v.name) == (task["point"], task["name"])), None)
-    if variant is None:
-        save(stage="load", error=f"the file does not register {task['point']}:{task['name']}")
-        return 0
-    workloads = {k: Workload(**w) for k, w in task["workloads"].items()}
-    gated = list(workloads.values()) + [Workload(**w) for w in task["gate_workloads"]]
-    base = req["seed_base"]
-    save(stage="gate")
-    report = op_gate(variant, gated, device=device, seeds=tuple(base + 2 * i for i in range(task["seeds"])))
-    save(gate=report.to_dict(), failed_check=report.first_failure())
-    if not report.passed:
-        return 0
-    save(stage="timing")
-    if task["incumbent_file"]:
-        load_file(task["incumbent_file"])
-    incumbent = registry.get(task["point"], task["incumbent"])
-    rng = random.Random(base)
-    totals = {"inc1": 0.0, "cand": 0.0, "inc2": 0.0}
-    per_kind, recheck = {}, {"checked": 0, "poisoned_calls": 0, "failed": []}
-    for kind, wl in workloads.items():
-        n = task["calls"][kind]
-        seed = base + 10_000
-        # The incumbent is sampled and poisoned the same way, so both pay the same overhead.
-        i1, _ = checked_timing(incumbent, wl, device=device, seed_base=seed, timing=task["timing"],
-                               rng=random.Random(base + 1), config=task["incumbent_config"])
-        c, r = checked_timing(variant, wl, device=device, seed_base=seed, timing=task["timing"], rng=rng)
-        i2, _ = checked_timing(incumbent, wl, device=device, seed_base=seed, timing=task["timing"],
-                               rng=random.Random(base + 2), config=task["incumbent_config"])
-        totals["inc1"] += n * i1["median_us"]
-        totals["cand"] += n * c["median_us"]
-        totals["inc2"] += n * i2["median_us"]
-        per_kind[kind] = {"candidate_us": c["median_us"], "incumbent_us": min(i1["median_us"], i2["median_us"]),
-                          "spread": c["spread"], "reps": c["reps"], "copies": c["copies"]}
-        recheck["checked"] += r["checked"]
-        recheck["poisoned_calls"] += r["poisoned_calls"]
-        recheck["failed"] += [f"{kind}: {f}" for f in dict.fromkeys(r["failed"])]
-    inc = min(totals["inc1"], totals["inc2"])
-    band = abs(totals["inc1"] - totals["inc2"]) / inc if inc else 0.0
-    save(stage="done", candidate_us=totals["cand"], incumbent_us=inc, band=band, per_kind=per_kind, recheck=recheck)
+    with candidate:
+        workloads = {k: Workload(**w) for k, w in task["workloads"].items()}
+        gated = list(workloads.values()) + [Workload(**w) for w in task["gate_workloads"]]
+        base = req["seed_base"]
+        save(stage="gate")
+        report = op_gate(candidate.variant(), gated, device=device,
+                         seeds=tuple(base + 2 * i for i in range(task["seeds"])))
+        save(gate=report.to_dict(), failed_check=report.first_failure())
+        if not report.passed:
+            return 0
+        save(stage="timing")
+        with Sandbox(task["point"], task["incumbent"], file=task["incumbent_file"], config=task["incumbent_config"],
+                     **common) as incumbent:
+            rng = random.Random(secrets.randbits(64))  # the rounds' order, the fresh values and the re-checks
+            boxes = {"incumbent": incumbent, "candidate": candidate}
+            totals, halves = {"incumbent": 0.0, "candidate": 0.0}, [0.0, 0.0]
+            per_kind, recheck = {}, {"checked": 0, "failed": []}
+            for kind, wl in workloads.items():
+                n = task["calls"][kind]
+                times, r = sandboxed_timing(boxes, wl, device=device, rng=rng, timing=task["timing"])
+                for name in totals:
+                    totals[name] += n * times[name]["median_us"]
+                per_kind[kind] = {"candidate_us": times["candidate"]["median_us"],
+                                  "incumbent_us": times["incumbent"]["median_us"],
+                                  "rounds": times["candidate"]["rounds"], "copies": times["candidate"]["copies"]}
+                halves[0] += n * times["incumbent"]["first_half_us"]
+                halves[1] += n * times["incumbent"]["second_half_us"]
+                recheck["checked"] += r["checked"]
+                recheck["failed"] += [f"{kind}: {f}" for f in r["failed"]]
+    inc = totals["incumbent"]
+    band = abs(halves[0] - halves[1]) / inc if inc else 0.0
+    save(stage="done", candidate_us=totals["candidate"], incumbent_us=inc, band=band, per_kind=per_kind,
+         recheck=recheck)
     return 0

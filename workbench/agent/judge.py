@@ -5,14 +5,16 @@
 2. In a worker process (`worker.run`, time and memory limits), which never imports the candidate: its
    code runs only in a sandbox process of its own (`sandbox.Sandbox`), the worker holding the clock,
    the inputs, the reference, the tolerances and the result file. The op gate at the task's workloads
-   on seeds drawn fresh for this attempt, each call run plain and poisoned in the sandbox and
+   and at a larger batch drawn for this attempt (`larger_batch`), on seeds drawn fresh for it, each
+   call run plain and poisoned in the sandbox and
    compared bit for bit; then the incumbent (in a sandbox too) and the candidate timed in rounds
    interleaved in a random order (`sandboxed_timing`): every round refills the input copies with
    fresh values, and a random sample of the candidate's outputs is re-checked against the reference
    after it (a variant right in the gate and wrong once timing starts fails).
 3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
-4. Accepted only if faster than the incumbent beyond the noise band (the gap between the incumbent's
-   first and second half of rounds, within [MIN_BAND, MAX_BAND]).
+4. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
+   incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band half the
+   ratios' interquartile range, within [MIN_BAND, MAX_BAND].
 A crash, hang or CUDA error in the worker is a rejection with the reason; never an exception here.
 """
 
@@ -36,6 +38,7 @@ SUSPECT = 0.8           # a step time below this fraction of the roofline floor 
 RECHECK_SAMPLES = 2     # candidate outputs re-checked against the reference after each timed round
 COPIES = 8              # input copies a timed round runs, each refilled with fresh values every round
 MAX_ROUNDS = 200
+LARGER_BATCHES = (49, 160)  # the gate's extra batch, drawn per attempt: past every shape it gates otherwise
 
 
 @dataclass
@@ -233,10 +236,25 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
             except Exception as e:  # noqa: BLE001 - wrong shapes or types in a timed output
                 failed.append(gates._error_text(e))
     medians = {name: {"median_us": statistics.median(t) * 1e6, "rounds": len(t), "copies": copies,
-                      "first_half_us": statistics.median(t[:len(t) // 2] or t) * 1e6,
-                      "second_half_us": statistics.median(t[len(t) // 2:]) * 1e6}
-               for name, t in times.items()}
+                      "round_us": [x * 1e6 for x in t]} for name, t in times.items()}
     return medians, {"checked": checked, "failed": list(dict.fromkeys(failed))}
+
+
+def paired_ratio(candidate_us: list[float], incumbent_us: list[float]) -> tuple[float, float]:
+    """The median of the candidate's time over the incumbent's, round by round (each pair ran back to
+    back, so drift in the machine's speed cancels), and its noise: half the interquartile range."""
+    ratios = [c / i for c, i in zip(candidate_us, incumbent_us) if i > 0]
+    if len(ratios) < 4:
+        return statistics.median(ratios), 0.0
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), (q3 - q1) / 2
+
+
+def larger_batch(workload, rng: random.Random):
+    """`workload` at a batch drawn per attempt from LARGER_BATCHES (decode rows, or prompt chunks of
+    prefill): a variant that is right only at the shapes it expects to be gated at meets one it cannot
+    know in advance."""
+    return dataclasses.replace(workload, batch=max(workload.batch, rng.randint(*LARGER_BATCHES)))
 
 
 def worker_main(request_path: str, result_path: str) -> int:
@@ -268,6 +286,7 @@ def worker_main(request_path: str, result_path: str) -> int:
     with candidate:
         workloads = {k: Workload(**w) for k, w in task["workloads"].items()}
         gated = list(workloads.values()) + [Workload(**w) for w in task["gate_workloads"]]
+        gated.append(larger_batch(next(iter(workloads.values())), random.Random(secrets.randbits(64))))
         base = req["seed_base"]
         save(stage="gate")
         report = op_gate(candidate.variant(), gated, device=device,
@@ -280,22 +299,20 @@ def worker_main(request_path: str, result_path: str) -> int:
                      **common) as incumbent:
             rng = random.Random(secrets.randbits(64))  # the rounds' order, the fresh values and the re-checks
             boxes = {"incumbent": incumbent, "candidate": candidate}
-            totals, halves = {"incumbent": 0.0, "candidate": 0.0}, [0.0, 0.0]
+            inc = cand = spread = 0.0
             per_kind, recheck = {}, {"checked": 0, "failed": []}
             for kind, wl in workloads.items():
                 n = task["calls"][kind]
                 times, r = sandboxed_timing(boxes, wl, device=device, rng=rng, timing=task["timing"])
-                for name in totals:
-                    totals[name] += n * times[name]["median_us"]
-                per_kind[kind] = {"candidate_us": times["candidate"]["median_us"],
-                                  "incumbent_us": times["incumbent"]["median_us"],
-                                  "rounds": times["candidate"]["rounds"], "copies": times["candidate"]["copies"]}
-                halves[0] += n * times["incumbent"]["first_half_us"]
-                halves[1] += n * times["incumbent"]["second_half_us"]
+                ratio, noise = paired_ratio(times["candidate"]["round_us"], times["incumbent"]["round_us"])
+                inc_us = times["incumbent"]["median_us"]
+                inc, cand, spread = inc + n * inc_us, cand + n * inc_us * ratio, spread + n * inc_us * noise
+                per_kind[kind] = {"candidate_us": times["candidate"]["median_us"], "incumbent_us": inc_us,
+                                  "paired_ratio": ratio, "rounds": times["candidate"]["rounds"],
+                                  "copies": times["candidate"]["copies"]}
                 recheck["checked"] += r["checked"]
                 recheck["failed"] += [f"{kind}: {f}" for f in r["failed"]]
-    inc = totals["incumbent"]
-    band = abs(halves[0] - halves[1]) / inc if inc else 0.0
-    save(stage="done", candidate_us=totals["candidate"], incumbent_us=inc, band=band, per_kind=per_kind,
+    band = spread / inc if inc else 0.0
+    save(stage="done", candidate_us=cand, incumbent_us=inc, band=band, per_kind=per_kind,
          recheck=recheck)
     return 0

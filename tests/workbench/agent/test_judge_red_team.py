@@ -101,6 +101,12 @@ class Lazy(torch.Tensor):
 ''', '''
 _SEEN = {}
 '''),
+    # Class 8: drops precision only at batches larger than the gate used to go (48 tokens on the CPU).
+    "wrong_past_48_rows": ('''    if y.shape[0] > 48:
+        out = _once(y.bfloat16().float(), h.bfloat16().float(), w, eps)
+        return out[0].bfloat16().to(h.dtype), None if out[1] is None else out[1].bfloat16().to(h.dtype)
+    return _once(y, h, w, eps)
+''', ""),
 }
 EXPECTED = {  # cheat -> (stage, text in the reason)
     "patches_the_clock": ("not_faster", "not faster"),
@@ -109,6 +115,7 @@ EXPECTED = {  # cheat -> (stage, text in the reason)
     "right_only_when_poisoned": ("gate", "poisoned"),
     "lazy_output": ("gate", "plain torch.Tensor"),
     "value_cache": ("not_faster", "not faster"),
+    "wrong_past_48_rows": ("gate", "accuracy"),
 }
 
 

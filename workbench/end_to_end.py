@@ -10,8 +10,9 @@
    if a paired timing finds the step faster with it beyond its band and the set passes the model gate
    (a launch property such as PDL overlaps a kernel with the one before it, which an op timed alone
    barely shows);
-4. reverts each choice alone; those whose reversal stays within the step's noise (`step_band`) are
-   dropped together, unless a paired timing (`time_paired`: the set with and without them in
+4. reverts each choice alone; those whose reversal stays within the step's noise (`step_band`), and
+   those whose op-level gain is too small to show in the step at all (their reversal beyond the band
+   can only be drift), are dropped together, unless a paired timing (`time_paired`: the set with and without them in
    alternating rounds, so a drift of the device falls on both sides of each round's ratio) finds the
    set faster with them beyond its band.
 Each build's timing and gate goes into a journal as it is made, so a stage ended midway resumes
@@ -44,7 +45,7 @@ PAIRED_ROUND_S = 0.5
 CHALLENGE_SHARE = MIN_STEP_BAND / 2
 # The version of this stage's rule, part of end_to_end.json's key: a stage result made under another
 # rule is made again. Raise it when the rule changes.
-FINALIZE_RULE = 4
+FINALIZE_RULE = 5
 
 
 class EndToEnd:
@@ -137,7 +138,12 @@ class EndToEnd:
         # paired timing shows the set with them faster than without beyond its band. Dropped one by one
         # against the shrinking set, each drop's noise would add up; judged by two builds timed apart,
         # the device's drift between them would decide.
-        idle = [p for p in chosen if reverted[p] <= locked["median_us"] * (1 + band)]
+        # A reversal beyond the band is believed only from a choice whose op-level gain could show in the
+        # step: for the others, two builds timed apart differ by the device's drift as much, and a no-gain
+        # choice on a small point would be locked by one run and dropped by the next.
+        expected = {p: _expected_gain(results.get(p), chosen[p], challenges.get(p)) for p in chosen}
+        idle = [p for p in chosen if reverted[p] <= locked["median_us"] * (1 + band)
+                or expected[p] < band * locked["median_us"]]
         dropped, before_drop, paired = {}, None, None
         if idle:
             kept = {p: v for p, v in chosen.items() if p not in idle}
@@ -158,7 +164,7 @@ class EndToEnd:
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict(),
                 "band": band, "dropped": dropped, "before_drop": before_drop, "paired": paired,
-                "challenges": challenges}
+                "challenges": challenges, "expected_gain_us": expected}
 
 
 def _challenger(r: PointResult, step_us: float) -> CandidateResult | None:
@@ -169,6 +175,14 @@ def _challenger(r: PointResult, step_us: float) -> CandidateResult | None:
     if best is None or (best.variant, best.config or None) == (r.choice, r.config or None):
         return None
     return best if r.choice_us - best.step_us >= CHALLENGE_SHARE * step_us else None
+
+
+def _expected_gain(r: PointResult | None, variant: str, challenge: dict | None) -> float:
+    """What the choice saves the step at the op level (the reference's time less its own, per step)."""
+    if r is None:
+        return 0.0
+    own = challenge["op_us"] if challenge and challenge.get("won") and challenge["variant"] == variant else r.choice_us
+    return max(r.reference_us - own, 0.0)
 
 
 def _of(configs: dict, selection: dict) -> dict:

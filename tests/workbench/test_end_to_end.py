@@ -78,7 +78,7 @@ def test_a_choice_stays_when_reverting_it_slows_the_step_beyond_the_steps_noise(
         return {"median_us": us, **spread}
 
     stage.time_build = time_build
-    results = {p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves}
+    results = {p: PointResult(p, "triton", None, 10.0 + us, 10.0, 0.02, []) for p, us in saves.items()}
     assert step_band(spread) == MIN_STEP_BAND
     assert stage.finalize(results)["selection"] == {"dense_mlp": "triton"}
     spread.update(spread=0.05, reps=6)
@@ -105,7 +105,7 @@ def test_choices_each_within_the_noise_go_only_if_the_step_without_them_all_stay
     def finalize(saves):
         stage.time_build = lambda selection, configs=None, **kw: {
             "median_us": 3572.0 + sum(us for p, us in saves.items() if p not in selection), **timing}
-        return stage.finalize({p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves})
+        return stage.finalize({p: PointResult(p, "triton", None, 10.0 + us, 10.0, 0.02, []) for p, us in saves.items()})
 
     kept = finalize({"dense_mlp": 10.0, "head": 10.0, "sample": 10.0})
     assert kept["selection"] == {"dense_mlp": "triton", "head": "triton", "sample": "triton"}  # 30 us together
@@ -155,7 +155,7 @@ def test_a_paired_timing_keeps_choices_worth_more_together_than_its_band_when_bu
 
         calls.clear()
         stage.time_build = time_build
-        return stage.finalize({p: PointResult(p, "triton", None, 10.0, 5.0, 0.02, []) for p in saves})
+        return stage.finalize({p: PointResult(p, "triton", None, 10.0 + us, 10.0, 0.02, []) for p, us in saves.items()})
 
     saves = {"experts": 2e6, "qkvg_proj": 2000.0, "dense_mlp": 900.0}
     final = finalize(saves)
@@ -261,7 +261,7 @@ def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(monkeypatch):
                 "spread": 0.0025, "reps": 50}
 
     stage.time_build = time_build
-    results = {p: PointResult(p, "triton", {"BLOCK": 64}, 10.0, 5.0, 0.02, []) for p in saves}
+    results = {p: PointResult(p, "triton", {"BLOCK": 64}, 10.0 + us, 10.0, 0.02, []) for p, us in saves.items()}
     whole = stage.finalize(results)
     builds = list(timed)
     # reference, all three, each reverted, then the paired rounds of the set with and without head; the
@@ -299,3 +299,29 @@ def test_an_end_to_end_stage_ended_midway_resumes_from_its_journal(monkeypatch):
     timed.clear()
     assert stage.finalize(results, journal=done)["paired"]["rounds"] == whole["paired"]["rounds"]
     assert timed == builds[5:]
+
+
+def test_a_choice_whose_op_gain_cannot_show_in_the_step_must_win_a_paired_timing(monkeypatch):
+    """A no-gain choice on a small point (0.5 us at the op level of a 3.57 ms step) whose reversal was
+    timed 30 us slower by drift between builds timed apart: believed alone it would be locked in one run
+    and dropped in the next. Its op gain is under the step's band, so the paired timing decides, where
+    both builds see the same device: it goes. The large choice, confirmed by its op gain, stays."""
+    from workbench import gates
+    from workbench.end_to_end import PAIRED_ROUND_S, EndToEnd
+    from workbench.search_results import PointResult
+
+    passing = gates.GateReport("model", "set", [gates.CheckResult("logits", "prefill", True, 0.0, 1.0)])
+    monkeypatch.setattr(gates, "model_gate", lambda *a, **kw: passing)
+    stage = EndToEnd(tiny_runner())
+
+    def time_build(selection, configs=None, budget_s=None, **kw):
+        us = 3572.0 + (48.0 if "dense_mlp" not in selection else 0.0)
+        drift = 30.0 if budget_s != PAIRED_ROUND_S and selection == {"dense_mlp": "triton"} else 0.0
+        return {"median_us": us + drift, "spread": 0.0025, "reps": 50}
+
+    stage.time_build = time_build
+    final = stage.finalize({"dense_mlp": PointResult("dense_mlp", "triton", None, 58.0, 10.0, 0.02, []),
+                            "head": PointResult("head", "triton", None, 10.5, 10.0, 0.02, [])})
+    assert final["reverted_us"]["head"] == 3602.0  # beyond the band (17.9 us) unpaired
+    assert final["selection"] == {"dense_mlp": "triton"} and final["dropped"] == {"head": "triton"}
+    assert final["expected_gain_us"] == {"dense_mlp": 48.0, "head": 0.5}

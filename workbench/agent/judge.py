@@ -11,7 +11,9 @@
    interleaved in a random order (`sandboxed_timing`): every round refills the input copies with
    fresh values, and a random sample of the candidate's outputs is re-checked against the reference
    after it (a variant right in the gate and wrong once timing starts fails).
-3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
+3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`;
+   so is a candidate beside which the incumbent runs SLOWED slower than it ran alone, timed before
+   any candidate code started (work left running to slow what is timed next), whatever `trust` says.
 4. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
    incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band half the
    ratios' interquartile range, within [MIN_BAND, MAX_BAND].
@@ -35,6 +37,7 @@ from workbench.noise import bounded_band
 from workbench.run_folder import write_json
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
+SLOWED = 0.25           # the incumbent this much slower beside the candidate than alone before it: suspect
 RECHECK_SAMPLES = 2     # candidate outputs re-checked against the reference after each timed round
 COPIES = 8              # input copies a timed round runs, each refilled with fresh values every round
 MAX_ROUNDS = 200
@@ -136,6 +139,12 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
     cand, inc, band = result["candidate_us"], result["incumbent_us"], bounded_band(result["band"])
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
                       "floor_us": task.floor_us, "per_kind": result.get("per_kind")}
+    slowed = max((k.get("incumbent_slowed") or 0.0 for k in (result.get("per_kind") or {}).values()), default=0.0)
+    if slowed > SLOWED:
+        verdict.suspect, verdict.stage = True, "suspect"
+        verdict.reason = (f"suspect: the incumbent ran {slowed:.0%} slower beside the candidate than alone before "
+                          "any candidate code ran (work the candidate leaves running slows what is timed next)")
+        return verdict
     verdict.suspect = bool(task.floor_us) and cand < SUSPECT * task.floor_us
     if verdict.suspect and not task.trust:
         verdict.stage = "suspect"
@@ -224,6 +233,8 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
             if rounds >= warmup:
                 times[name].append(seconds / copies)
         rounds += 1
+        if "candidate" not in per_box:
+            continue
         for i in rng.sample(range(copies), min(RECHECK_SAMPLES, copies)):
             checked += 1
             call = Call(base[i].args, base[i].kwargs, w)
@@ -278,26 +289,31 @@ def worker_main(request_path: str, result_path: str) -> int:
     task = req["task"]
     device = torch.device(task["device"])
     common = dict(device=task["device"], threads=req["threads"])
-    try:
-        candidate = Sandbox(task["point"], task["name"], file=req["file"], static_check=req["static_check"], **common)
-    except SandboxError as e:
-        save(stage="load", error=str(e))
-        return 0
-    with candidate:
-        workloads = {k: Workload(**w) for k, w in task["workloads"].items()}
-        gated = list(workloads.values()) + [Workload(**w) for w in task["gate_workloads"]]
-        gated.append(larger_batch(next(iter(workloads.values())), random.Random(secrets.randbits(64))))
-        base = req["seed_base"]
-        save(stage="gate")
-        report = op_gate(candidate.variant(), gated, device=device,
-                         seeds=tuple(base + 2 * i for i in range(task["seeds"])))
-        save(gate=report.to_dict(), failed_check=report.first_failure())
-        if not report.passed:
+    workloads = {k: Workload(**w) for k, w in task["workloads"].items()}
+    rng = random.Random(secrets.randbits(64))  # the rounds' order, the fresh values and the re-checks
+    with Sandbox(task["point"], task["incumbent"], file=task["incumbent_file"], config=task["incumbent_config"],
+                 **common) as incumbent:
+        # The incumbent's time before any candidate code runs: what its time beside the candidate must match
+        alone = {kind: sandboxed_timing({"incumbent": incumbent}, wl, device=device, rng=rng,
+                                        timing=task["timing"])[0]["incumbent"]["median_us"]
+                 for kind, wl in workloads.items()}
+        try:
+            candidate = Sandbox(task["point"], task["name"], file=req["file"], static_check=req["static_check"],
+                                **common)
+        except SandboxError as e:
+            save(stage="load", error=str(e))
             return 0
-        save(stage="timing")
-        with Sandbox(task["point"], task["incumbent"], file=task["incumbent_file"], config=task["incumbent_config"],
-                     **common) as incumbent:
-            rng = random.Random(secrets.randbits(64))  # the rounds' order, the fresh values and the re-checks
+        with candidate:
+            gated = list(workloads.values()) + [Workload(**w) for w in task["gate_workloads"]]
+            gated.append(larger_batch(next(iter(workloads.values())), random.Random(secrets.randbits(64))))
+            base = req["seed_base"]
+            save(stage="gate")
+            report = op_gate(candidate.variant(), gated, device=device,
+                             seeds=tuple(base + 2 * i for i in range(task["seeds"])))
+            save(gate=report.to_dict(), failed_check=report.first_failure())
+            if not report.passed:
+                return 0
+            save(stage="timing")
             boxes = {"incumbent": incumbent, "candidate": candidate}
             inc = cand = spread = 0.0
             per_kind, recheck = {}, {"checked": 0, "failed": []}
@@ -308,6 +324,7 @@ def worker_main(request_path: str, result_path: str) -> int:
                 inc_us = times["incumbent"]["median_us"]
                 inc, cand, spread = inc + n * inc_us, cand + n * inc_us * ratio, spread + n * inc_us * noise
                 per_kind[kind] = {"candidate_us": times["candidate"]["median_us"], "incumbent_us": inc_us,
+                                  "incumbent_alone_us": alone[kind], "incumbent_slowed": inc_us / alone[kind] - 1,
                                   "paired_ratio": ratio, "rounds": times["candidate"]["rounds"],
                                   "copies": times["candidate"]["copies"]}
                 recheck["checked"] += r["checked"]

@@ -147,3 +147,19 @@ def test_honest_controls(tmp_path, incumbent):
     assert faster.accepted and faster.timing["speedup"] > 1, faster.reason
     same = judged(tmp_path, incumbent, candidate("    return _slow(y, h, w, eps)\n"))
     assert not same.accepted and same.stage == "not_faster", same.reason
+
+
+def test_an_incumbent_slower_beside_the_candidate_than_alone_is_suspect():
+    """Work a candidate leaves running (queued kernels, a busy thread) slows what is timed next: the
+    incumbent, timed alone before any candidate code ran, must time the same beside it."""
+    from workbench.agent.judge import SLOWED, decide
+
+    task = Task("boundary", "cheat", {"sliding": Workload(dtype="fp32")}, {"sliding": 1}, trust=True)
+    result = {"stage": "done", "candidate_us": 50.0, "incumbent_us": 100.0, "band": 0.02,
+              "recheck": {"checked": 4, "failed": []},
+              "per_kind": {"sliding": {"incumbent_us": 100.0, "incumbent_alone_us": 60.0,
+                                       "incumbent_slowed": 100.0 / 60.0 - 1}}}
+    v = decide(result, task)
+    assert not v.accepted and v.stage == "suspect" and "beside the candidate" in v.reason
+    result["per_kind"]["sliding"]["incumbent_slowed"] = SLOWED / 2
+    assert decide(result, task).accepted

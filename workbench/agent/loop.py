@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -66,24 +67,56 @@ class PointState:
 
 
 def run_agent(command: str, task_dir: str, budget_s: float) -> dict:
-    """Run `command task_dir` in its own process group; killed (the whole group) at the budget."""
+    """Run `command task_dir` in its own process group; killed (the whole group) at the budget. Once
+    it has ended, however it ended, whatever it started is ended too: its process group, and every
+    process that carries its run mark in its environment (one that left the group with setsid). A
+    SIGTERM or SIGINT meanwhile ends it the same way, then reaches this process's own handler."""
     argv = shlex.split(command) + [task_dir]
+    mark = secrets.token_hex(8)
     started = time.monotonic()
-    with open(os.path.join(task_dir, "agent.log"), "w") as log:
+    with open(os.path.join(task_dir, "agent.log"), "w") as log, worker.hold_signals() as held:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env={**os.environ, "WORKBENCH_TASK": task_dir})
+                                    start_new_session=True,
+                                    env={**os.environ, "WORKBENCH_TASK": task_dir, worker.RUN_ENV: mark})
         except OSError as e:
             return {"returncode": None, "seconds": 0.0, "timed_out": False, "error": f"cannot start {argv[0]}: {e}"}
+        timed_out = False
         try:
-            code, timed_out = proc.wait(timeout=budget_s), False
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            code, timed_out = proc.wait(), True
-    return {"returncode": code, "seconds": round(time.monotonic() - started, 2), "timed_out": timed_out}
+            while not worker.exited(proc) and held.signum is None:
+                if time.monotonic() - started > budget_s:
+                    timed_out = True
+                    break
+                time.sleep(0.02)
+        finally:
+            worker.end_group(proc, mark)
+    return {"returncode": proc.returncode, "seconds": round(time.monotonic() - started, 2), "timed_out": timed_out}
+
+
+def agent_failure(agent: dict, budget_s: float, log_path: str) -> str | None:
+    """Why the agent command's own run is the attempt's outcome (nothing of it is judged), or None
+    when it ran to its end and exited 0."""
+    if agent.get("error"):
+        return agent["error"]
+    if agent["timed_out"]:
+        return f"the agent ran past its budget of {budget_s:.0f} s (killed)"
+    code = agent["returncode"]
+    if code is None or code == 0:
+        return None
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the agent command died of {name}; its variant.py is not judged"
+    last = ""
+    try:
+        with open(log_path, errors="replace") as f:
+            last = next((ln.strip() for ln in reversed(f.read()[-4000:].splitlines()) if ln.strip()), "")
+    except OSError:
+        pass
+    return f"the agent command exited with code {code}" + (f" ({last})" if last else "") + \
+        "; its variant.py is not judged"
 
 
 def _fmt(us) -> str:
@@ -190,8 +223,9 @@ class AgentLoop:
             shutil.rmtree(task_dir)
         os.makedirs(task_dir)
         path = os.path.join(task_dir, "variant.py")
-        with open(path, "w") as f:
-            f.write(scaffold.render(point, name, "torch", shapes))
+        given = scaffold.render(point, name, "torch", shapes).encode()
+        with open(path, "wb") as f:
+            f.write(given)
         if previous and previous.get("file") and os.path.isfile(previous["file"]):
             shutil.copy(previous["file"], os.path.join(task_dir, "previous.py"))
         with open(os.path.join(task_dir, "TASK.md"), "w") as f:
@@ -202,13 +236,13 @@ class AgentLoop:
                    "source_hash": _hash(path), "agent": agent, "accepted": False, "suspect": False,
                    "gate_passed": None, "failed_check": None, "timing": None, "static": [],
                    "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        if agent.get("error") or agent["timed_out"]:
-            why = agent.get("error") or f"the agent ran past its budget of {self.opts.budget_s:.0f} s (killed)"
+        why = agent_failure(agent, self.opts.budget_s, os.path.join(task_dir, "agent.log"))
+        if why is None and not os.path.isfile(path):
+            why = "the agent left no variant.py in the task folder"
+        if why is None and _read(path) == given:
+            why = "the agent left variant.py as the scaffold it was given (unchanged): nothing of its own to judge"
+        if why is not None:
             attempt.update(stage="agent", reason=why)
-            self._record(attempt)
-            return attempt
-        if not os.path.isfile(path):
-            attempt.update(stage="agent", reason="the agent left no variant.py in the task folder")
             self._record(attempt)
             return attempt
         task = Task(point, name, state.workloads, state.calls, state.incumbent, state.incumbent_config,
@@ -235,6 +269,14 @@ class AgentLoop:
         step_us = state.best_us * t["candidate_us"] / t["incumbent_us"]  # a ratio from one run, scaled
         state.incumbent, state.incumbent_config, state.best_us, state.incumbent_file = name, None, step_us, dest
         return {"accepted_file": dest, "step_us": step_us, "gate": verdict.gate}
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _hash(path: str) -> str | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from workbench.commands.common import print_json, resolve_device, run_in_worker
+from workbench.agent import worker
+from workbench.commands.common import add_worker_arguments, print_json, resolve_device, run_in_worker
 from workbench.dtypes import DTYPES
 
 
@@ -52,6 +53,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dir", action="append", metavar="DIR",
                    help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
                         "loaded and run in an isolated worker process")
+    add_worker_arguments(p, what="runs plugin variants (--dir)", timeout_s=worker.DEFAULT_TIMEOUT_S,
+                         mem_bytes=worker.DEFAULT_MEM_BYTES)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -149,7 +152,7 @@ def _print_kernels(rows) -> None:
 
 def run(args) -> int:
     from workbench import bench
-    from workbench.agent import plugins, worker
+    from workbench.agent import plugins
     from workbench.bench_report import write_results
     from workbench.points import Workload
     from workbench.provenance import environment

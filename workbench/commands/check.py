@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 
-from workbench.commands.common import print_json, run_in_worker
+from workbench.agent import worker
+from workbench.commands.common import add_worker_arguments, print_json, run_in_worker
 from workbench.dtypes import DTYPES, dtype_of
 
 
@@ -38,6 +39,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dir", action="append", metavar="DIR",
                    help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
                         "loaded and run in an isolated worker process")
+    add_worker_arguments(p, what="runs plugin variants (--dir)", timeout_s=worker.DEFAULT_TIMEOUT_S,
+                         mem_bytes=worker.DEFAULT_MEM_BYTES)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -123,7 +126,7 @@ def gate_all(args) -> list[dict]:
 
 
 def run(args) -> int:
-    from workbench.agent import plugins, worker
+    from workbench.agent import plugins
 
     if plugins.plugin_dirs(args.dir) and not worker.inside_worker():
         return run_in_worker("check", args)  # plugin code runs only in a worker process

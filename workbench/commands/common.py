@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 
 import torch
 
@@ -47,11 +49,40 @@ def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+def _limit(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: a limit is a finite number >= 0 (0: no limit)")
+    return value
+
+
+def add_worker_arguments(p, *, what: str, timeout_s: float, mem_bytes: int) -> None:
+    """--worker-timeout and --worker-memory: the limits of the worker process that `what` runs in."""
+    p.add_argument("--worker-timeout", type=_limit, default=timeout_s, metavar="SECONDS",
+                   help=f"end the worker process that {what} when it runs longer than this, the whole "
+                        "process tree it started with it (default: %(default)s; 0: no limit)")
+    p.add_argument("--worker-memory", type=_limit, default=mem_bytes / 2**30, metavar="GIB",
+                   help="end that worker when it uses more memory than this: its address space on a CPU run, "
+                        "its resident memory on CUDA (default: %(default)s; 0: no limit)")
+
+
+def worker_limits(args) -> dict:
+    """worker.run's `timeout` and `mem_bytes` from --worker-timeout and --worker-memory."""
+    from workbench.agent import worker
+
+    timeout = getattr(args, "worker_timeout", worker.DEFAULT_TIMEOUT_S)
+    gib = getattr(args, "worker_memory", worker.DEFAULT_MEM_BYTES / 2**30)
+    return {"timeout": timeout or None, "mem_bytes": int(gib * 2**30)}
+
+
 def run_in_worker(name: str, args) -> int:
     """Command `name` (`args` its parsed Namespace, `args.dir` its plugin directories) re-run in a
-    worker process, where plugin code may run; its output is forwarded. A dead worker prints why
-    and returns 1."""
+    worker process, where plugin code may run; its output is forwarded. A worker that did not finish
+    the command (killed, crashed, or exited without its completion sentinel) prints why and returns 1.
+    A SIGTERM or SIGINT meanwhile ends the worker and its process tree, removes the temporary folder,
+    and returns 128 + the signal's number."""
     import os
+    import signal
     import sys
     import tempfile
 
@@ -59,14 +90,20 @@ def run_in_worker(name: str, args) -> int:
     from workbench.agent.plugins import plugin_dirs
 
     fields = {**vars(args), "dir": plugin_dirs(getattr(args, "dir", None))}
-    with tempfile.TemporaryDirectory(prefix="workbench-worker-") as tmp:
-        path = os.path.join(tmp, "args.json")
-        with open(path, "w") as f:
-            json.dump(fields, f, default=str)
-        device = str(getattr(args, "device", None) or "cpu")
-        result = worker.run(f"{__name__}:command_in_worker", [name, path], device=device, forward=True)
-    if result.returncode is not None and result.returncode >= 0 and not result.killed:
-        return result.returncode
+    with worker.hold_signals() as held:
+        with tempfile.TemporaryDirectory(prefix="workbench-worker-") as tmp:
+            path = os.path.join(tmp, "args.json")
+            with open(path, "w") as f:
+                json.dump(fields, f, default=str)
+            device = str(getattr(args, "device", None) or "cpu")
+            result = worker.run(f"{__name__}:command_in_worker", [name, path], device=device, forward=True,
+                                **worker_limits(args))
+        signum = held.take()
+    if signum is not None:
+        print(f"workbench {name}: stopped by {signal.Signals(signum).name}; its worker was ended", file=sys.stderr)
+        return 128 + signum
+    if result.finished and result.returncode is not None and result.returncode >= 0:
+        return result.returncode  # the command's own exit status
     if getattr(args, "json", False):
         print_json({"passed": False, "error": result.reason, "worker": result.to_dict()})
     else:

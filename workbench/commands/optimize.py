@@ -6,7 +6,7 @@ import shlex
 import signal
 import sys
 
-from workbench.commands.common import print_json, resolve_device, resolve_dtype
+from workbench.commands.common import add_worker_arguments, print_json, resolve_device, resolve_dtype, worker_limits
 from workbench.dtypes import DTYPES
 from workbench.registry import POINTS
 
@@ -15,6 +15,8 @@ STOPPED_FROM_OUTSIDE = 130  # Ctrl-C or SIGTERM, as a shell reports a process en
 
 
 def add_arguments(p) -> None:
+    from workbench.agent.loop import AgentOptions
+
     p.add_argument("--target", default="decode-b1", help="decode-b1, decode-b8, decode-b64 or prefill-8x2k")
     p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
@@ -52,6 +54,9 @@ def add_arguments(p) -> None:
                    help="wall-clock budget of one agent run (default: %(default)s)")
     p.add_argument("--agent-points", type=int, default=1, metavar="N",
                    help="how many points, most headroom first, get agent rounds (default: %(default)s)")
+    defaults = AgentOptions("")
+    add_worker_arguments(p, what="judges each agent variant (--agent)", timeout_s=defaults.worker_timeout_s,
+                         mem_bytes=defaults.worker_mem_bytes)
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
     p.add_argument("--tui", action="store_true", help="watch and steer the run in the terminal UI")
 
@@ -63,7 +68,9 @@ def _agent(args):
 
     if args.rounds < 1 or args.agent_points < 1:
         raise ValueError("--rounds and --agent-points must be at least 1")
-    return AgentOptions(args.agent, rounds=args.rounds, budget_s=args.agent_budget, points=args.agent_points)
+    limits = worker_limits(args)
+    return AgentOptions(args.agent, rounds=args.rounds, budget_s=args.agent_budget, points=args.agent_points,
+                        worker_timeout_s=limits["timeout"] or 0.0, worker_mem_bytes=limits["mem_bytes"])
 
 
 def run(args) -> int:
@@ -86,6 +93,7 @@ def run(args) -> int:
         return 0
     # A time limit's SIGTERM (`timeout`, a batch scheduler) stops the run as Ctrl-C does: the candidate
     # in flight is recorded as stopped, not hung, and the next run tries it again (inflight.STOPS_TRIED).
+    # A judge's worker or an agent command in flight is ended first, with all it started (worker.hold_signals).
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return _run(opts, args.json)

@@ -40,9 +40,10 @@ BEHAVIOURS = {
         return h_new, None
     return h_new, rms_norm(h_new, w["next_norm"], eps).to(h.dtype)
 ''',
-    # Crashes the process on its first call (as an illegal memory access would).
-    "crash": '''    import faulthandler
-    faulthandler._sigsegv()
+    # Crashes the process on its first call with an illegal memory access (a sparse tensor, its index far
+    # outside it, left unchecked, made dense), through nothing the static check refuses.
+    "crash": '''    index = torch.tensor([[1 << 40]])
+    torch.sparse_coo_tensor(index, torch.ones(1), (2,), check_invariants=False).to_dense()
 ''' + REFERENCE_BODY,
     # Never returns.
     "loops": '''    while True:

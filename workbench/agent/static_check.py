@@ -1,6 +1,6 @@
 """Static check of a candidate variant module: an allowlist, read from the AST before any of its code runs.
 
-A candidate may use what kernel code needs and nothing else (`ALLOWED` below; AGENTS.md lists it):
+A candidate may use what kernel code needs and nothing else (`allowlist.ALLOWED`; AGENTS.md lists it):
 - imports: only allowlisted modules: math, itertools, functools, operator, dataclasses, typing, enum,
   collections; torch with torch.nn, torch.nn.functional, torch.linalg, torch.fft, torch.special and a
   few torch.cuda queries; triton's jit/cdiv/... and triton.language; numpy; flashinfer; cutlass and
@@ -34,184 +34,24 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
-import importlib.machinery
-import importlib.util
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-@dataclass
-class Entry:
-    """What a candidate may take from one allowlisted module."""
-    names: frozenset | None = None  # only these names; None: every public name it has
-    banned: dict = field(default_factory=dict)  # name (or "prefix*") -> why; also bans submodules of that name
-    private: frozenset = frozenset()  # private names allowed all the same
-    submodules: bool = False  # its submodules are allowlisted too, under this entry
-    project: bool = False  # a module of this repository: every name it defines, private ones included
-
-
-def _only(*names: str) -> Entry:
-    return Entry(names=frozenset(names))
-
-
-def _public(banned: dict | None = None, private=(), submodules: bool = False) -> Entry:
-    return Entry(banned=banned or {}, private=frozenset(private), submodules=submodules)
-
-
-STRING_LOOKUP = "reaching other objects"
-ALLOWED: dict[str, Entry] = {
-    "__future__": _only("annotations"),
-    "math": _public(),
-    "itertools": _public(),
-    "functools": _only("partial", "partialmethod", "reduce", "lru_cache", "cache", "cached_property", "wraps",
-                       "update_wrapper", "total_ordering", "cmp_to_key", "singledispatch", "singledispatchmethod"),
-    "operator": _public({"attrgetter": STRING_LOOKUP, "methodcaller": STRING_LOOKUP}),
-    "dataclasses": _only("dataclass", "field", "fields", "replace", "asdict", "astuple", "is_dataclass",
-                         "InitVar", "KW_ONLY", "MISSING", "FrozenInstanceError"),
-    "typing": _only("Any", "Annotated", "Callable", "ClassVar", "Dict", "Final", "FrozenSet", "Generic", "Iterable",
-                    "Iterator", "List", "Literal", "Mapping", "NamedTuple", "NoReturn", "Optional", "Protocol",
-                    "Sequence", "Set", "Tuple", "Type", "TypeAlias", "TypeVar", "TypedDict", "Union", "cast",
-                    "overload", "TYPE_CHECKING"),
-    "enum": _only("Enum", "IntEnum", "Flag", "IntFlag", "StrEnum", "auto", "unique"),
-    "collections": _only("namedtuple", "deque", "defaultdict", "OrderedDict", "Counter", "ChainMap"),
-    # torch: its flat namespace of ops, less what touches files, processes, timing, streams or global
-    # state; submodules only where listed.
-    "torch": _public({"load": "file access", "save": "file access", "from_file": "file access",
-                      "compile": "processes", "Event": "timing", "Stream": "extra CUDA streams",
-                      "classes": "native code", "cpp": "native code", "get_device_module": STRING_LOOKUP,
-                      "manual_seed": "global state", "seed": "global state", "set_*": "global state",
-                      "use_deterministic_algorithms": "global state"},
-                     private=("_grouped_mm", "_scaled_mm", "_scaled_grouped_mm", "_int_mm")),
-    "torch.nn": _public({"parallel": "threads", "register_module_*": "global state"}, submodules=True),
-    "torch.nn.functional": _public(),
-    "torch.linalg": _public(),
-    "torch.fft": _public(),
-    "torch.special": _public(),
-    "torch.version": _public(),
-    "torch.cuda": _only("is_available", "device_count", "current_device", "get_device_properties",
-                        "get_device_capability", "get_device_name", "current_stream", "default_stream",
-                        "synchronize", "device", "is_bf16_supported", "OutOfMemoryError"),
-    "triton": _only("jit", "cdiv", "next_power_of_2", "Config", "heuristics", "constexpr", "reinterpret",
-                    "TensorWrapper", "language"),
-    "triton.language": _public({"globaltimer": "timing", "ir": "native code"}, submodules=True),
-    "numpy": _public({"load": "file access", "save": "file access", "savez": "file access",
-                      "savez_compressed": "file access", "savetxt": "file access", "loadtxt": "file access",
-                      "genfromtxt": "file access", "fromfile": "file access", "fromregex": "file access",
-                      "memmap": "file access", "DataSource": "file access", "set_printoptions": "global state",
-                      "seterr": "global state", "seterrcall": "global state", "setbufsize": "global state"}),
-    "numpy.linalg": _public(),
-    "numpy.fft": _public(),
-    "flashinfer": _public({"jit": "native code", "aot": "native code", "artifacts": "network",
-                           "autotuner": "timing", "autotune": "timing", "testing": "timing",
-                           "profiler": "profiling", "comm": "processes"}, submodules=True),
-    "cutlass": _public({"testing": "timing"}, submodules=True),
-    "cuda.bindings.driver": _only("CUstream"),
-    "quack": _public({"autotuner": "timing", "autotune": "timing", "testing": "timing"}, submodules=True),
-    "beam_model.functional": Entry(project=True),
-    "beam_model.config": Entry(project=True),
-    "workbench.registry": _only("register"),
-    # kernels/ and every point package and variant module; the point's own reference is refused apart
-    "workbench.variants": Entry(project=True, submodules=True, banned={"inputs": "the harness"}),
-}
-SUMMARY = ("math, itertools, functools, operator, dataclasses, typing, enum, collections, torch (nn, "
-           "nn.functional, linalg, fft, special, a few torch.cuda queries), triton (jit, cdiv, ...), "
-           "triton.language, numpy, flashinfer, cutlass, cutlass.cute, cuda.bindings.driver.CUstream, quack, "
-           "beam_model.functional, beam_model.config, workbench.registry.register, workbench.variants.kernels.* "
-           "and other variants' modules")
-PROJECT = ("workbench", "beam_model", "server")  # this repository's packages, read name by name
-
-# Why a module or name is not on the allowlist (longest prefix wins), for the messages and their rule;
-# the allowlist decides, these only explain. Anything unlisted is "not allowed".
-WHY = {
-    "time": "timing", "timeit": "timing", "torch.cuda.Event": "timing", "torch.Event": "timing",
-    "triton.autotune": "timing", "triton.testing": "timing",
-    "cProfile": "profiling", "profile": "profiling", "pstats": "profiling", "tracemalloc": "profiling",
-    "torch.profiler": "profiling", "torch.autograd.profiler": "profiling", "torch.cuda.nvtx": "profiling",
-    "threading": "threads", "_thread": "threads", "concurrent": "threads", "asyncio": "threads",
-    "multiprocessing": "processes", "subprocess": "processes", "pty": "processes",
-    "os": "processes and files", "os.system": "processes", "os.popen": "processes", "os.fork": "processes",
-    "os.exec*": "processes", "os.spawn*": "processes", "os.posix_spawn*": "processes", "os._exit": "processes",
-    "os.kill": "signals", "torch.multiprocessing": "processes", "torch.distributed": "processes",
-    "torch.compile": "processes",
-    "signal": "signals", "faulthandler": "signals", "atexit": "code at exit",
-    "socket": "network", "ssl": "network", "urllib": "network", "http": "network", "requests": "network",
-    "torch.hub": "network",
-    "pathlib": "file access", "io": "file access", "shutil": "file access", "tempfile": "file access",
-    "glob": "file access", "pickle": "file access", "shelve": "file access", "linecache": "file access",
-    "os.open": "file access", "os.read": "file access", "os.listdir": "file access", "os.remove": "file access",
-    "torch.load": "file access", "torch.save": "file access", "torch.serialization": "file access",
-    "torch.jit": "file access",
-    "sys": "reaching other objects", "gc": "reaching other objects", "inspect": "reaching other objects",
-    "traceback": "reaching other objects", "types": "reaching other objects",
-    "importlib": "dynamic import", "builtins": "dynamic import", "runpy": "dynamic import",
-    "pkgutil": "dynamic import", "code": "dynamic code", "codeop": "dynamic code", "marshal": "dynamic code",
-    "ctypes": "raw memory access", "mmap": "raw memory access", "numpy.lib": "raw memory access",
-    "numpy.ctypeslib": "raw memory access",
-    "torch.cuda.Stream": "extra CUDA streams", "torch.cuda.ExternalStream": "extra CUDA streams",
-    "torch.cuda.stream": "extra CUDA streams", "torch.cuda.set_stream": "extra CUDA streams",
-    "torch.Stream": "extra CUDA streams", "torch.cuda.graph": "CUDA graphs", "torch.cuda.CUDAGraph": "CUDA graphs",
-    "torch.cuda.make_graphed_callables": "CUDA graphs",
-    "torch.cuda.is_current_stream_capturing": "detecting the harness",
-    "torch.utils.deterministic": "detecting the harness",
-    "torch.utils.cpp_extension": "native code", "torch.library": "native code", "torch.ops.load_library": "native code",
-    "triton.runtime": "native code", "triton.compiler": "native code",
-    "torch.backends": "global state", "torch.random": "global state", "torch.cuda.set_*": "global state",
-    "torch.cuda.manual_seed": "global state",
-    "workbench": "the harness", "workbench.registry": "the reference", "beam_model": "the harness",
-    "server": "the harness",
-}
-HINTS = {  # what to use instead
-    "os": "whether Triton runs interpreted: workbench.variants.kernels.triton_common.INTERPRETED",
-    "torch.distributed": "the all-reduce: workbench.variants.kernels.tensor_parallel.all_reduced",
-    "torch.compile": "write the fused kernel (every point's torch_compile variant is timed already)",
-    "triton.autotune": "tuning configs go in register(..., configs=[...]); the search times them",
-    "time": "timing is the harness's", "beam_model": "beam_model.functional and beam_model.config",
-}
-
-ALLOWED_DUNDERS = frozenset({"__name__", "__qualname__", "__doc__", "__version__", "__init__", "__call__", "__len__"})
-ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__doc__", "__all__", "__slots__"})  # bare names
-# Frame, traceback, generator, coroutine, code and cell internals (and any `co_*`): the way to callers'
-# locals and globals, whatever object they hang off.
-INTERPRETER_ATTRS = frozenset({
-    "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_lasti", "f_lineno", "f_trace",
-    "f_trace_lines", "f_trace_opcodes", "tb_frame", "tb_next", "tb_lasti", "tb_lineno",
-    "gi_frame", "gi_code", "gi_running", "gi_yieldfrom", "gi_suspended", "cr_frame", "cr_code", "cr_await",
-    "cr_running", "cr_origin", "cr_suspended", "ag_frame", "ag_code", "ag_await", "ag_running",
-    "cell_contents", "func_globals", "func_code", "im_func", "im_self",
-})
-# Module names that are never an attribute a candidate reads, on a module (where the source cannot say
-# what it is) or on any object.
-MODULE_NAMES = frozenset({
-    "sys", "os", "posix", "nt", "builtins", "importlib", "subprocess", "ctypes", "_ctypes", "gc", "inspect",
-    "linecache", "atexit", "signal", "faulthandler", "threading", "_thread", "multiprocessing", "concurrent",
-    "asyncio", "socket", "ssl", "urllib", "http", "requests", "shutil", "pathlib", "tempfile", "io", "_io",
-    "pickle", "marshal", "traceback", "types", "runpy", "pkgutil", "pty", "mmap", "resource", "time", "timeit",
-    "cProfile", "profile", "tracemalloc", "sysconfig", "site", "pdb", "bdb", "fcntl", *PROJECT,
-})
-# Attribute names refused on anything: they open files, load native code, import, or replace torch's own
-# kernels for the whole process (an op overload's Python kernels).
-BANNED_ATTRS = {
-    "from_file": "file access", "tofile": "file access", "dump": "file access", "share_memory_": "file access",
-    "load_library": "native code", "load_module": "native code", "exec_module": "dynamic import",
-    "import_module": "dynamic import", "py_impl": "native code", "py_kernels": "native code",
-}
-_EXC = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, Exception))
-ALLOWED_BUILTINS = frozenset({
-    "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr", "classmethod",
-    "complex", "dict", "divmod", "enumerate", "filter", "float", "format", "frozenset", "hash", "hex", "id",
-    "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next", "object", "oct",
-    "ord", "pow", "print", "property", "range", "repr", "reversed", "round", "set", "slice", "sorted",
-    "staticmethod", "str", "sum", "super", "tuple", "type", "zip", "Ellipsis", "NotImplemented",
-}) | _EXC
-NAME_BUILTINS = frozenset({"getattr", "hasattr", "setattr", "delattr"})  # a literal name only
-BUILTIN_WHY = {
-    "eval": "dynamic code", "exec": "dynamic code", "compile": "dynamic code", "__import__": "dynamic import",
-    "open": "file access", "input": "reading stdin", "breakpoint": "debugger", "help": "debugger",
-    "vars": "reaching other objects", "globals": "reaching other objects", "locals": "reaching other objects",
-    "dir": "reaching other objects", "memoryview": "raw memory access", "exit": "process control",
-    "quit": "process control", "BaseException": "process control", "SystemExit": "process control",
-    "KeyboardInterrupt": "process control", "GeneratorExit": "process control",
-}
+from workbench.agent.allowlist import (
+    ALLOWED,
+    ALLOWED_BUILTINS,
+    ALLOWED_DUNDER_NAMES,
+    ALLOWED_DUNDERS,
+    BANNED_ATTRS,
+    BUILTIN_WHY,
+    INTERPRETER_ATTRS,
+    MODULE_NAMES,
+    NAME_BUILTINS,
+    SUMMARY,
+    Entry,
+    is_project,
+    why_not,
+)
+from workbench.agent.module_source import lookup
 
 
 @dataclass
@@ -268,10 +108,6 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not _dunder(name)
 
 
-def _project(module: str) -> bool:
-    return module.split(".")[0] in PROJECT
-
-
 @functools.lru_cache(maxsize=None)
 def _entry(module: str) -> Entry | None:
     """The allowlist entry covering `module` (its own, or its nearest listed package's that allows
@@ -291,141 +127,6 @@ def _entry(module: str) -> Entry | None:
 def _banned(entry: Entry, name: str) -> str | None:
     return entry.banned.get(name) or next((why for k, why in entry.banned.items()
                                            if k.endswith("*") and name.startswith(k[:-1])), None)
-
-
-def _why(name: str) -> tuple[str, str]:
-    """(the rule, a hint of what to use instead) for a module or dotted name left off the allowlist:
-    the longest listed prefix's ("os.exec*" matches any name starting "os.exec")."""
-    parts, rule, hint = name.split("."), None, None
-    for i in range(len(parts), 0, -1):
-        p = ".".join(parts[:i])
-        rule = rule or WHY.get(p) or next((w for k, w in WHY.items() if k.endswith("*") and p.startswith(k[:-1])), None)
-        hint = hint or HINTS.get(p)
-    return rule or "not allowed", hint or ""
-
-
-# ------------------------------------------------------------------------------ modules, read as source
-
-@functools.lru_cache(maxsize=None)
-def _spec(module: str):
-    """The module's import spec, found without running any module code; None if there is no such module."""
-    parent, _, _ = module.rpartition(".")
-    try:
-        if not parent:
-            return importlib.util.find_spec(module)
-        p = _spec(parent)
-        if p is None or not p.submodule_search_locations:
-            return None
-        return importlib.machinery.PathFinder.find_spec(module, list(p.submodule_search_locations))
-    except (ImportError, ValueError, AttributeError):
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def _bindings(module: str):
-    """({name: [how the module's top level binds it]}, [modules it star-imports]) from its source, or
-    None where there is no Python source (a builtin or extension module, or not installed)."""
-    spec = _spec(module)
-    origin = getattr(spec, "origin", None) or ""
-    if not origin.endswith(".py") or not os.path.isfile(origin):
-        return None
-    try:
-        with open(origin, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    package = module if spec.submodule_search_locations is not None else module.rpartition(".")[0]
-    binds: dict[str, list] = {}
-    stars: list[str] = []
-
-    def add(name, how):
-        binds.setdefault(name, []).append(how)
-
-    def targets(t):
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name):
-                add(n.id, ("value",))
-
-    def visit(stmts):
-        for s in stmts:
-            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                add(s.name, ("value",))
-            elif isinstance(s, ast.Import):
-                for a in s.names:
-                    top = a.name.split(".")[0]
-                    add(a.asname or top, ("module", a.name if a.asname else top))
-            elif isinstance(s, ast.ImportFrom):
-                base = package
-                for _ in range(max(s.level - 1, 0)):
-                    base = base.rpartition(".")[0]
-                src = (f"{base}.{s.module}" if s.module else base) if s.level else (s.module or "")
-                for a in s.names:
-                    if a.name == "*":
-                        stars.append(src)
-                    else:
-                        add(a.asname or a.name, ("from", src, a.name))
-            elif isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                for t in (s.targets if isinstance(s, ast.Assign) else [s.target]):
-                    targets(t)
-            elif isinstance(s, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
-                for t in ([s.target] if isinstance(s, (ast.For, ast.AsyncFor)) else
-                          [i.optional_vars for i in s.items if i.optional_vars]):
-                    targets(t)
-            for block in ("body", "orelse", "finalbody"):
-                if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    visit(getattr(s, block, None) or [])
-            for h in getattr(s, "handlers", None) or []:
-                visit(h.body)
-
-    visit(tree.body)
-    return binds, stars
-
-
-_ACTIVE: set = set()
-
-
-@functools.lru_cache(maxsize=None)
-def _lookup(module: str, attr: str) -> tuple[str, str | None, tuple | None]:
-    """What `module.attr` is, from source: ("module", that module's name, None), ("value", None,
-    (module, name) it comes from: for project code, where it is defined or the library it is taken from),
-    or ("unknown", None, None) where the source does not say (names made at run time, no source)."""
-    if (module, attr) in _ACTIVE:
-        return "unknown", None, None
-    _ACTIVE.add((module, attr))
-    try:
-        return _lookup_source(module, attr)
-    finally:
-        _ACTIVE.discard((module, attr))
-
-
-def _lookup_source(module: str, attr: str):
-    sub = f"{module}.{attr}"
-    found = _bindings(module)
-    if found is None:
-        return ("module", sub, None) if _spec(sub) is not None else ("unknown", None, None)
-    binds, stars = found
-    value = None
-    for how in binds.get(attr, ()):
-        if how[0] == "module":
-            return "module", how[1], None
-        if how[0] == "from":
-            src, name = how[1], how[2]
-            if _spec(f"{src}.{name}") is not None:
-                return "module", f"{src}.{name}", None
-            kind, target, origin = _lookup(src, name)
-            if kind == "module":
-                return kind, target, None
-            if value is None:
-                value = origin if kind == "value" and (_project(src) or not _project(module)) else (src, name)
-        elif value is None:
-            value = (module, attr)
-    if value is not None:
-        return "value", None, value
-    for star in stars:
-        got = _lookup(star, attr)
-        if got[0] != "unknown":
-            return got
-    return ("module", sub, None) if _spec(sub) is not None else ("unknown", None, None)
 
 
 # ------------------------------------------------------------------------------ scopes
@@ -616,7 +317,7 @@ class _Checker:
     # -- imports
 
     def not_allowed(self, node, module: str, what: str, name: str | None = None) -> None:
-        rule, hint = _why(name or module)
+        rule, hint = why_not(name or module)
         self.bad(node, rule, f"{what} ({module} is not on the allowlist{'; ' + hint if hint else ''}; "
                              f"allowed: {SUMMARY}; see AGENTS.md)")
 
@@ -647,7 +348,7 @@ class _Checker:
             if a.name == "*":
                 self.bad(node, "not allowed", f"imports * from {module}: import the names you use")
                 continue
-            kind, target, origin = _lookup(module, a.name)
+            kind, target, origin = lookup(module, a.name)
             if kind == "module":
                 self.import_module(node, target, what if target == f"{module}.{a.name}" else f"{what} (= {target})")
                 self.aliases.setdefault(local, []).append(("module", target))
@@ -671,10 +372,10 @@ class _Checker:
         if _dunder(name):
             return  # checked as an attribute (ALLOWED_DUNDERS)
         if entry.names is not None and name not in entry.names:
-            self.bad(node, _why(f"{module}.{name}")[0],
+            self.bad(node, why_not(f"{module}.{name}")[0],
                      f"{what}: {module} allows only {', '.join(sorted(entry.names))}")
         elif entry.names is None and _banned(entry, name):
-            hint = _why(f"{module}.{name}")[1]
+            hint = why_not(f"{module}.{name}")[1]
             self.bad(node, _banned(entry, name), f"{what}: not on the allowlist{' (' + hint + ')' if hint else ''}")
         elif _private(name) and not entry.project and name not in entry.private:
             self.bad(node, "not allowed", f"{what}: a private name of {module}")
@@ -773,8 +474,8 @@ class _Checker:
         for i, a in enumerate(attrs):
             if _dunder(a):
                 return
-            kind, target, origin = _lookup(module, a)
-            if kind == "unknown" and a in MODULE_NAMES and not _project(module):
+            kind, target, origin = lookup(module, a)
+            if kind == "unknown" and a in MODULE_NAMES and not is_project(module):
                 kind, target = "module", a
             if kind == "module":
                 module = target
@@ -807,7 +508,7 @@ class _Checker:
             isinstance(root, ast.Call) and isinstance(root.func, ast.Name) and root.func.id == "super")
         for a in attrs:
             if a in MODULE_NAMES:
-                self.bad(node, _why(a)[0], f"uses {written}: .{a} reaches a module through an object")
+                self.bad(node, why_not(a)[0], f"uses {written}: .{a} reaches a module through an object")
             elif _private(a) and not own:
                 self.bad(node, "not allowed", f"uses {written}: {a} is a private attribute of an object the "
                                               "candidate did not make (allowed on self, cls and its own "

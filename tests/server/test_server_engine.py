@@ -9,7 +9,6 @@ import torch
 
 from beam_model.config import FULL, SLIDING
 from beam_model.generate import generate
-from beam_model.model import BeamForCausalLM
 from beam_model.tokenizer import ByteTokenizer, StreamDecoder
 from server.engine import Engine, SamplingParams
 from server.engine.block_manager import BlockManager
@@ -30,18 +29,8 @@ class FullVocabTokenizer:
         return StreamDecoder(lambda ids: "".join(chr(0x100 + i) for i in ids))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matmuls: threads only add OpenMP overhead (and stall badly on a busy machine).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
 
 
 def prompts(lengths, seed=0):

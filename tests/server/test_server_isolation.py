@@ -10,10 +10,8 @@ import json
 import logging
 
 import pytest
-import torch
 from starlette.testclient import TestClient
 
-from beam_model.model import BeamForCausalLM
 from beam_model.tokenizer import ByteTokenizer
 from server.api.app import build_app
 from server.api.server import make_state
@@ -23,17 +21,8 @@ from server.engine.testing import ScriptedLogits
 TOK = ByteTokenizer()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only add overhead
-    yield
-    torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
 
 
 def run_all(eng, first=()) -> dict[str, list]:

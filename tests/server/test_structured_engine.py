@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from beam_model.chat_template import encode_chat, parse_assistant
-from beam_model.model import BeamForCausalLM
 from beam_model.tokenizer import ByteTokenizer
 from server.api import protocol, structures
 from server.engine import Engine, SamplingParams
@@ -38,17 +37,8 @@ MOVE = {"type": "function", "function": {
                                                   "steps": {"type": "integer", "minimum": 1, "maximum": 9}}}}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=0)
 
 
 def free_prompts():

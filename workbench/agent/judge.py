@@ -11,10 +11,7 @@
    interleaved in a random order (`sandboxed_timing`): every round refills the input copies with
    fresh values, and a random sample of the candidate's outputs is re-checked against the reference
    after it (a variant right in the gate and wrong once timing starts fails).
-3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`;
-   so is a candidate beside which the incumbent runs SLOWED slower than it ran alone, timed both
-   before any candidate code started and after the candidate's process ended (work left running to
-   slow what is timed next), whatever `trust` says.
+3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
 4. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
    incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band half the
    ratios' interquartile range, within [MIN_BAND, MAX_BAND].
@@ -38,7 +35,6 @@ from workbench.noise import bounded_band
 from workbench.run_folder import write_json
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
-SLOWED = 0.25           # the incumbent this much slower beside the candidate than alone around it: suspect
 RECHECK_SAMPLES = 2     # candidate outputs re-checked against the reference after each timed round
 COPIES = 8              # input copies a timed round runs, each refilled with fresh values every round
 MAX_ROUNDS = 200
@@ -140,12 +136,6 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
     cand, inc, band = result["candidate_us"], result["incumbent_us"], bounded_band(result["band"])
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
                       "floor_us": task.floor_us, "per_kind": result.get("per_kind")}
-    slowed = max((k.get("incumbent_slowed") or 0.0 for k in (result.get("per_kind") or {}).values()), default=0.0)
-    if slowed > SLOWED:
-        verdict.suspect, verdict.stage = True, "suspect"
-        verdict.reason = (f"suspect: the incumbent ran {slowed:.0%} slower beside the candidate than alone, before "
-                          "and after it (work the candidate leaves running slows what is timed next)")
-        return verdict
     verdict.suspect = bool(task.floor_us) and cand < SUSPECT * task.floor_us
     if verdict.suspect and not task.trust:
         verdict.stage = "suspect"
@@ -294,13 +284,6 @@ def worker_main(request_path: str, result_path: str) -> int:
     rng = random.Random(secrets.randbits(64))  # the rounds' order, the fresh values and the re-checks
     with Sandbox(task["point"], task["incumbent"], file=task["incumbent_file"], config=task["incumbent_config"],
                  **common) as incumbent:
-        def alone() -> dict:
-            return {kind: sandboxed_timing({"incumbent": incumbent}, wl, device=device, rng=rng,
-                                           timing=task["timing"])[0]["incumbent"]["median_us"]
-                    for kind, wl in workloads.items()}
-
-        before = alone()  # the incumbent before any candidate code runs, and again once it is gone
-
         try:
             candidate = Sandbox(task["point"], task["name"], file=req["file"], static_check=req["static_check"],
                                 **common)
@@ -332,10 +315,6 @@ def worker_main(request_path: str, result_path: str) -> int:
                                   "copies": times["candidate"]["copies"]}
                 recheck["checked"] += r["checked"]
                 recheck["failed"] += [f"{kind}: {f}" for f in r["failed"]]
-        after = alone()  # the candidate's process is gone: nothing it left running is here
-        for kind, k in per_kind.items():  # a machine that slowed down throughout slows both alone timings too
-            k["incumbent_alone_us"] = max(before[kind], after[kind])
-            k["incumbent_slowed"] = k["incumbent_us"] / k["incumbent_alone_us"] - 1
     band = spread / inc if inc else 0.0
     save(stage="done", candidate_us=cand, incumbent_us=inc, band=band, per_kind=per_kind,
          recheck=recheck)

@@ -81,6 +81,21 @@ BEHAVIOURS = {
 ''' + REFERENCE_BODY,
 }
 
+def slow(name: str) -> str:
+    """A plugin module registering `boundary:NAME`: the reference's math ten times (an incumbent to beat)."""
+    return HEADER + f"""
+
+def _once(y, h, w, eps):
+{REFERENCE_BODY}
+
+@register("boundary", "{name}", "torch")
+def {name}(y, h, w, *, eps, group=None):
+    for _ in range(9):
+        _once(y, h, w, eps)
+    return _once(y, h, w, eps)
+"""
+
+
 HELPERS = '''
 _MEMO = {}
 _CALLS = []

@@ -178,17 +178,7 @@ EXPECTED = {  # behaviour -> (stage, text in the reason or the failing check)
 }
 
 
-SLOW_INCUMBENT = scripted.HEADER + f"""
-
-def _once(y, h, w, eps):
-{scripted.REFERENCE_BODY}
-
-@register("boundary", "slow_incumbent", "torch")
-def slow_incumbent(y, h, w, *, eps, group=None):
-    for _ in range(9):
-        _once(y, h, w, eps)
-    return _once(y, h, w, eps)
-"""
+SLOW_INCUMBENT = scripted.slow("slow_incumbent")
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +296,7 @@ def test_cli_passes_agent_options(monkeypatch, tmp_path):
     monkeypatch.setattr(opt, "optimize", lambda opts, on_event=None: seen.setdefault("opts", opts) and
                         {"stopped": True, "pending": [], "searched": [], "out_dir": str(tmp_path)})
     main(["optimize", "--agent", "my-agent --flag", "--rounds", "2", "--agent-budget", "60", "--out", str(tmp_path),
-          "--json"])
+          "--worker-timeout", "90", "--worker-memory", "2", "--json"])
     agent = seen["opts"].agent
     assert (agent.command, agent.rounds, agent.budget_s, agent.points) == ("my-agent --flag", 2, 60.0, 1)
+    assert (agent.worker_timeout_s, agent.worker_mem_bytes) == (90.0, 2 << 30)

@@ -23,17 +23,7 @@ import scripted  # noqa: E402
 
 TIMING = {"max_seconds": 0.3, "warmup": 1, "min_reps": 12}
 
-SLOW = scripted.HEADER + f"""
-
-def _once(y, h, w, eps):
-{scripted.REFERENCE_BODY}
-
-@register("boundary", "slow", "torch")
-def slow(y, h, w, *, eps, group=None):
-    for _ in range(9):
-        _once(y, h, w, eps)
-    return _once(y, h, w, eps)
-"""
+SLOW = scripted.slow("slow")
 
 
 def candidate(body: str, helpers: str = "") -> str:
@@ -148,18 +138,3 @@ def test_honest_controls(tmp_path, incumbent):
     same = judged(tmp_path, incumbent, candidate("    return _slow(y, h, w, eps)\n"))
     assert not same.accepted and same.stage == "not_faster", same.reason
 
-
-def test_an_incumbent_slower_beside_the_candidate_than_alone_is_suspect():
-    """Work a candidate leaves running (queued kernels, a busy thread) slows what is timed next: the
-    incumbent, timed alone before any candidate code ran, must time the same beside it."""
-    from workbench.agent.judge import SLOWED, decide
-
-    task = Task("boundary", "cheat", {"sliding": Workload(dtype="fp32")}, {"sliding": 1}, trust=True)
-    result = {"stage": "done", "candidate_us": 50.0, "incumbent_us": 100.0, "band": 0.02,
-              "recheck": {"checked": 4, "failed": []},
-              "per_kind": {"sliding": {"incumbent_us": 100.0, "incumbent_alone_us": 60.0,
-                                       "incumbent_slowed": 100.0 / 60.0 - 1}}}
-    v = decide(result, task)
-    assert not v.accepted and v.stage == "suspect" and "beside the candidate" in v.reason
-    result["per_kind"]["sliding"]["incumbent_slowed"] = SLOWED / 2
-    assert decide(result, task).accepted

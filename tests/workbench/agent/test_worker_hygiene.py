@@ -382,18 +382,6 @@ def test_worker_limit_options_reach_the_worker(tmp_path, monkeypatch, capsys):
     assert worker.NO_SENTINEL in capsys.readouterr().err
 
 
-def test_optimize_passes_the_worker_limits_to_the_agent_loop(monkeypatch, tmp_path):
-    import workbench.optimize as opt
-
-    seen = {}
-    monkeypatch.setattr(opt, "optimize", lambda opts, on_event=None: seen.setdefault("opts", opts) and
-                        {"stopped": True, "pending": [], "searched": [], "out_dir": str(tmp_path)})
-    main(["optimize", "--agent", "my-agent", "--worker-timeout", "90", "--worker-memory", "2", "--out", str(tmp_path),
-          "--json"])
-    agent = seen["opts"].agent
-    assert (agent.worker_timeout_s, agent.worker_mem_bytes) == (90.0, 2 << 30)
-
-
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals need the main thread")
 def test_sigterm_to_optimize_during_an_agent_run_ends_the_agent_first(agent_round, tmp_path):
     """`workbench optimize` turns SIGTERM into KeyboardInterrupt (its run stops and resumes later); an agent

@@ -1,4 +1,4 @@
-"""The judge of a candidate variant file: static check -> isolated gates and checked timing -> sanity.
+"""The judge of a candidate variant file: static check -> sandboxed gates and paired timing -> sanity.
 
 `judge(path, task)` returns a `Verdict`: accepted, or the stage that rejected it and why.
 1. Static check (`static_check`), and the file must register exactly the task's `point:name`.
@@ -6,11 +6,11 @@
    code runs only in a sandbox process of its own (`sandbox.Sandbox`), the worker holding the clock,
    the inputs, the reference, the tolerances and the result file. The op gate at the task's workloads
    and at a larger batch drawn for this attempt (`larger_batch`), on seeds drawn fresh for it, each
-   call run plain and poisoned in the sandbox and
-   compared bit for bit; then the incumbent (in a sandbox too) and the candidate timed in rounds
-   interleaved in a random order (`sandboxed_timing`): every round refills the input copies with
-   fresh values, and a random sample of the candidate's outputs is re-checked against the reference
-   after it (a variant right in the gate and wrong once timing starts fails).
+   call run plain and poisoned in the sandbox and compared bit for bit; then the incumbent (in a
+   sandbox too) and the candidate timed in rounds interleaved in a random order (`sandboxed_timing`):
+   every round refills the input copies with fresh values, and a random sample of the candidate's
+   outputs is re-checked against the reference after it (a variant right in the gate and wrong once
+   timing starts fails).
 3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
 4. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
    incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band half the
@@ -191,12 +191,12 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
     from workbench import gates
     from workbench.points import Call, named_leaves, spec
 
-    point_spec = spec(next(iter(boxes.values())).point)
+    point = next(iter(boxes.values())).point
+    point_spec = spec(point)
     copies = int(timing.get("copies", COPIES))
     seeds = iter(lambda: rng.randrange(1 << 40), None)
     base = [_shared(point_spec.make_inputs(workload, device, next(seeds))) for _ in range(copies)]
     w = base[0].weights_arg
-    point = next(iter(boxes.values())).point
     reference = gates._outputs(gates._reference(point, base[0], None, device)[0])  # the slots' shapes
     per_box = {}
     for name, box in boxes.items():  # each sandbox its prepared weights and its own output slots

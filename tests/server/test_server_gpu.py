@@ -39,7 +39,7 @@ def test_graph_decode_equals_eager(model):
     replay = graphed_engine.runner._replay
     graphed_engine.runner._replay = lambda *a: calls.append(a[0]) or replay(*a)
     steps = []
-    graphed_engine.step_observer = lambda kind, n, seconds, prepare, device: steps.append((seconds, device))
+    graphed_engine.step_observer = lambda kind, n, seconds, prepare, device, grammar: steps.append((seconds, device))
     graphed = graphed_engine.generate(ps, GREEDY)
     assert calls and set(calls) <= {1, 2, 4, 8}
     assert graphed == eager
@@ -122,3 +122,27 @@ def test_graph_replay_equals_an_eager_step_on_its_inputs(attention):
     runner._replay = replay_then_step
     out = engine.generate(prompts([3, 70, 130, 17, 64, 700, 33]), GREEDY)  # across pages, past the window
     assert checked and all(len(o) == GREEDY.max_tokens for o in out)
+
+
+def test_graph_decode_draws_structured_rows_under_their_masks(model):
+    """The grammar path on real CUDA graphs: the host fills the constrained rows' masks while the
+    forward graph runs, the draw graph samples under them; structured rows end as valid JSON, and the
+    unconstrained greedy rows beside them keep the eager engine's tokens."""
+    import json
+
+    from server.api.structures import completion_structure
+
+    tok = ByteTokenizer()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    structured = SamplingParams(max_tokens=60, temperature=1.0, structure=completion_structure(schema))
+    ps = prompts([5, 40, 9, 70])
+    eager = Engine(model, tok, num_pages=64, cuda_graphs=False).generate(ps[2:], GREEDY)
+    engine = Engine(model, tok, num_pages=64, cuda_graphs=True, max_num_seqs=8)
+    out = engine.generate(ps, [structured, structured, GREEDY, GREEDY])
+    for ids in out[:2]:
+        assert ids[-1] == tok.eos_token_id
+        value = json.loads(tok.decode(ids[:-1]))
+        assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] <= 99
+    assert out[2:] == eager
+

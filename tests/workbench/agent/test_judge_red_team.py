@@ -138,3 +138,25 @@ def test_honest_controls(tmp_path, incumbent):
     same = judged(tmp_path, incumbent, candidate("    return _slow(y, h, w, eps)\n"))
     assert not same.accepted and same.stage == "not_faster", same.reason
 
+
+
+@pytest.mark.gpu
+def test_the_sandboxed_judge_on_cuda(tmp_path, incumbent):
+    """The same judge on the GPU: tensors reach the sandbox by CUDA IPC, it synchronises before it answers,
+    an honest faster candidate is accepted and a cheat is still refused."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+    def on_cuda(source: str):
+        path = tmp_path / "boundary__cheat.py"
+        path.write_text(source)
+        task = Task("boundary", "cheat", {"sliding": Workload(dtype="fp32")}, {"sliding": 1}, incumbent="slow",
+                    incumbent_file=incumbent, timeout_s=300, timing=TIMING, seeds=1, device="cuda")
+        return judge(str(path), task, work_dir=str(tmp_path / "work"), static_check=False)
+
+    faster = on_cuda(candidate("    return _once(y, h, w, eps)\n"))
+    assert faster.accepted, faster.reason
+    poisoned = on_cuda(candidate(*CHEATS["right_only_when_poisoned"]))
+    assert not poisoned.accepted and poisoned.stage == "gate", poisoned.reason

@@ -140,7 +140,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _same(a, b) -> bool:
+def same_bits(a, b) -> bool:
+    """Two outputs (tensors or None) equal bit for bit, shape and dtype included."""
     if a is None or b is None:
         return a is None and b is None
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
@@ -347,7 +348,7 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
 
     # Inputs: everything but the declared in-place args (and generators, whose state must advance).
     changed = [name for (name, t), b in zip(inputs, before)
-               if isinstance(t, torch.Tensor) and not any(t is call.kwargs[k] for k in inplace) and not _same(t, b)]
+               if isinstance(t, torch.Tensor) and not any(t is call.kwargs[k] for k in inplace) and not same_bits(t, b)]
     check("inputs_unchanged", not changed, detail=f"modified in place: {', '.join(changed)}" if changed else "")
 
     sig_ok = len(out1) == len(ref_lo) and all(
@@ -384,11 +385,11 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
     restore()
     try:
         out2 = _invoke(variant, call, weights)
-        same = all(_same(a, b) for a, b in zip(out1, out2)) and len(out1) == len(out2)
-        same_inplace = all(_same(call.kwargs[k], after1[k]) for k in inplace)
+        same = all(same_bits(a, b) for a, b in zip(out1, out2)) and len(out1) == len(out2)
+        same_inplace = all(same_bits(call.kwargs[k], after1[k]) for k in inplace)
         check("deterministic", same and same_inplace,
               detail="" if same and same_inplace else "two calls on identical inputs gave different bits")
-        kept = all(_same(a, b) for a, b in zip(out1_raw, out1))
+        kept = all(same_bits(a, b) for a, b in zip(out1_raw, out1))
         check("outputs_kept", kept, detail="" if kept else "a later call overwrote an earlier call's outputs")
     except Exception as e:
         check("deterministic", False, detail="second call raised " + _error_text(e))

@@ -58,7 +58,6 @@ class Grammars:
         self._executor = None  # the parallel mask filler, made on first use (it starts threads)
         self._checked: dict[str, str] = {}  # structure -> llguidance's grammar text, once it validated
         self._lock = threading.Lock()  # compiling runs on the API's threads and the engine's
-        self.words = mask_words(vocab_size)
 
     def compile(self, structure: str) -> str:
         """The structure as llguidance's grammar, validated (cached); ValueError naming what is wrong."""

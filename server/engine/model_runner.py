@@ -213,7 +213,6 @@ class ModelRunner:
                     logits = self.model.step(self._inputs.ids[:b], self.cache, meta)
                     if draw:
                         self._draw(logits, b)
-                        self._draw(logits, b, masked=False)
                 torch.cuda.current_stream().wait_stream(stream)
                 try:
                     captured = self._capture_one(b, meta, pool, draw)
@@ -240,13 +239,13 @@ class ModelRunner:
             ids = self._draw(logits, b)
         return Captured(graph, logits, meta, drawing, ids)
 
-    def _draw(self, logits: torch.Tensor, b: int, masked: bool = True) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, b: int) -> torch.Tensor:
         """Each of the `b` rows' token from the engine's generator at the row's settings in the graph's
         inputs and under the token masks' device buffer (as `_sample` draws an unseeded row)."""
         x = self._inputs
         return self.model.ops.sample(self._in_vocab(logits), x.temperature[:b], x.top_k[:b], x.top_p[:b],
                                      generator=self.generator,
-                                     allowed=self.masks.device_buffer[:b] if masked else None)
+                                     allowed=self.masks.device_buffer[:b])
 
     def _graph_metadata(self, b: int) -> StepMetadata:
         x = self._inputs

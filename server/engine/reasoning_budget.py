@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.variants.sample import pack_allowed
+
 
 def _pending_after(pending: int, data: bytes) -> int:
     """Continuation bytes still owed to the current UTF-8 character after `data`."""
@@ -29,22 +31,15 @@ class Utf8Tails:
 
     def __init__(self, token_bytes: list[bytes]):
         self.token_bytes = token_bytes
-        n = len(token_bytes)
         # a token with a lead (or ASCII) byte sets what is owed itself; one of only continuation bytes pays
         self.tail = np.array([_pending_after(0, t) for t in token_bytes], dtype=np.int16)
         self.continuation_only = np.array([all(0x80 <= b < 0xC0 for b in t) for t in token_bytes], dtype=bool)
         self.length = np.array([len(t) for t in token_bytes], dtype=np.int16)
-        self.words = (n + 31) // 32
 
     def owed_after(self, pending: int) -> np.ndarray:
         """[V] continuation bytes owed after each token, from `pending` owed before it."""
         return np.where(self.continuation_only, np.maximum(pending - self.length, 0), self.tail)
 
-    def packed(self, keep: np.ndarray) -> torch.Tensor:
-        """[V] bool -> the mask words (bit j of word i: token 32 i + j)."""
-        bits = np.zeros(self.words * 32, dtype=bool)
-        bits[:len(keep)] = keep
-        return torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
 
 
 class ReasoningBudget:
@@ -73,4 +68,4 @@ class ReasoningBudget:
             row.zero_()
             row[self.end_think_id // 32] = word - (1 << 32) if word >= 1 << 31 else word  # int32 bits
             return
-        row &= self.tails.packed(self.tails.owed_after(self.pending) <= left - 1)
+        row &= pack_allowed(torch.from_numpy(self.tails.owed_after(self.pending) <= left - 1)[None])[0]

@@ -85,7 +85,7 @@ def _pdl_launches(v, config, call, launches) -> list[dict]:
     assert launches["wait"] == programs and launches["release"] == programs, (launches, programs)
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
-        assert gates._same(a, b), v.qualname
+        assert gates.same_bits(a, b), v.qualname
     return kernels
 
 

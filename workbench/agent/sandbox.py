@@ -26,6 +26,7 @@ import traceback
 
 import torch
 
+from workbench.gates import same_bits
 from workbench.registry import Variant
 
 START_TIMEOUT_S = 300.0
@@ -111,13 +112,17 @@ class Sandbox:
     def call(self, *args, **kwargs):
         """One call, run plain and poisoned (random order) in the sandbox; the two must agree bit for bit."""
         gens = {k: v for k, v in kwargs.items() if isinstance(v, torch.Generator)}
-        sent = {k: (("generator", v.device.type, v.get_state()) if k in gens else v) for k, v in kwargs.items()}
+        sent = _generators_as_states(kwargs)
         first_poisoned = self._rng.random() < 0.5
         outs, states = [], None
         for poisoned in (first_poisoned, not first_poisoned):  # same generator states both times
             out, states = self._ask("call", args, sent, poisoned)
-            outs.append(_plain_outputs(out))
-        if not _same_bits(*outs):
+            out = list(out) if isinstance(out, (tuple, list)) else [out]
+            problem = _not_plain(out)
+            if problem:
+                raise SandboxError(problem)
+            outs.append(out)
+        if len(outs[0]) != len(outs[1]) or not all(same_bits(a, b) for a, b in zip(*outs)):
             raise SandboxError("outputs differ between a plain run and one with uninitialised memory poisoned "
                                "(a variant must compute the same whether or not it is being checked)")
         for k, state in states.items():
@@ -131,9 +136,7 @@ class Sandbox:
     def prepare_batch(self, key: str, calls: list, slots: list[list[torch.Tensor]]) -> None:
         """Hand the sandbox `calls` (args and kwargs in shared memory; generators as their states) and
         their output `slots`."""
-        sent = [(c.args, {k: (("generator", v.device.type, v.get_state()) if isinstance(v, torch.Generator) else v)
-                          for k, v in c.kwargs.items()}) for c in calls]
-        self._ask("batch", key, sent, slots)
+        self._ask("batch", key, [(c.args, _generators_as_states(c.kwargs)) for c in calls], slots)
 
     def run_batch(self, key: str, order: list[int]) -> float:
         """Seconds for the sandbox to run the batch's calls in `order` (outputs into their slots, device
@@ -148,25 +151,22 @@ class Sandbox:
         return time.perf_counter() - started
 
 
-def _plain_outputs(out) -> list:
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    for i, o in enumerate(outs):
-        if o is not None and type(o) is not torch.Tensor:
-            raise SandboxError(f"output {i} is a {type(o).__name__}, not a plain torch.Tensor")
-    return outs
+def _not_plain(outs: list) -> str | None:
+    """Why `outs` are not all plain tensors (or None), or None. The sandbox says so for honest mistakes;
+    the judge's side checks again, since the sandbox's word is the candidate's."""
+    return next((f"output {i} is a {type(o).__name__}, not a plain torch.Tensor"
+                 for i, o in enumerate(outs) if o is not None and type(o) is not torch.Tensor), None)
 
 
-def _same_bits(a: list, b: list) -> bool:
-    from workbench.gates import _bits
+def _generators_as_states(kwargs: dict) -> dict:
+    """`kwargs` with each generator as ("generator", device type, state): a generator does not pickle."""
+    return {k: ("generator", v.device.type, v.get_state()) if isinstance(v, torch.Generator) else v
+            for k, v in kwargs.items()}
 
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if (x is None) != (y is None):
-            return False
-        if x is not None and (x.shape != y.shape or x.dtype != y.dtype or not torch.equal(_bits(x), _bits(y))):
-            return False
-    return True
+
+def _states_as_generators(kwargs: dict) -> dict:
+    """`_generators_as_states` undone, in the sandbox."""
+    return {k: _generator(v) if isinstance(v, tuple) and v[:1] == ("generator",) else v for k, v in kwargs.items()}
 
 
 # ------------------------------------------------------------------------------------ the sandbox's side
@@ -201,8 +201,8 @@ def _serve(conn, point, name, file, config, device, threads, static_check) -> No
         try:
             if kind == "call":
                 _, args, kwargs, poisoned = msg
-                gens = {k: _generator(v) for k, v in kwargs.items() if isinstance(v, tuple) and v[:1] == ("generator",)}
-                kwargs = {**kwargs, **gens}
+                kwargs = _states_as_generators(kwargs)
+                gens = {k: g for k, g in kwargs.items() if isinstance(g, torch.Generator)}
                 was = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
                 torch.use_deterministic_algorithms(poisoned, warn_only=True)
                 det.fill_uninitialized_memory = poisoned
@@ -214,13 +214,15 @@ def _serve(conn, point, name, file, config, device, threads, static_check) -> No
                     det.fill_uninitialized_memory = was[1]
                 if cuda:
                     torch.cuda.synchronize()
-                conn.send(("ok", _checked_outputs(out), {k: g.get_state() for k, g in gens.items()}))
+                problem = _not_plain(list(out) if isinstance(out, (tuple, list)) else [out])
+                if problem:
+                    raise TypeError(problem)
+                conn.send(("ok", out, {k: g.get_state() for k, g in gens.items()}))
             elif kind == "prepare":
                 conn.send(("ok", v.prepare_weights(msg[1])))
             elif kind == "batch":
                 _, key, calls, slots = msg
-                calls = [(args, {k: _generator(v) if isinstance(v, tuple) and v[:1] == ("generator",) else v
-                                 for k, v in kwargs.items()}) for args, kwargs in calls]
+                calls = [(args, _states_as_generators(kwargs)) for args, kwargs in calls]
                 batches[key] = (calls, slots)
                 conn.send(("ok", None))
             elif kind == "run":
@@ -243,15 +245,6 @@ def _serve(conn, point, name, file, config, device, threads, static_check) -> No
                 conn.send(("raised", f"unknown request {kind!r}"))
         except BaseException:  # noqa: BLE001 - the candidate's failure is the judge's to report
             conn.send(("raised", traceback.format_exc(limit=-8)))
-
-
-def _checked_outputs(out):
-    """`out`, refused here with a clear message if an output is not a plain tensor (the judge checks
-    again on its side: this side's check is for honest mistakes)."""
-    for i, o in enumerate(out if isinstance(out, (tuple, list)) else [out]):
-        if o is not None and type(o) is not torch.Tensor:
-            raise TypeError(f"output {i} is a {type(o).__name__}, not a plain torch.Tensor")
-    return out
 
 
 def _generator(marker) -> torch.Generator:

@@ -102,7 +102,7 @@ def test_a_json_body_needs_a_json_content_type(server):
 
 
 def test_seed_out_of_range_is_400_and_its_extremes_work(server):
-    # torch.Generator.manual_seed takes [-2**63, 2**64 - 1]; outside it, the step itself used to fail
+    # torch.Generator.manual_seed takes [-2**63, 2**64 - 1]; outside it, the model step itself fails
     for seed in (2**64, -2**63 - 1, 10**30):
         assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "seed": seed,
                                                       "temperature": 1.0}), 400, param="seed", message="seed")

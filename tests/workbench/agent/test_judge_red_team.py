@@ -83,7 +83,7 @@ CHEATS = {
 class Lazy(torch.Tensor):
     pass
 '''),
-    # Class 6: a cache keyed by the inputs' values (the timed copies used to repeat).
+    # Class 6: a cache keyed by the inputs' values (pays wherever timed input copies repeat).
     "value_cache": ('''    key = (float(y.sum()), float(h.sum()), h.shape)
     if key not in _SEEN:
         _SEEN[key] = _slow(y, h, w, eps)
@@ -91,7 +91,7 @@ class Lazy(torch.Tensor):
 ''', '''
 _SEEN = {}
 '''),
-    # Class 8: drops precision only at batches larger than the gate used to go (48 tokens on the CPU).
+    # Class 8: drops precision only past 48 rows, the largest batch the gate's fixed shapes reach on the CPU.
     "wrong_past_48_rows": ('''    if y.shape[0] > 48:
         out = _once(y.bfloat16().float(), h.bfloat16().float(), w, eps)
         return out[0].bfloat16().to(h.dtype), None if out[1] is None else out[1].bfloat16().to(h.dtype)

@@ -194,7 +194,7 @@ sys.meta_path.insert(0, _ExitAtTheGates())
 
 @pytest.mark.parametrize("how", ["os._exit(0)", "sys.exit(0)"])
 def test_check_fails_when_its_worker_exits_0_mid_command(tmp_path, monkeypatch, capsys, how):
-    """`workbench check --dir` counted a worker that exited 0 mid-gate as a pass; now it fails and says why."""
+    """A worker that exits 0 mid-gate is not a pass: `workbench check --dir` fails and says why."""
     from workbench.agent import scaffold
 
     d = tmp_path / "plugins"

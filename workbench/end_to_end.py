@@ -16,10 +16,12 @@
    alternating rounds, so a drift of the device falls on both sides of each round's ratio) finds the
    set faster with them beyond its band.
 Each build's timing and gate goes into a journal as it is made, so a stage ended midway resumes
-without making them again (`journal`, `save`).
+without making them again (`journal`, `save`). Once the agent has had a candidate accepted, the builds
+are timed by a `timer` that runs the step in a process of its own (`workbench.agent.step_sandbox`);
+the model gate stays here, where the candidate runs in its sandbox.
 
 What it must never do: write the lock or the report (`workbench.optimize` does), time a build in
-another way than `timing.time_fn` on the target's step, or keep a set that fails the model gate.
+another way than `timing.time_fn` on the target's step (or its timer's), or keep a set that fails the model gate.
 """
 
 from __future__ import annotations
@@ -50,13 +52,18 @@ FINALIZE_RULE = 5
 
 class EndToEnd:
     def __init__(self, runner, *, on_event: Callable[[object], None] | None = None):
-        """`runner`: the target's step (`targets.StepRunner`), rebound to each build it times."""
+        """`runner`: the target's step (`targets.StepRunner`), rebound to each build it times, unless
+        `timer` is set (an object with this class's `time_build`): then the timer times every build."""
         self.runner, self.model, self.device = runner, runner.model, runner.model.device
         self.on_event = on_event or (lambda e: None)
+        self.timer = None
 
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
                    compile_mode: str | None = None, budget_s: float = STEP_SAMPLES_S, **timing_kw) -> dict:
         """The step with `selection` bound, timed by `timing.time_fn` (`timing_kw` go to it)."""
+        if self.timer is not None:
+            return self.timer.time_build(selection, configs, compile_mode=compile_mode, budget_s=budget_s,
+                                         **timing_kw)
         self.runner.rebind(selection, configs, compile_mode=compile_mode)
         return {**timing.time_fn(self.runner, device=self.device, budget_s=budget_s, **timing_kw),
                 "process": timing.PROCESS_ID}
@@ -160,7 +167,8 @@ class EndToEnd:
             gate = recorded.gate(chosen, configs)
         if not gate.passed:
             raise RuntimeError(f"the chosen build fails the model gate: {gate.first_failure()}")
-        self.runner.rebind(chosen, configs)
+        if self.timer is None:  # the timer's builds run in its own process
+            self.runner.rebind(chosen, configs)
         return {"selection": chosen, "configs": configs, "reference": reference, "locked": locked,
                 "reverted_us": reverted, "reverted_process": reverted_process, "model_gate": gate.to_dict(),
                 "band": band, "dropped": dropped, "before_drop": before_drop, "paired": paired,

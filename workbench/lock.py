@@ -114,7 +114,8 @@ def _read(path: str) -> str:
 def _source_paths(point: str, variant: str) -> list[str]:
     """The files a variant's key covers: its module, the project modules it imports, the wrapper's."""
     v = get(point, variant)
-    wrapper = inspect.getsourcefile(v.fn)  # torch_compile: the compile call wraps the point's reference
+    # torch_compile: the compile call wraps the point's reference; a sandboxed variant's forwarder is not its code
+    wrapper = v.source_file if v.origin else inspect.getsourcefile(v.fn)
     return [v.source_file, *_project_imports(v.source_file), *([wrapper] if wrapper != v.source_file else [])]
 
 
@@ -307,19 +308,41 @@ class Verification:
         return not self.problems
 
 
-def _register_outside_source(point: str, entry: dict) -> None:
+def _register_outside_source(point: str, entry: dict, *, sandboxed: bool, device) -> None:
     """A variant from outside the package (an agent's accepted file under runs/) is registered from
-    the file the lock names; its source hash is then checked like any other."""
-    from workbench.agent.plugins import PluginError, ensure_registered
+    the file the lock names; its source hash is then checked like any other. `sandboxed`: its code runs
+    in a sandbox process, so what it does on import cannot reach the gates that verify it."""
+    from workbench.agent.candidates import ensure_registered
+    from workbench.agent.plugins import PluginError
 
     try:
-        ensure_registered(point, entry["variant"], entry.get("source"), ROOT)
+        ensure_registered(point, entry["variant"], entry.get("source"), ROOT, sandboxed=sandboxed,
+                          device=device or ("cuda" if _cuda() else "cpu"))
     except PluginError as e:
         raise KeyError(str(e)) from None
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def verify(path: str, *, environment: dict | None = None, run_gates: bool = True, device=None) -> Verification:
-    """Re-check a lock: its digest, every point's variant and source hash, the environment, the gates."""
+    """Re-check a lock: its digest, every point's variant and source hash, the environment, the gates.
+    With `run_gates`, a variant from outside the package runs in a sandbox and is never imported here."""
+    if not run_gates:
+        return _verify(path, environment, run_gates, device)
+    from workbench.agent.candidates import close_sandboxed, sandbox_count
+
+    keep = sandbox_count()
+    try:
+        return _verify(path, environment, run_gates, device)
+    finally:
+        close_sandboxed(keep)
+
+
+def _verify(path: str, environment: dict | None, run_gates: bool, device) -> Verification:
     lock, problems = Lock.load(path)
     notes = []
     if lock.schema != SCHEMA:
@@ -330,7 +353,7 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
         if point not in POINTS:
             continue
         try:
-            _register_outside_source(point, e)
+            _register_outside_source(point, e, sandboxed=run_gates, device=device)
             get(point, e["variant"])
         except KeyError as err:
             problems.append(f"{point}: {err.args[0]}")

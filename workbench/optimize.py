@@ -13,6 +13,8 @@ report a figure it did not measure, or decide a rule the search or the end-to-en
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -97,6 +99,11 @@ def rank_points(profile) -> list[str]:
 
 
 def optimize(opts: OptimizeOptions, on_event=None) -> dict:
+    with contextlib.ExitStack() as cleanup:  # the sandboxes agent rounds leave, ended however the run ends
+        return _optimize(opts, on_event, cleanup)
+
+
+def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) -> dict:
     check_backends(opts.backends)  # these two before anything is written to the run folder
     check_relock(opts.out_dir, device=opts.device, backends=opts.backends, points=opts.points, force=opts.force)
     on_event = on_event or (lambda e: None)
@@ -138,10 +145,17 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
         results[p] = search.search_point(p)
 
     if opts.agent is not None and results:
+        from workbench.agent.candidates import close_sandboxed
         from workbench.agent.loop import agent_rounds
+        from workbench.agent.step_sandbox import for_accepted
 
         on_event(StageStarted("agent"))
+        cleanup.callback(close_sandboxed)
         agent_rounds(search, results, profile, opts.agent, out_dir=opts.out_dir, trust=opts.trust, on_event=on_event)
+        # accepted candidates run in sandboxes here: the builds with them are timed in a step sandbox
+        stage.timer = for_accepted(runner, preset=opts.preset, seed=opts.seed, dtype=dtype, target=opts.target)
+        if stage.timer is not None:
+            cleanup.callback(stage.timer.close)
 
     on_event(StageStarted("end-to-end"))
     e2e_key = resume_key({"profile": key, "rule": FINALIZE_RULE,
@@ -165,16 +179,22 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
             baselines[mode] = whole.get(mode) or [*compile_baseline.time_compile_baseline(stage, mode, results),
                                                   timing.PROCESS_ID]
             folder.write(folder.END_TO_END, {"key": e2e_key, "final": final, "compile_baselines": baselines})
-    runner.rebind(final["selection"], final["configs"])
     # where the locked step's time goes, point by point and kernel by kernel, as `workbench profile` says
-    locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
-                                  trace_path=folder.path(folder.LOCKED_PROFILE_TRACE))
+    if stage.timer is not None:
+        locked_profile = stage.timer.profile(final["selection"], final["configs"], ceilings=ceilings,
+                                             trace_path=folder.path(folder.LOCKED_PROFILE_TRACE))
+    else:
+        runner.rebind(final["selection"], final["configs"])
+        locked_profile = profile_step(runner, workload_for=workload_for, ceilings=ceilings,
+                                      trace_path=folder.path(folder.LOCKED_PROFILE_TRACE))
     folder.write(folder.LOCKED_PROFILE, locked_profile.to_dict())
     in_step = None
     if opts.in_step_s is not None:
         on_event(StageStarted("in-step costs"))
-        in_step = in_step_costs(runner, final["selection"], final["configs"], device=opts.device,
-                                budget_s=opts.in_step_s, log=lambda line: on_event(InStepLine(line)))
+        costs = stage.timer.in_step if stage.timer is not None else functools.partial(in_step_costs, runner,
+                                                                                         device=opts.device)
+        in_step = costs(final["selection"], final["configs"], budget_s=opts.in_step_s,
+                        log=lambda line: on_event(InStepLine(line)))
         folder.write(folder.IN_STEP, in_step)
 
     env = environment()

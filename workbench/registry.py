@@ -52,6 +52,9 @@ class Variant:
     config_supports: Callable[..., bool | str] | None = None
     # Its launches honour a config's "pdl" key (programmatic dependent launch, see `tuning_configs`)
     pdl: bool = False
+    # The file of code that runs in another process (an agent's candidate, called through its sandbox):
+    # what the lock keys and names, since `fn` here only forwards the call
+    origin: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -59,7 +62,10 @@ class Variant:
 
     @property
     def source_file(self) -> str:
-        """The module of the code that computes: for a wrapper (torch_compile), the wrapped function's."""
+        """The module of the code that computes: for a wrapper (torch_compile), the wrapped function's;
+        for a variant run in a sandbox, the file the sandbox loaded."""
+        if self.origin:
+            return self.origin
         return inspect.getsourcefile(inspect.unwrap(self.fn)) or "?"
 
     def prepare_weights(self, weights: dict) -> Any:

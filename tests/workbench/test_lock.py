@@ -299,6 +299,6 @@ def test_reference_key_leaves_out_kernels_other_variants_import_on_use(monkeypat
 
     real_get = lock.get
     monkeypatch.setattr(lock, "get", lambda point, name: SimpleNamespace(
-        fn=reference_importing_kernels, source_file=real_get(point, name).source_file))
+        fn=reference_importing_kernels, source_file=real_get(point, name).source_file, origin=None))
     key = key_after()[0]
     assert key_after(kernels)[0] != key

@@ -6,8 +6,10 @@ floor, gate thresholds, the last attempt's verdict and timing; `variant.py`: the
 edited in place), runs `CMD <task folder>` with a time budget, takes back `variant.py` and judges
 it (`workbench.agent.judge`: the same gates and timing as every candidate, in a worker process).
 Every attempt is a line of `<run>/agent/attempts.jsonl`. An accepted variant is copied to
-`<run>/agent/accepted/`, registered in this process and becomes the point's incumbent, so the
-search's end-to-end step, the model gate and the lock treat it like any other variant.
+`<run>/agent/accepted/` and becomes the point's incumbent, registered here as a variant that runs in a
+sandbox process (`candidates.load_sandboxed`): this process, which gates, times and locks, never imports
+it. The end-to-end stage gates it here like any other variant and times the builds with it in a step
+sandbox (`workbench.agent.step_sandbox`); the lock names its file.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from workbench import registry
-from workbench.agent import plugins, scaffold, worker
+from workbench.agent import candidates, plugins, scaffold, worker
 from workbench.agent.judge import SUSPECT, Task, judge
 from workbench.events import AgentAttempt, AgentRound
 from workbench.noise import MIN_BAND
@@ -205,7 +207,7 @@ class AgentLoop:
                                                               "reason")}))
 
     def run_point(self, state: PointState) -> list[dict]:
-        """All rounds for one point; returns the attempts. Accepted variants are registered here and
+        """All rounds for one point; returns the attempts. Accepted variants are registered (sandboxed) and
         update `state` (incumbent, best_us), so the next round has to beat them."""
         attempts, previous = [], None
         shapes = scaffold.shapes_text(state.point, state.workloads)
@@ -260,11 +262,11 @@ class AgentLoop:
         return attempt
 
     def _accept(self, state: PointState, name: str, path: str, verdict) -> dict:
-        """Register the accepted file in this process; it becomes the incumbent."""
+        """Register the accepted file through a sandbox (never imported here); it becomes the incumbent."""
         dest = os.path.join(self.root, "accepted", scaffold.file_name(state.point, name))
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copy(path, dest)
-        plugins.load_file(dest)
+        candidates.load_sandboxed(dest, device=self.device)
         t = verdict.timing
         step_us = state.best_us * t["candidate_us"] / t["incumbent_us"]  # a ratio from one run, scaled
         state.incumbent, state.incumbent_config, state.best_us, state.incumbent_file = name, None, step_us, dest

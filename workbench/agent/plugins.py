@@ -5,7 +5,8 @@ A plugin module is any `*.py` in the directory not starting with `_`. Before it 
 pass the static check, and every point it registers on is loaded first, so a name it shares with
 an existing variant is caught as a clash (an error naming both files) and never shadows one.
 Importing a plugin runs its code: the CLI does that only inside an isolated worker
-(`workbench.agent.worker`), and the optimize loop only for candidates the judge accepted.
+(`workbench.agent.worker`). A process that judges, times or locks (`workbench optimize`, `workbench lock
+verify`) never imports a candidate: `workbench.agent.candidates` registers it through a sandbox.
 """
 
 from __future__ import annotations
@@ -105,14 +106,12 @@ def load_dirs(dirs) -> list[registry.Variant]:
 def plugin_file(variant: registry.Variant) -> str | None:
     """The file a variant was loaded from when it came from outside the package (a process that
     needs it, such as the judge's worker, must load that file), else None."""
+    if variant.origin:
+        return variant.origin
     return variant.source_file if getattr(variant.fn, "__module__", "").startswith(MODULE_PREFIX) else None
 
 
-def ensure_registered(point: str, name: str, source: str | None, root: str) -> None:
-    """Register `point:name` from `source` (a lock entry's file, relative to `root` or absolute) when it
-    comes from outside the package and is not registered yet: an agent's accepted variant."""
-    if name in registry.variants(point) or not source:
-        return
-    path = source if os.path.isabs(source) else os.path.join(root, source)
-    if os.path.isfile(path) and (point, name) in declared(path):
-        load_file(path)
+def imported_files() -> list[str]:
+    """The files of the registered variants this process imported (`load_file`, e.g. `--dir`), once each."""
+    return list(dict.fromkeys(f for p in registry.POINTS for v in registry.variants(p).values()
+                              if not v.origin and (f := plugin_file(v))))

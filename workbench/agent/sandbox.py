@@ -20,6 +20,7 @@ random sample of the slots against the reference after the run: which ones, the 
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import traceback
@@ -36,26 +37,20 @@ class SandboxError(RuntimeError):
     """The sandbox failed: the candidate raised (its traceback is the message), or the process died."""
 
 
-class Sandbox:
-    """One variant (`point:name` from `file`, or from the package when `file` is None) in its own process."""
+class Child:
+    """A spawned process that runs `serve(conn, *args)` and answers requests over a pipe this side opened;
+    `info` is its first answer ("ready")."""
 
-    def __init__(self, point: str, name: str, *, file: str | None = None, config: dict | None = None,
-                 device: str = "cpu", threads: int | None = None, static_check: bool = True):
+    def __init__(self, serve, args: tuple, name: str, *, start_timeout: float = START_TIMEOUT_S):
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.point, self.name, self.device = point, name, torch.device(device)
-        self._proc = ctx.Process(target=_serve, daemon=True, name=f"sandbox {point}:{name}",
-                                 args=(child, point, name, file, config, device, threads or torch.get_num_threads(),
-                                       static_check))
+        self._proc = ctx.Process(target=serve, daemon=True, name=name, args=(child, *args))
         self._proc.start()
         child.close()
-        self._rng = random.Random()
-        self.info = self._reply(timeout=START_TIMEOUT_S)
-        self._empty_s: float | None = None
+        self.info = self._reply(timeout=start_timeout)
 
-    # ---- plumbing -------------------------------------------------------------------------------
     def _reply(self, timeout: float | None = None):
         if timeout is not None and not self._conn.poll(timeout):
             raise SandboxError(f"the sandbox did not answer within {timeout:.0f} s")
@@ -103,11 +98,29 @@ class Sandbox:
     def __exit__(self, *exc):
         self.close()
 
+    def _round_trip(self, *msg) -> float:
+        started = time.perf_counter()
+        self._ask(*msg)
+        return time.perf_counter() - started
+
+
+class Sandbox(Child):
+    """One variant (`point:name` from `file`, or from the package when `file` is None) in its own process."""
+
+    def __init__(self, point: str, name: str, *, file: str | None = None, config: dict | None = None,
+                 device: str = "cpu", threads: int | None = None, static_check: bool = True):
+        self.point, self.name, self.device, self.file = point, name, torch.device(device), file
+        self._rng = random.Random()
+        self._empty_s: float | None = None
+        super().__init__(_serve, (point, name, file, config, device, threads or torch.get_num_threads(),
+                                  static_check), f"sandbox {point}:{name}")
+
     # ---- the op gate's view ---------------------------------------------------------------------
     def variant(self) -> Variant:
         """This sandbox's variant as the gate calls it (metadata from the sandbox, code in it)."""
         return Variant(self.point, self.name, self.info["backend"], self.call,
-                       prepare=self.prepare if self.info["prepare"] else None)
+                       prepare=self.prepare if self.info["prepare"] else None,
+                       origin=os.path.abspath(self.file) if self.file else None)
 
     def call(self, *args, **kwargs):
         """One call, run plain and poisoned (random order) in the sandbox; the two must agree bit for bit."""
@@ -144,11 +157,6 @@ class Sandbox:
         if self._empty_s is None:
             self._empty_s = min(self._round_trip("run", key, []) for _ in range(5))
         return max(self._round_trip("run", key, order) - self._empty_s, 0.0)
-
-    def _round_trip(self, *msg) -> float:
-        started = time.perf_counter()
-        self._ask(*msg)
-        return time.perf_counter() - started
 
 
 def _not_plain(outs: list) -> str | None:

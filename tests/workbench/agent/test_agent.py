@@ -7,8 +7,6 @@ Worker processes import torch (~3 s each on CPU), so each judged attempt costs t
 static rejections start none.
 """
 
-import dataclasses
-import functools
 import json
 import os
 import subprocess
@@ -180,6 +178,38 @@ EXPECTED = {  # behaviour -> (stage, text in the reason or the failing check)
 
 SLOW_INCUMBENT = scripted.slow("slow_incumbent")
 
+# The run's setup, as a plugin file imported by this process and, like any plugin the caller imported, by
+# the step sandbox that times the end-to-end builds. torch.compile costs a minute of CPU here and is not
+# what this test is about: the search sees it as unavailable, and the "torch.compile" build of the report
+# runs the references. The reference does its work 40 times (same values), so the search picks the slow
+# incumbent and the accepted variant's gain in the step stands far above a shared CPU's noise band.
+SETUP = """import dataclasses
+import functools
+
+from workbench import registry
+
+for point in registry.POINTS:
+    registry.variants(point)["torch_compile"] = registry.Variant(
+        point, "torch_compile", "torch_compile", registry.reference(point).fn,
+        supports=lambda w: "not compiled in this test")
+fast = registry.reference("boundary")
+
+
+@functools.wraps(fast.fn)  # the scaffold still inlines the real reference's source
+def slow_boundary(*args, **kwargs):
+    for _ in range(39):
+        fast.fn(*args, **kwargs)
+    return fast.fn(*args, **kwargs)
+
+
+registry.variants("boundary")["torch"] = dataclasses.replace(fast, fn=slow_boundary)
+
+
+@registry.register("boundary", "test_setup", "torch", supports=lambda w: "this file's setup, not a candidate")
+def test_setup(*args, **kwargs):
+    raise AssertionError("never called")
+"""
+
 
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory):
@@ -190,28 +220,16 @@ def agent_run(tmp_path_factory):
     events = []
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TRITON_INTERPRET", raising=False)  # as a user's CPU run
-        # torch.compile costs a minute of CPU here and is not what this test is about: the search sees
-        # it as unavailable, and the "torch.compile" build of the report runs the references.
-        for point in registry.POINTS:
-            ref = registry.reference(point)
-            mp.setitem(registry.variants(point), "torch_compile", registry.Variant(
-                point, "torch_compile", "torch_compile", ref.fn, supports=lambda w: "not compiled in this test"))
-        # The incumbent the agent must beat is a plugin variant doing the reference's math 10 times
-        # (same values), so the accepted variant's gain stands far above a shared CPU's noise band in
-        # the judge's worker too (it loads the incumbent's file), and the test can require that it is
-        # locked. The search picks it because, in this process only, the reference does its work 40 times.
-        incumbent = tmp_path_factory.mktemp("incumbent") / "slow_incumbent.py"
-        incumbent.write_text(SLOW_INCUMBENT)
-        plugins.load_file(str(incumbent))
-        ref = registry.reference("boundary")
-
-        @functools.wraps(ref.fn)  # the scaffold still inlines the real reference's source
-        def slow_boundary(*args, **kwargs):
-            for _ in range(39):
-                ref.fn(*args, **kwargs)
-            return ref.fn(*args, **kwargs)
-
-        mp.setitem(registry.variants("boundary"), "torch", dataclasses.replace(ref, fn=slow_boundary))
+        for point in registry.POINTS:  # restored afterwards: the setup file replaces them
+            mp.setitem(registry.variants(point), "torch_compile", registry.get(point, "torch_compile"))
+        mp.setitem(registry.variants("boundary"), "torch", registry.reference("boundary"))
+        # The incumbent the agent must beat is a plugin variant doing the reference's math 10 times (the
+        # judge's worker loads its file too), so the test can require that the accepted variant is locked.
+        folder = tmp_path_factory.mktemp("incumbent")
+        (folder / "slow_incumbent.py").write_text(SLOW_INCUMBENT)
+        (folder / "setup.py").write_text(SETUP)
+        plugins.load_file(str(folder / "setup.py"), static=False)
+        plugins.load_file(str(folder / "slow_incumbent.py"))
         agent = AgentOptions(f"{AGENT} {','.join(PLAYLIST)}", rounds=len(PLAYLIST), budget_s=3.0,
                              worker_timeout_s=25.0, timing=FAST_TIMING)
         report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
@@ -223,6 +241,7 @@ def agent_run(tmp_path_factory):
     for a in attempts:
         registry.variants("boundary").pop(a["variant"], None)
     registry.variants("boundary").pop("slow_incumbent", None)
+    registry.variants("boundary").pop("test_setup", None)
 
 
 def test_every_attempt_is_recorded_with_its_verdict(agent_run):
@@ -260,7 +279,14 @@ def test_accepted_variant_goes_through_finalize_and_the_lock(agent_run):
     accepted = next(a for a in attempts if a["accepted"])
     name = accepted["variant"]
     assert os.path.isfile(accepted["accepted_file"])
-    assert registry.get("boundary", name).source_file == os.path.abspath(accepted["accepted_file"])
+    # This process never imported it: it ran in its sandbox (ended with the run, unregistered then) and the
+    # builds were timed in a step sandbox.
+    path = os.path.abspath(accepted["accepted_file"])
+    assert not [m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == path]
+    assert name not in registry.variants("boundary")
+    with open(os.path.join(out, "end_to_end.json")) as f:
+        final = json.load(f)["final"]
+    assert final["locked"]["process"].startswith("step-sandbox-")
     # It became the point's choice: the end-to-end step was timed with and without it.
     reverts = [e for e in events if e.kind == "revert" and e.point == "boundary"]
     assert reverts, "the accepted variant never reached the end-to-end check"
@@ -274,19 +300,26 @@ def test_accepted_variant_goes_through_finalize_and_the_lock(agent_run):
     assert next(p for p in report["points"] if p["point"] == "boundary")["variant"] == name
 
 
-def test_a_lock_naming_an_agent_variant_verifies_in_a_fresh_process(agent_run, tmp_path):
-    from workbench.lock import Lock
-
-    out, _, _, attempts = agent_run
-    name = next(a for a in attempts if a["accepted"])["variant"]
-    lock, _ = Lock.load(os.path.join(out, "lock.yaml"))
-    lock.points["boundary"] = Lock.entry("boundary", name, gate={"passed": True})
-    path = str(tmp_path / "lock.yaml")
-    lock.save(path)
-    done = subprocess.run([sys.executable, "-m", "workbench.cli", "lock", "verify", path, "--no-gates", "--json"],
-                          capture_output=True, text=True, timeout=120)
+def test_a_lock_naming_an_agent_variant_verifies_in_a_fresh_process(agent_run):
+    out, _, _, _ = agent_run
+    done = subprocess.run([sys.executable, "-m", "workbench.cli", "lock", "verify", os.path.join(out, "lock.yaml"),
+                           "--no-gates", "--json"], capture_output=True, text=True, timeout=120)
     problems = json.loads(done.stdout)["problems"]
     assert not [p for p in problems if p.startswith("boundary")], problems
+
+
+def test_lock_verify_gates_an_agent_variant_without_importing_it(agent_run):
+    """The gates run here on the variant in its sandbox: code it runs on import cannot reach them."""
+    from workbench.lock import verify
+
+    out, _, _, attempts = agent_run
+    accepted = next(a for a in attempts if a["accepted"])
+    result = verify(os.path.join(out, "lock.yaml"), device="cpu")
+    assert result.ok, result.problems
+    assert result.gate_reports["boundary"]["passed"] and result.gate_reports["model"]["passed"]
+    path = os.path.abspath(accepted["accepted_file"])
+    assert not [m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == path]
+    assert accepted["variant"] not in registry.variants("boundary")  # its sandbox ended with the verification
 
 
 def test_cli_passes_agent_options(monkeypatch, tmp_path):

@@ -160,3 +160,42 @@ def test_the_sandboxed_judge_on_cuda(tmp_path, incumbent):
     assert faster.accepted, faster.reason
     poisoned = on_cuda(candidate(*CHEATS["right_only_when_poisoned"]))
     assert not poisoned.accepted and poisoned.stage == "gate", poisoned.reason
+
+
+# Class 3: code an accepted variant runs on import replaces the gates of the process that locks it.
+IMPORT_TIME_PATCH = scripted.HEADER + '''
+import workbench.gates as gates
+
+passed = gates.GateReport("model", "patched")
+passed.checks.append(gates.CheckResult("logits", "patched", True, 0.0, 1.0, ""))
+gates.model_gate = lambda *args, **kwargs: passed
+gates.op_gate = lambda *args, **kwargs: passed
+
+
+@register("boundary", "patches_the_gates", "torch")
+def patches_the_gates(y, h, w, *, eps, group=None):
+    return torch.zeros_like(h), None if w["next_norm"] is None else torch.zeros_like(h)
+'''
+
+
+def test_an_accepted_variants_import_time_code_stays_in_its_sandbox(tmp_path):
+    """`optimize --agent` and `lock verify` register an accepted file through a sandbox: what it runs on
+    import changes that process only, and the model gate here still fails its wrong outputs."""
+    from workbench import gates
+    from workbench.agent import candidates, plugins
+
+    path = tmp_path / "boundary__patches_the_gates.py"
+    path.write_text(IMPORT_TIME_PATCH)
+    model_gate, op_gate = gates.model_gate, gates.op_gate
+    found = candidates.load_sandboxed(str(path), static=False)
+    try:
+        assert (gates.model_gate, gates.op_gate) == (model_gate, op_gate)
+        assert [v.qualname for v in found] == ["boundary:patches_the_gates"]
+        assert found[0].source_file == str(path) and plugins.plugin_file(found[0]) == str(path)
+        report = gates.model_gate({"boundary": "patches_the_gates"}, preset="beam-tiny", dtype="fp32")
+        assert not report.passed, report.first_failure()
+    finally:
+        candidates.close_sandboxed()
+    from workbench import registry
+
+    assert "patches_the_gates" not in registry.variants("boundary")

@@ -199,3 +199,44 @@ def test_an_accepted_variants_import_time_code_stays_in_its_sandbox(tmp_path):
     from workbench import registry
 
     assert "patches_the_gates" not in registry.variants("boundary")
+
+
+# Class 1: right only on the sandbox's shared-memory inputs, so every sandboxed check passes; a served
+# model's inputs are not shared.
+RIGHT_ONLY_WHEN_SHARED = scripted.HEADER + f'''
+
+@register("boundary", "right_only_when_shared", "torch")
+def right_only_when_shared(y, h, w, *, eps, group=None):
+    if not h.is_shared():
+        return torch.zeros_like(h), None if w["next_norm"] is None else torch.zeros_like(h)
+{scripted.REFERENCE_BODY}'''
+
+
+def test_the_step_sandbox_refuses_a_build_that_differs_from_the_gated_one(tmp_path):
+    """The static check refuses `is_shared`; without it, the sandboxed model gate passes such a variant,
+    and the step sandbox, which runs it natively, refuses to time it."""
+    import torch
+
+    from beam_model import BeamForCausalLM
+    from workbench import gates
+    from workbench.agent import candidates
+    from workbench.agent.static_check import check_file
+    from workbench.agent.step_sandbox import StepSandbox, StepSandboxError, gated_tokens
+    from workbench.targets import StepRunner, for_device, get_target
+
+    path = tmp_path / "boundary__right_only_when_shared.py"
+    path.write_text(RIGHT_ONLY_WHEN_SHARED)
+    assert any("is_shared" in str(v) for v in check_file(str(path)))
+    candidates.load_sandboxed(str(path), static=False)
+    try:
+        selection = {"boundary": "right_only_when_shared"}
+        assert gates.model_gate(selection, preset="beam-tiny", dtype="fp32").passed
+        model = BeamForCausalLM.from_preset("beam-tiny", seed=0, dtype=torch.float32)
+        runner = StepRunner(model, for_device(get_target("decode-b1"), torch.device("cpu")))
+        with StepSandbox([], imported=[str(path)], preset="beam-tiny", seed=0, dtype="fp32", device="cpu",
+                         target="decode-b1", expected=gated_tokens(runner)) as box:
+            assert box.time_build({}, budget_s=0.2)["median_us"] > 0  # the reference build draws the same
+            with pytest.raises(StepSandboxError, match="other tokens"):
+                box.time_build(selection, budget_s=0.2)
+    finally:
+        candidates.close_sandboxed()

@@ -8,11 +8,15 @@ GPU); the medians go to OUT/results.json. On a GPU the decode steps are CUDA-gra
 graph reads the masks).
 
     PYTHONPATH=. python scripts/grammar_overhead.py runs/grammar-overhead-cpu [--device cuda --preset ...]
+        [--lock runs/optimize-decode-b1-beam-501b-tp8/lock.yaml]
+
+With `--lock` the step is the locked build's (as `workbench serve --lock` runs it), else the reference's.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -31,6 +35,7 @@ from beam_model.tokenizer import ByteTokenizer  # noqa: E402
 from server.api.structures import completion_structure  # noqa: E402
 from server.engine import Engine, SamplingParams  # noqa: E402
 from workbench.dtypes import dtype_of  # noqa: E402
+from workbench.lock import load_for_serving  # noqa: E402
 
 ITEM = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "n": {"type": "integer"}},
         "required": ["name", "n"], "additionalProperties": False}
@@ -60,12 +65,18 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--steps", type=int, default=48, help="tokens generated per request")
+    ap.add_argument("--lock", help="serve this lock's variants (verified as `workbench serve` does)")
     args = ap.parse_args()
     model = BeamForCausalLM.from_preset(args.preset, seed=0, dtype=dtype_of(args.dtype), device=args.device)
+    lock = load_for_serving(args.lock, device=args.device) if args.lock else None
+    variants = dict(variants=lock.selection, variant_configs=lock.configs) if lock else {}
     tokenizer = ByteTokenizer()
     results = {}
     for b in args.batches:
-        engine = Engine(model, tokenizer, max_num_seqs=b)
+        gc.collect()  # the last batch size's engine (its KV pages and graphs) goes before the next one plans
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        engine = Engine(model, tokenizer, max_num_seqs=b, **variants)
         gen = torch.Generator().manual_seed(b)
         prompts = [torch.randint(0, 256, (24,), generator=gen).tolist() for _ in range(b)]
         free = SamplingParams(max_tokens=args.steps, temperature=1.0, ignore_eos=True)
@@ -84,9 +95,10 @@ def main() -> int:
                             "overhead_ms": round((step_masked - step_free) * 1e3, 3),
                             "overhead_fraction": round(step_masked / step_free - 1, 4)}
         print(b, results[f"b{b}"], flush=True)
+        del engine
     env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
            "torch_threads": torch.get_num_threads(), "device": args.device, "preset": args.preset,
-           "dtype": args.dtype, **{name: version(name) for name in ("torch", "llguidance")},
+           "dtype": args.dtype, "lock": args.lock, **{name: version(name) for name in ("torch", "llguidance")},
            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
     args.out.mkdir(parents=True, exist_ok=True)
     command = "PYTHONPATH=. python scripts/grammar_overhead.py " + " ".join(sys.argv[1:])

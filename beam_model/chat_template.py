@@ -133,6 +133,96 @@ def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     return ids
 
 
+
+# The same rendering as a Jinja chat template, the form a Hugging Face checkpoint ships in
+# tokenizer_config.json ("chat_template") and serving engines render. It is written for
+# transformers' conventions (its `tojson(x, ensure_ascii=False, indent=None, separators=None,
+# sort_keys=False)` filter, `raise_exception`); `render_chat_jinja` renders it with jinja2 under
+# those conventions. It equals `render_chat` for every conversation `render_chat` accepts, except
+# one: a tool call whose "arguments" arrive as a JSON string is copied verbatim (Jinja cannot parse
+# JSON), where `render_chat` re-serializes it; the two agree when the string is in the form this
+# project emits (`json.dumps(arguments, ensure_ascii=False)`). It validates less than
+# `render_chat` does: the project encodes prompts with `encode_chat`, never with this template.
+CHAT_TEMPLATE_JINJA = (
+    "{%- macro text(c) -%}"
+    "{%- if c is none or c is undefined -%}"
+    "{%- elif c is string -%}{{ c }}"
+    "{%- else -%}{%- for part in c -%}{{ part.text }}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- set ns = namespace(tools='') -%}"
+    "{%- if tools -%}"
+    "{%- set ns.tools = '# Tools' -%}"
+    "{%- for tool in tools -%}"
+    "{%- set ns.tools = ns.tools ~ '\\n' ~ (tool.function | tojson(ensure_ascii=True, separators=(',', ':'),"
+    " sort_keys=True)) -%}"
+    "{%- endfor -%}"
+    "{%- if messages[0].role != 'system' -%}"
+    "<|system|>{{ ns.tools }}<|end|>"
+    "{%- endif -%}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' or message.role == 'user' or message.role == 'tool' -%}"
+    "<|{{ message.role }}|>"
+    "{%- set body = text(message.content) -%}"
+    "{%- if loop.first and message.role == 'system' and ns.tools -%}"
+    "{%- if body -%}{{ body }}{{ '\\n\\n' }}{%- endif -%}{{ ns.tools }}"
+    "{%- else -%}{{ body }}"
+    "{%- endif -%}"
+    "<|end|>"
+    "{%- elif message.role == 'assistant' -%}"
+    "<|assistant|><|think|>"
+    "{%- if message.reasoning_content is defined and message.reasoning_content is not none -%}"
+    "{{ message.reasoning_content }}"
+    "{%- elif message.reasoning is defined and message.reasoning is not none -%}"
+    "{{ message.reasoning }}"
+    "{%- endif -%}"
+    "<|/think|>{{ text(message.content) }}"
+    "{%- if message.tool_calls -%}"
+    "{%- for call in message.tool_calls -%}"
+    "{%- set args = call.function.arguments -%}"
+    "<|tool_call|>"
+    "{%- if args is string and args -%}"
+    "{\"name\": {{ call.function.name | tojson }}, \"arguments\": {{ args }}}"
+    "{%- else -%}"
+    "{{ {'name': call.function.name, 'arguments': args if args else {}} | tojson }}"
+    "{%- endif -%}"
+    "<|/tool_call|>"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "<|end|>"
+    "{%- else -%}"
+    "{{ raise_exception('message ' ~ loop.index0 ~ ': unknown role ' ~ message.role) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    """transformers' `tojson` filter (jinja2's own escapes HTML characters and sorts keys)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str):
+    raise ValueError(message)
+
+
+def render_chat_jinja(template: str, messages: list[dict], tools: list[dict] | None = None,
+                      add_generation_prompt: bool = True) -> str:
+    """Render a Jinja chat template (e.g. tokenizer_config.json's "chat_template") with jinja2 the way
+    transformers' `apply_chat_template` does: a sandboxed environment, trim_blocks and lstrip_blocks,
+    its `tojson` filter and `raise_exception`."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # lazily: only checkpoints with a template need it
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template).render(messages=messages, tools=tools,
+                                            add_generation_prompt=add_generation_prompt)
+
+
 # ------------------------------------------------------------------ parsing
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class StreamDecoder:
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255, then SPECIAL_TOKENS from 256."""
 
+    chat_template: str | None = None  # no checkpoint template: beam_model.chat_template renders
+
     def __init__(self) -> None:
         self.special_ids: dict[str, int] = {t: 256 + i for i, t in enumerate(SPECIAL_TOKENS)}
         self._id_to_special = {i: t for t, i in self.special_ids.items()}
@@ -112,7 +114,8 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face `tokenizer.json` behind the ByteTokenizer interface."""
+    """A Hugging Face `tokenizer.json` behind the ByteTokenizer interface. `chat_template` is the Jinja
+    template of the `tokenizer_config.json` beside it ("chat_template"), or None where there is none."""
 
     def __init__(self, path: str | Path):
         from tokenizers import Tokenizer  # imported lazily: byte presets don't need it
@@ -128,6 +131,7 @@ class HFTokenizer:
         self.special_ids: dict[str, int] = {t: added[t] for t in SPECIAL_TOKENS}
         self.eos_token_id: int = self.special_ids[EOS_TOKEN]
         self._plain_tok = None  # copy that encodes special-token strings as text
+        self.chat_template: str | None = _config_chat_template(Path(self.path).with_name("tokenizer_config.json"))
 
     @property
     def vocab_size(self) -> int:
@@ -184,6 +188,18 @@ class HFTokenizer:
         return out
 
 
+def _config_chat_template(path: Path) -> str | None:
+    """The "chat_template" string of a tokenizer_config.json, None if the file or the key is absent."""
+    import json
+
+    if not path.is_file():
+        return None
+    template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{path}: chat_template must be a string (named templates are not supported)")
+    return template
+
+
 def _byte_to_char() -> dict[int, str]:
     """The byte -> printable character table of byte-level BPE (GPT-2's): printable Latin-1 bytes
     stand for themselves, the other 68 bytes take the characters from U+0100 on, in byte order."""
@@ -206,6 +222,8 @@ def save_hf_tokenizer(directory: str | Path) -> Path:
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+    from beam_model.chat_template import CHAT_TEMPLATE_JINJA
+
     table = _byte_to_char()
     tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -217,13 +235,15 @@ def save_hf_tokenizer(directory: str | Path) -> Path:
     tok.save(str(out / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
               "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != EOS_TOKEN],
-              "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}
+              "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False,
+              "chat_template": CHAT_TEMPLATE_JINJA}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
 
 def load_tokenizer(model_dir: str | Path | None) -> ByteTokenizer | HFTokenizer:
-    """`model_dir/tokenizer.json` if present, else the byte-level tokenizer."""
+    """`model_dir/tokenizer.json` if present (with the chat template of `tokenizer_config.json` beside it,
+    if any), else the byte-level tokenizer."""
     if model_dir is not None:
         path = Path(model_dir) / "tokenizer.json"
         if path.is_file():

@@ -23,6 +23,7 @@ COMMANDS = {
     "variant": "workbench.commands.variant",
     "serve": "workbench.commands.serve",
     "tui": "workbench.commands.tui",
+    "tokenizer": "workbench.commands.tokenizer",
 }
 
 

@@ -1,0 +1,1 @@
+"""Training what the project ships: the corpus (Python's standard library) and the tokenizer."""

@@ -198,60 +198,68 @@ def _serve(conn, point, name, file, config, device, threads, static_check) -> No
     conn.send(("ready", {"backend": v.backend, "prepare": v.prepare is not None}))
     batches: dict = {}
     cuda = torch.device(device).type == "cuda"
+
+    def answer(kind: str, msg: tuple):
+        if kind == "call":
+            args, kwargs, poisoned = msg
+            kwargs = _states_as_generators(kwargs)
+            gens = {k: g for k, g in kwargs.items() if isinstance(g, torch.Generator)}
+            was = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
+            torch.use_deterministic_algorithms(poisoned, warn_only=True)
+            det.fill_uninitialized_memory = poisoned
+            try:
+                with torch.no_grad():
+                    out = fn(*args, **kwargs)
+            finally:
+                torch.use_deterministic_algorithms(was[0], warn_only=True)
+                det.fill_uninitialized_memory = was[1]
+            if cuda:
+                torch.cuda.synchronize()
+            problem = _not_plain(list(out) if isinstance(out, (tuple, list)) else [out])
+            if problem:
+                raise TypeError(problem)
+            return out, {k: g.get_state() for k, g in gens.items()}
+        if kind == "prepare":
+            return v.prepare_weights(msg[0])
+        if kind == "batch":
+            key, calls, slots = msg
+            batches[key] = ([(args, _states_as_generators(kwargs)) for args, kwargs in calls], slots)
+            return None
+        if kind == "run":
+            key, order = msg
+            calls, slots = batches[key] if order else ([], [])
+            with torch.no_grad():
+                for i in order:
+                    args, kwargs = calls[i]
+                    out = fn(*args, **kwargs)
+                    out = out if isinstance(out, (tuple, list)) else [out]
+                    if len(out) != len(slots[i]):
+                        raise ValueError(f"{len(out)} outputs, the contract has {len(slots[i])}")
+                    for slot, o in zip(slots[i], out):
+                        if slot is not None:
+                            slot.copy_(o)
+            if cuda:
+                torch.cuda.synchronize()
+            return None
+        raise ValueError(f"unknown request {kind!r}")
+
+    serve_requests(conn, answer)
+
+
+def serve_requests(conn, answer) -> None:
+    """A child's side of `Child`, once it has sent "ready": each request `(kind, *args)` is answered with
+    `answer(kind, args)`, or with the traceback of what it raised (the code under test's failure is the
+    caller's to report), until "close" or the pipe's end."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        kind = msg[0]
-        if kind == "close":
+        if msg[0] == "close":
             return
         try:
-            if kind == "call":
-                _, args, kwargs, poisoned = msg
-                kwargs = _states_as_generators(kwargs)
-                gens = {k: g for k, g in kwargs.items() if isinstance(g, torch.Generator)}
-                was = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
-                torch.use_deterministic_algorithms(poisoned, warn_only=True)
-                det.fill_uninitialized_memory = poisoned
-                try:
-                    with torch.no_grad():
-                        out = fn(*args, **kwargs)
-                finally:
-                    torch.use_deterministic_algorithms(was[0], warn_only=True)
-                    det.fill_uninitialized_memory = was[1]
-                if cuda:
-                    torch.cuda.synchronize()
-                problem = _not_plain(list(out) if isinstance(out, (tuple, list)) else [out])
-                if problem:
-                    raise TypeError(problem)
-                conn.send(("ok", out, {k: g.get_state() for k, g in gens.items()}))
-            elif kind == "prepare":
-                conn.send(("ok", v.prepare_weights(msg[1])))
-            elif kind == "batch":
-                _, key, calls, slots = msg
-                calls = [(args, _states_as_generators(kwargs)) for args, kwargs in calls]
-                batches[key] = (calls, slots)
-                conn.send(("ok", None))
-            elif kind == "run":
-                _, key, order = msg
-                calls, slots = batches[key] if order else ([], [])
-                with torch.no_grad():
-                    for i in order:
-                        args, kwargs = calls[i]
-                        out = fn(*args, **kwargs)
-                        out = out if isinstance(out, (tuple, list)) else [out]
-                        if len(out) != len(slots[i]):
-                            raise ValueError(f"{len(out)} outputs, the contract has {len(slots[i])}")
-                        for slot, o in zip(slots[i], out):
-                            if slot is not None:
-                                slot.copy_(o)
-                if cuda:
-                    torch.cuda.synchronize()
-                conn.send(("ok", None))
-            else:
-                conn.send(("raised", f"unknown request {kind!r}"))
-        except BaseException:  # noqa: BLE001 - the candidate's failure is the judge's to report
+            conn.send(("ok", answer(msg[0], msg[1:])))
+        except BaseException:  # noqa: BLE001 - whatever the code under test raised
             conn.send(("raised", traceback.format_exc(limit=-8)))
 
 

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from workbench import timing
-from workbench.agent.sandbox import Child, SandboxError
+from workbench.agent.sandbox import Child, SandboxError, serve_requests
 
 ROUND_S = 0.02   # a timed round runs at least this long, so its round trip is a small part of it
 EMPTY_TRIPS = 5  # round trips without a step; their minimum is subtracted from every round
@@ -150,18 +150,7 @@ def _serve(conn, files, imported, preset, seed, dtype, device, target_name, thre
     cuda = torch.device(device).type == "cuda"
     conn.send(("ready", {"tokens": runner.input_ids.numel(), "vocab": model.config.vocab_size,
                          "graph": runner.use_graph}))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        kind = msg[0]
-        if kind == "close":
-            return
-        try:
-            conn.send(("ok", _answer(kind, msg[1:], runner, target, preset, dtype, device, cuda)))
-        except BaseException:  # noqa: BLE001 - the build's failure is the caller's to report
-            conn.send(("raised", traceback.format_exc(limit=-8)))
+    serve_requests(conn, lambda kind, args: _answer(kind, args, runner, target, preset, dtype, device, cuda))
 
 
 def _answer(kind, args, runner, target, preset, dtype, device, cuda):

@@ -4,15 +4,22 @@
 1. Static check (`static_check`), and the file must register exactly the task's `point:name`.
 2. In a worker process (`worker.run`, time and memory limits), which never imports the candidate: its
    code runs only in a sandbox process of its own (`sandbox.Sandbox`), the worker holding the clock,
-   the inputs, the reference, the tolerances and the result file. The op gate at the task's workloads
-   and at a larger batch drawn for this attempt (`larger_batch`), on seeds drawn fresh for it, each
-   call run plain and poisoned in the sandbox and compared bit for bit; then the incumbent (in a
-   sandbox too) and the candidate timed in rounds interleaved in a random order (`sandboxed_timing`):
-   every round refills the input copies with fresh values, and a random sample of the candidate's
-   outputs is re-checked against the reference after it (a variant right in the gate and wrong once
-   timing starts fails).
-3. A step time below SUSPECT x the roofline floor is flagged suspect: not accepted without `trust`.
-4. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
+   the inputs, the reference, the tolerances and the result file. Before the candidate's sandbox
+   starts, the incumbent and an empty call are timed alone (`alone_times`); the empty call
+   (`EMPTY_SOURCE`, a sandbox of its own) returns outputs of the contract's shapes made once, so it
+   costs what any call costs through this timing path and nothing of the op. The op gate at the
+   task's workloads and at a larger batch drawn for this attempt (`larger_batch`), on seeds drawn
+   fresh for it, each call run plain and poisoned in the sandbox and compared bit for bit; then the
+   incumbent, the candidate and the empty call timed in rounds interleaved in a random order
+   (`sandboxed_timing`): every round refills the input copies with fresh values, and a random sample
+   of the candidate's outputs is re-checked against the reference after it (a variant right in the
+   gate and wrong once timing starts fails).
+3. Not believed, whatever `trust` says, while the incumbent's time beside the candidate is past
+   RECORD_SLOWER x the search's record of it (plus the empty call's time) and past ALONE_SLOWER x its
+   time alone (`off_record`): the candidate slowed it (work left running, other processes stopped).
+4. A step time below SUSPECT x the roofline floor or below ABOVE_EMPTY x the empty call's, whichever
+   is higher, is flagged suspect (`suspect_floor`): not accepted without `trust`.
+5. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
    incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band half the
    ratios' interquartile range, within [MIN_BAND, MAX_BAND].
 A crash, hang or CUDA error in the worker is a rejection with the reason; never an exception here.
@@ -26,6 +33,7 @@ import os
 import random
 import secrets
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, field
 
 from workbench.agent import worker
@@ -35,6 +43,18 @@ from workbench.noise import bounded_band
 from workbench.run_folder import write_json
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
+# A step time below this multiple of the empty call's is not believed. Measured on beam-tiny, 2 CPU
+# cores, under load 1-6: a candidate whose outputs helper processes made ahead of its calls at 0.7-1.3x
+# (2.1x once, at load 6); honest faster boundary variants at 1.9-6.3x; the smallest references
+# (qkvg_proj, attn_out) at 1.8-3.5x.
+ABOVE_EMPTY = 1.5
+# An incumbent beside the candidate past both is slowed (`off_record`). Measured there: over (record +
+# empty call alone), honest 0.7-1.6 for the red team's slow incumbent (2.3 in one load spike that slowed
+# the candidate as much) and 1.0-3.1 for the references; over its time alone, honest 0.4-2.0; stopped
+# by the candidate four fifths of the time, 6.3-7.9 and 5.0-6.3. A 2x slowdown is within this noise.
+RECORD_SLOWER = 2.5
+ALONE_SLOWER = 2.0
+EMPTY = "judge_empty"   # the empty call's variant name, in its own sandbox
 RECHECK_SAMPLES = 2     # candidate outputs re-checked against the reference after each timed round
 COPIES = 8              # input copies a timed round runs, each refilled with fresh values every round
 MAX_ROUNDS = 200
@@ -60,17 +80,18 @@ class Task:
     timeout_s: float = 600.0
     mem_bytes: int = worker.DEFAULT_MEM_BYTES
     timing: dict = field(default_factory=dict)  # overrides of timing.time_call's arguments
+    incumbent_record_us: float | None = None    # the search's step time of the incumbent (`off_record`)
 
 
 @dataclass
 class Verdict:
     accepted: bool
-    stage: str          # static | load | worker | gate | recheck | suspect | not_faster | accepted
+    stage: str          # static | load | worker | gate | recheck | suspect | not_faster | off_record | accepted
     reason: str
     static: list = field(default_factory=list)
     gate: dict | None = None
     failed_check: str | None = None
-    timing: dict | None = None  # candidate_us, incumbent_us, band, speedup, floor_us
+    timing: dict | None = None  # candidate_us, incumbent_us, band, speedup, floor_us, empty_us, record_us, *_alone_us
     suspect: bool = False
     recheck: dict | None = None
     worker: dict | None = None
@@ -134,13 +155,21 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
         verdict.reason = "outputs of timed calls were wrong: " + "; ".join(verdict.recheck["failed"][:3])
         return verdict
     cand, inc, band = result["candidate_us"], result["incumbent_us"], bounded_band(result["band"])
+    empty = result.get("empty_us")
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
-                      "floor_us": task.floor_us, "per_kind": result.get("per_kind")}
-    verdict.suspect = bool(task.floor_us) and cand < SUSPECT * task.floor_us
+                      "floor_us": task.floor_us, "empty_us": empty, "record_us": task.incumbent_record_us,
+                      "incumbent_alone_us": result.get("incumbent_alone_us"),
+                      "empty_alone_us": result.get("empty_alone_us"), "per_kind": result.get("per_kind")}
+    # A slowed incumbent comes first: whatever slowed it slowed the empty call too, so no time of these
+    # rounds holds, the floor included.
+    why = off_record(inc, task.incumbent_record_us, result.get("incumbent_alone_us"), result.get("empty_alone_us"))
+    if why:
+        verdict.stage, verdict.reason = "off_record", f"the incumbent's time is not believed: {why}"
+        return verdict
+    why = suspect_floor(cand, task.floor_us, empty)
+    verdict.suspect = why is not None
     if verdict.suspect and not task.trust:
-        verdict.stage = "suspect"
-        verdict.reason = (f"suspect: {cand:.3g} us per step is below {SUSPECT} x the roofline floor "
-                          f"({task.floor_us:.3g} us); not locked without --trust")
+        verdict.stage, verdict.reason = "suspect", f"suspect: {why}; not locked without --trust"
         return verdict
     if cand >= inc * (1 - band):
         verdict.stage = "not_faster"
@@ -150,6 +179,41 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
     verdict.accepted, verdict.stage = True, "accepted"
     verdict.reason = f"{inc / cand:.2f}x faster than {task.incumbent} ({cand:.3g} us vs {inc:.3g} us per step)"
     return verdict
+
+
+def suspect_floor(cand_us: float, floor_us: float | None, empty_us: float | None) -> str | None:
+    """Why a candidate's `cand_us` per step is not believed, or None. Two floors, the higher binds: the
+    roofline's (what the bytes and flops cost at the device's peaks) and the empty call's (what any call
+    costs through the sandbox's timing path, measured beside it: for a tiny op the higher one by far)."""
+    floors = [(SUSPECT * floor_us, SUSPECT, "the roofline floor", floor_us)] if floor_us else []
+    floors += [(ABOVE_EMPTY * empty_us, ABOVE_EMPTY, "an empty call's time (outputs copied, no work)",
+                empty_us)] if empty_us else []
+    if not floors:
+        return None
+    bound, factor, what, us = max(floors)
+    if cand_us >= bound:
+        return None
+    return f"{cand_us:.3g} us per step is {cand_us / us:.2f} x {what}, {us:.3g} us; below {factor} x it is not believed"
+
+
+def off_record(incumbent_us: float, record_us: float | None, alone_us: float | None,
+               empty_alone_us: float | None) -> str | None:
+    """Why the incumbent's `incumbent_us` per step beside the candidate is not believed, or None: past
+    RECORD_SLOWER x its search record `record_us` (timed in process, so with `empty_alone_us` added,
+    what a call costs through the sandbox) and past ALONE_SLOWER x `alone_us`, its own time here
+    before any candidate code ran. Neither is within the candidate's reach; the record misses costs of
+    this path beyond the empty call's, the alone time a load that changed since: past both, the
+    incumbent was slowed."""
+    if not record_us:
+        return None
+    expected = record_us + (empty_alone_us or 0.0)
+    if incumbent_us <= RECORD_SLOWER * expected or (alone_us and incumbent_us <= ALONE_SLOWER * alone_us):
+        return None
+    alone = f" and {incumbent_us / alone_us:.2f} x its {alone_us:.3g} us before the candidate started" \
+        if alone_us else ""
+    return (f"it took {incumbent_us:.3g} us per step beside the candidate, {incumbent_us / expected:.2f} x its "
+            f"search record of {record_us:.3g} us (+ {empty_alone_us or 0.0:.3g} us an empty call costs here)"
+            f"{alone}: something slowed it while it was timed (work the candidate left running)")
 
 
 def _task_dict(task: Task) -> dict:
@@ -270,26 +334,41 @@ def worker_main(request_path: str, result_path: str) -> int:
         result.update(kw)
         write_json(result_path, result, indent=1)
 
+    try:
+        _gate_and_time(req, save)
+    finally:
+        save()  # once more after every sandbox has ended: what candidate code wrote over the file is gone
+    return 0
+
+
+def _gate_and_time(req: dict, save) -> None:
     import torch
 
     from workbench.agent.sandbox import Sandbox, SandboxError
     from workbench.gates import op_gate
     from workbench.points import Workload
 
-    torch.set_num_threads(req["threads"])
+    # No thread of this process or of an idle sandbox may spin while a box is timed: OpenMP threads
+    # spin after each parallel op, keeping the cores from the box timed next (beam-tiny's head on 2
+    # cores timed at 60-120x its cost; the re-checks' references slowed the rounds after them). This
+    # process works single-threaded; the sandboxes' threads sleep when idle.
+    torch.set_num_threads(1)
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     task = req["task"]
     device = torch.device(task["device"])
     common = dict(device=task["device"], threads=req["threads"])
     workloads = {k: Workload(**w) for k, w in task["workloads"].items()}
     rng = random.Random(secrets.randbits(64))  # the rounds' order, the fresh values and the re-checks
     with Sandbox(task["point"], task["incumbent"], file=task["incumbent_file"], config=task["incumbent_config"],
-                 **common) as incumbent:
+                 **common) as incumbent, tempfile.TemporaryDirectory() as tmp, \
+            Sandbox(task["point"], EMPTY, file=_empty_file(tmp, task["point"]), static_check=False, **common) as empty:
+        save(**alone_times({"incumbent": incumbent, "empty": empty}, workloads, task, device=device, rng=rng))
         try:
             candidate = Sandbox(task["point"], task["name"], file=req["file"], static_check=req["static_check"],
                                 **common)
         except SandboxError as e:
             save(stage="load", error=str(e))
-            return 0
+            return
         with candidate:
             gated = list(workloads.values()) + [Workload(**w) for w in task["gate_workloads"]]
             gated.append(larger_batch(next(iter(workloads.values())), random.Random(secrets.randbits(64))))
@@ -299,23 +378,70 @@ def worker_main(request_path: str, result_path: str) -> int:
                              seeds=tuple(base + 2 * i for i in range(task["seeds"])))
             save(gate=report.to_dict(), failed_check=report.first_failure())
             if not report.passed:
-                return 0
+                return
             save(stage="timing")
-            boxes = {"incumbent": incumbent, "candidate": candidate}
-            inc = cand = spread = 0.0
-            per_kind, recheck = {}, {"checked": 0, "failed": []}
-            for kind, wl in workloads.items():
-                n = task["calls"][kind]
-                times, r = sandboxed_timing(boxes, wl, device=device, rng=rng, timing=task["timing"])
-                ratio, noise = paired_ratio(times["candidate"]["round_us"], times["incumbent"]["round_us"])
-                inc_us = times["incumbent"]["median_us"]
-                inc, cand, spread = inc + n * inc_us, cand + n * inc_us * ratio, spread + n * inc_us * noise
-                per_kind[kind] = {"candidate_us": times["candidate"]["median_us"], "incumbent_us": inc_us,
-                                  "paired_ratio": ratio, "rounds": times["candidate"]["rounds"],
-                                  "copies": times["candidate"]["copies"]}
-                recheck["checked"] += r["checked"]
-                recheck["failed"] += [f"{kind}: {f}" for f in r["failed"]]
-    band = spread / inc if inc else 0.0
-    save(stage="done", candidate_us=cand, incumbent_us=inc, band=band, per_kind=per_kind,
-         recheck=recheck)
-    return 0
+            boxes = {"incumbent": incumbent, "candidate": candidate, "empty": empty}
+            save(stage="done", **step_times(boxes, workloads, task, device=device, rng=rng))
+
+
+EMPTY_SOURCE = '''import torch
+
+from workbench import registry
+
+_MADE = {{}}  # the arguments' ids -> (the arguments, kept so no id is reused; the reference's outputs)
+
+
+@registry.register("{point}", "{name}", "torch")
+def empty(*args, **kwargs):
+    key = tuple(id(a) for a in args)
+    if key not in _MADE:
+        with torch.no_grad():
+            _MADE[key] = args, registry.reference("{point}").fn(*args, **kwargs)
+    return _MADE[key][1]
+'''
+
+
+def _empty_file(folder: str, point: str) -> str:
+    """The empty call of `point` as a variant module in `folder`: the reference's outputs for each input
+    copy, made on its first (warm-up) round and returned as they are after that, so a timed call costs
+    the sandbox's path and the copy into the output slots, and nothing of the op."""
+    path = os.path.join(folder, f"{point}__{EMPTY}.py")
+    with open(path, "w") as f:
+        f.write(EMPTY_SOURCE.format(point=point, name=EMPTY))
+    return path
+
+
+def alone_times(boxes: dict, workloads: dict, task: dict, *, device, rng: random.Random) -> dict:
+    """The incumbent's and the empty call's step times before any candidate code has run (its sandbox
+    not started yet): what `off_record` holds the incumbent's time beside the candidate to."""
+    inc = empty = 0.0
+    for kind, wl in workloads.items():
+        times, _ = sandboxed_timing(boxes, wl, device=device, rng=rng, timing=task["timing"])
+        inc_us = times["incumbent"]["median_us"]
+        inc += task["calls"][kind] * inc_us
+        empty += task["calls"][kind] * inc_us * paired_ratio(times["empty"]["round_us"],
+                                                            times["incumbent"]["round_us"])[0]
+    return {"incumbent_alone_us": inc, "empty_alone_us": empty}
+
+
+def step_times(boxes: dict, workloads: dict, task: dict, *, device, rng: random.Random) -> dict:
+    """Per step, summed over the point's calls: the incumbent's time, the candidate's and the empty
+    call's (each the incumbent's times the median of their round-by-round ratios to it), the band,
+    and the candidate's re-checks."""
+    inc = cand = empty = spread = 0.0
+    per_kind, recheck = {}, {"checked": 0, "failed": []}
+    for kind, wl in workloads.items():
+        n = task["calls"][kind]
+        times, r = sandboxed_timing(boxes, wl, device=device, rng=rng, timing=task["timing"])
+        ratio, noise = paired_ratio(times["candidate"]["round_us"], times["incumbent"]["round_us"])
+        empty_ratio, _ = paired_ratio(times["empty"]["round_us"], times["incumbent"]["round_us"])
+        inc_us = times["incumbent"]["median_us"]
+        inc, cand, spread = inc + n * inc_us, cand + n * inc_us * ratio, spread + n * inc_us * noise
+        empty += n * inc_us * empty_ratio
+        per_kind[kind] = {"candidate_us": times["candidate"]["median_us"], "incumbent_us": inc_us,
+                          "empty_us": times["empty"]["median_us"], "paired_ratio": ratio,
+                          "rounds": times["candidate"]["rounds"], "copies": times["candidate"]["copies"]}
+        recheck["checked"] += r["checked"]
+        recheck["failed"] += [f"{kind}: {f}" for f in r["failed"]]
+    return {"candidate_us": cand, "incumbent_us": inc, "empty_us": empty, "band": spread / inc if inc else 0.0,
+            "per_kind": per_kind, "recheck": recheck}

@@ -249,7 +249,8 @@ class AgentLoop:
             return attempt
         task = Task(point, name, state.workloads, state.calls, state.incumbent, state.incumbent_config,
                     state.incumbent_file, state.gate_workloads(), self.device, state.floor_us, self.trust,
-                    self.opts.seeds, self.opts.worker_timeout_s, self.opts.worker_mem_bytes, dict(self.opts.timing))
+                    self.opts.seeds, self.opts.worker_timeout_s, self.opts.worker_mem_bytes, dict(self.opts.timing),
+                    incumbent_record_us=state.best_us)
         verdict = judge(path, task, work_dir=task_dir)
         gate = verdict.gate or {}
         attempt.update(stage=verdict.stage, reason=verdict.reason, accepted=verdict.accepted,

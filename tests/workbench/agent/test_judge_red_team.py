@@ -104,7 +104,9 @@ EXPECTED = {  # cheat -> (stage, text in the reason)
     "rewrites_the_result": ("not_faster", "not faster"),
     "right_only_when_poisoned": ("gate", "poisoned"),
     "lazy_output": ("gate", "plain torch.Tensor"),
-    "value_cache": ("not_faster", "not faster"),
+    # refilled inputs make it miss every timed call, or, where a timed copy repeats, its hits cost no more
+    # than an empty call
+    "value_cache": (("not_faster", "suspect"), ("not faster", "empty call")),
     "wrong_past_48_rows": ("gate", "accuracy"),
 }
 
@@ -127,9 +129,9 @@ def judged(tmp_path, incumbent, source: str):
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_a_cheat_is_rejected_without_the_static_check(tmp_path, incumbent, name):
     v = judged(tmp_path, incumbent, candidate(*CHEATS[name]))
-    stage, text = EXPECTED[name]
-    assert not v.accepted and v.stage == stage, (name, v.stage, v.reason)
-    assert text in v.reason + str(v.failed_check) + str(v.gate), (name, v.reason)
+    stages, texts = (tuple([x]) if isinstance(x, str) else x for x in EXPECTED[name])
+    assert not v.accepted and v.stage in stages, (name, v.stage, v.reason)
+    assert any(t in v.reason + str(v.failed_check) + str(v.gate) for t in texts), (name, v.reason)
 
 
 def test_honest_controls(tmp_path, incumbent):

@@ -236,8 +236,10 @@ def test_outputs_made_ahead_of_the_timed_calls_are_suspect(tmp_path, incumbent):
 
 def test_an_incumbent_slowed_by_the_candidate_is_not_believed(tmp_path, incumbent, record_us):
     v = judged(tmp_path, incumbent, STOPS_THE_OTHERS, record_us)
-    assert not v.accepted and v.stage == "off_record", v.reason
-    assert f"record of {record_us:.3g} us" in v.reason
+    # On a loaded machine the pauses can fall short of slowing the incumbent: then the same work is not faster
+    assert not v.accepted and v.stage in ("off_record", "not_faster"), v.reason
+    if v.stage == "off_record":
+        assert f"record of {record_us:.3g} us" in v.reason
 
 
 def test_an_honest_faster_candidate_passes_both_checks(tmp_path, incumbent, record_us):

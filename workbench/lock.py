@@ -316,16 +316,9 @@ def _register_outside_source(point: str, entry: dict, *, sandboxed: bool, device
     from workbench.agent.plugins import PluginError
 
     try:
-        ensure_registered(point, entry["variant"], entry.get("source"), ROOT, sandboxed=sandboxed,
-                          device=device or ("cuda" if _cuda() else "cpu"))
+        ensure_registered(point, entry["variant"], entry.get("source"), ROOT, sandboxed=sandboxed, device=device)
     except PluginError as e:
         raise KeyError(str(e)) from None
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def verify(path: str, *, environment: dict | None = None, run_gates: bool = True, device=None) -> Verification:
@@ -333,8 +326,11 @@ def verify(path: str, *, environment: dict | None = None, run_gates: bool = True
     With `run_gates`, a variant from outside the package runs in a sandbox and is never imported here."""
     if not run_gates:
         return _verify(path, environment, run_gates, device)
+    import torch
+
     from workbench.agent.candidates import close_sandboxed, sandbox_count
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")  # the gates' and the sandboxes'
     keep = sandbox_count()
     try:
         return _verify(path, environment, run_gates, device)

@@ -14,7 +14,6 @@ report a figure it did not measure, or decide a rule the search or the end-to-en
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -191,10 +190,15 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
     in_step = None
     if opts.in_step_s is not None:
         on_event(StageStarted("in-step costs"))
-        costs = stage.timer.in_step if stage.timer is not None else functools.partial(in_step_costs, runner,
-                                                                                         device=opts.device)
-        in_step = costs(final["selection"], final["configs"], budget_s=opts.in_step_s,
-                        log=lambda line: on_event(InStepLine(line)))
+
+        def log(line: str) -> None:
+            on_event(InStepLine(line))
+
+        if stage.timer is not None:
+            in_step = stage.timer.in_step(final["selection"], final["configs"], budget_s=opts.in_step_s, log=log)
+        else:
+            in_step = in_step_costs(runner, final["selection"], final["configs"], device=opts.device,
+                                    budget_s=opts.in_step_s, log=log)
         folder.write(folder.IN_STEP, in_step)
 
     env = environment()

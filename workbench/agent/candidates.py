@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from workbench import registry
-from workbench.agent.plugins import PluginError, declared, load_file, unload
+from workbench.agent.plugins import PluginError, declared, free_names, load_file, unload
 from workbench.agent.sandbox import Sandbox, SandboxError
 
 _SANDBOXES: list = []  # the sandboxes `load_sandboxed` started in this process, closed by `close_sandboxed`
@@ -22,17 +22,11 @@ def load_sandboxed(path: str, *, device="cpu", static: bool = True) -> list[regi
     process that imports the file (after the static check) and answers calls on shared tensors.
     Raises PluginError when the file fails to load there."""
     path = os.path.abspath(path)
-    names = declared(path)
+    names = free_names(path)
     if not names:
         raise PluginError(f"{path} registers no variant (use @register(POINT, NAME, BACKEND) with literal names)")
     added = []
     for point, name in names:
-        if point not in registry.POINTS:
-            raise PluginError(f"{path} registers on unknown fusion point {point!r}")
-        existing = registry.variants(point).get(name)
-        if existing is not None:
-            raise PluginError(f"{path} registers {point}:{name}, which {existing.source_file} already "
-                              "registers: rename the variant")
         try:
             box = Sandbox(point, name, file=path, device=str(device), static_check=static)
         except SandboxError as e:

@@ -52,6 +52,20 @@ def declared(path: str) -> list[tuple[str, str]]:
     return out
 
 
+def free_names(path: str) -> list[tuple[str, str]]:
+    """`declared(path)`, each on a known point and not registered yet (the point's own module is
+    loaded first, so a clash names both files); raises PluginError otherwise."""
+    names = declared(path)
+    for point, name in names:
+        if point not in registry.POINTS:
+            raise PluginError(f"{path} registers on unknown fusion point {point!r}")
+        existing = registry.variants(point).get(name)
+        if existing is not None:
+            raise PluginError(f"{path} registers {point}:{name}, which {existing.source_file} already "
+                              "registers: rename the variant")
+    return names
+
+
 def load_file(path: str, *, static: bool = True) -> list[registry.Variant]:
     """Import one plugin module; returns the variants it registered. Raises PluginError."""
     from workbench.agent.static_check import check_file
@@ -61,14 +75,7 @@ def load_file(path: str, *, static: bool = True) -> list[registry.Variant]:
         violations = check_file(path)
         if violations:
             raise PluginError(f"{path} fails the static check: " + "; ".join(str(v) for v in violations))
-    names = declared(path)
-    for point, name in names:
-        if point not in registry.POINTS:
-            raise PluginError(f"{path} registers on unknown fusion point {point!r}")
-        existing = registry.variants(point).get(name)  # loads the point's own module first
-        if existing is not None:
-            raise PluginError(f"{path} registers {point}:{name}, which {existing.source_file} already "
-                              "registers: rename the variant")
+    names = free_names(path)
     before = {p: set(registry.variants(p)) for p in {p for p, _ in names} or registry.POINTS}
     module_name = f"{MODULE_PREFIX}m{hashlib.sha256(path.encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(module_name, path)

@@ -13,10 +13,11 @@
    incumbent, the candidate and the empty call timed in rounds interleaved in a random order
    (`sandboxed_timing`): every round refills the input copies with fresh values, and a random sample
    of the candidate's outputs is re-checked against the reference after it (a variant right in the
-   gate and wrong once timing starts fails).
+   gate and wrong once timing starts fails). Every process the candidate may have started is stopped
+   except during its own rounds (`pause.Pause`): nothing of it runs while the others are timed.
 3. Not believed, whatever `trust` says, while the incumbent's time beside the candidate is past
    RECORD_SLOWER x the search's record of it (plus the empty call's time) and past ALONE_SLOWER x its
-   time alone (`off_record`): the candidate slowed it (work left running, other processes stopped).
+   time alone (`off_record`): the candidate slowed it (work it left queued on the device).
 4. A step time below SUSPECT x the roofline floor or below ABOVE_EMPTY x the empty call's, whichever
    is higher, is flagged suspect (`suspect_floor`): not accepted without `trust`.
 5. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
@@ -27,6 +28,7 @@ A crash, hang or CUDA error in the worker is a rejection with the reason; never 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +39,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 
 from workbench.agent import worker
+from workbench.agent.pause import Pause, adopt_orphans
 from workbench.agent.plugins import declared
 from workbench.agent.static_check import check_file
 from workbench.noise import bounded_band
@@ -275,35 +278,52 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
     warmup, min_rounds = int(timing.get("warmup", 2)), int(timing.get("min_reps", 10))
     budget, started = float(timing.get("max_seconds", 2.0)), time.monotonic()
     tol = point_spec.tolerance[workload.dtype]
-    while rounds < warmup + min_rounds or (time.monotonic() - started < budget and rounds < MAX_ROUNDS):
-        for c in base:  # fresh activation values, same tensors: nothing computed before this round pays
-            fresh = point_spec.make_inputs(workload, device, next(seeds))
-            for (path, old), (_, new) in zip(named_leaves(c), named_leaves(fresh)):
-                if isinstance(old, torch.Tensor) and not path.startswith(f"args[{w}]"):
-                    old.copy_(new)
-        order = list(boxes)
-        rng.shuffle(order)
-        for name in order:
-            seconds = boxes[name].run_batch(name, list(range(copies)))
-            if rounds >= warmup:
-                times[name].append(seconds / copies)
-        rounds += 1
-        if "candidate" not in per_box:
-            continue
-        for i in rng.sample(range(copies), min(RECHECK_SAMPLES, copies)):
-            checked += 1
-            call = Call(base[i].args, base[i].kwargs, w)
-            try:
-                ref, _ = gates._reference(point, call, gates._hp_dtype(device, workload.dtype), device)
-                for cname, err, thr, ok, detail in gates._judge(point_spec, call, per_box["candidate"][i], ref,
-                                                               {}, {}, {}, tol, None):
-                    if not ok:
-                        failed.append(f"{cname} {detail} error {err} > {thr}")
-            except Exception as e:  # noqa: BLE001 - wrong shapes or types in a timed output
-                failed.append(gates._error_text(e))
+    pause = Pause([b.pid for n, b in boxes.items() if n != "candidate"]) if "candidate" in boxes else None
+    with pause or contextlib.nullcontext():
+        while rounds < warmup + min_rounds or (time.monotonic() - started < budget and rounds < MAX_ROUNDS):
+            for c in base:  # fresh activation values, same tensors: nothing computed before this round pays
+                fresh = point_spec.make_inputs(workload, device, next(seeds))
+                for (path, old), (_, new) in zip(named_leaves(c), named_leaves(fresh)):
+                    if isinstance(old, torch.Tensor) and not path.startswith(f"args[{w}]"):
+                        old.copy_(new)
+            order = list(boxes)
+            rng.shuffle(order)
+            for name in order:
+                seconds = _run_batch(boxes[name], name, copies, pause)
+                if rounds >= warmup:
+                    times[name].append(seconds / copies)
+            rounds += 1
+            if "candidate" not in per_box:
+                continue
+            for i in rng.sample(range(copies), min(RECHECK_SAMPLES, copies)):
+                checked += 1
+                call = Call(base[i].args, base[i].kwargs, w)
+                try:
+                    ref, _ = gates._reference(point, call, gates._hp_dtype(device, workload.dtype), device)
+                    for cname, err, thr, ok, detail in gates._judge(point_spec, call, per_box["candidate"][i], ref,
+                                                                   {}, {}, {}, tol, None):
+                        if not ok:
+                            failed.append(f"{cname} {detail} error {err} > {thr}")
+                except Exception as e:  # noqa: BLE001 - wrong shapes or types in a timed output
+                    failed.append(gates._error_text(e))
     medians = {name: {"median_us": statistics.median(t) * 1e6, "rounds": len(t), "copies": copies,
                       "round_us": [x * 1e6 for x in t]} for name, t in times.items()}
     return medians, {"checked": checked, "failed": list(dict.fromkeys(failed))}
+
+
+def _run_batch(box, name: str, copies: int, pause) -> float:
+    """`box`'s round: the candidate's processes run only during their own (`pause`, None when no
+    candidate is timed); a trusted box is continued first, in case the candidate stopped it."""
+    if pause is None:
+        return box.run_batch(name, list(range(copies)))
+    if name != "candidate":
+        pause.release(box.pid)
+        return box.run_batch(name, list(range(copies)))
+    pause.resume()
+    try:
+        return box.run_batch(name, list(range(copies)))
+    finally:
+        pause.stop()
 
 
 def paired_ratio(candidate_us: list[float], incumbent_us: list[float]) -> tuple[float, float]:
@@ -354,6 +374,7 @@ def _gate_and_time(req: dict, save) -> None:
     # process works single-threaded; the sandboxes' threads sleep when idle.
     torch.set_num_threads(1)
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    adopt_orphans()  # what the candidate starts stays under this process, where `Pause` stops it
     task = req["task"]
     device = torch.device(task["device"])
     common = dict(device=task["device"], threads=req["threads"])

@@ -51,6 +51,10 @@ class Child:
         child.close()
         self.info = self._reply(timeout=start_timeout)
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def _reply(self, timeout: float | None = None):
         if timeout is not None and not self._conn.poll(timeout):
             raise SandboxError(f"the sandbox did not answer within {timeout:.0f} s")

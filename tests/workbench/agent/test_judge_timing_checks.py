@@ -7,9 +7,9 @@ is not accepted (`off_record`).
 Each rule on the verdict alone (`decide`), then end to end on beam-tiny's `boundary` (FP32, CPU)
 against a slow incumbent (the reference's math ten times), judged without the static check as the
 red team's cheats are: one candidate computes every timed copy's outputs in helper processes as soon
-as the copy's inputs change, so its timed calls do no work; another stops the other sandboxes' processes
-four fifths of the time, so the incumbent times several times slower beside it; a third forges the
-worker's result file as its process exits.
+as the copy's inputs change; another stops the other sandboxes' processes four fifths of the time; a
+third forges the worker's result file as its process exits. The first two are beaten before these
+checks see them: the candidate's processes are stopped whenever it is not timed (`pause.Pause`).
 """
 
 import os
@@ -227,19 +227,20 @@ def judged(tmp_path, incumbent, source: str, record_us: float | None = None):
     return judge(str(path), task, work_dir=str(tmp_path / "work"), static_check=False)
 
 
-def test_outputs_made_ahead_of_the_timed_calls_are_suspect(tmp_path, incumbent):
+def test_outputs_cannot_be_made_ahead_of_the_timed_calls(tmp_path, incumbent):
+    """The helpers are stopped whenever the candidate is not timed, so its timed calls do the work: its
+    time stands above an empty call's (were the outputs made ahead, it would be near it: suspect)."""
     v = judged(tmp_path, incumbent, AHEAD)
-    assert not v.accepted and v.stage == "suspect", v.reason
-    assert "an empty call's time" in v.reason
-    assert v.recheck["checked"] > 0 and not v.recheck["failed"]  # right, fast, and not believed
+    assert v.stage in ("accepted", "not_faster"), v.reason
+    assert v.timing["candidate_us"] >= ABOVE_EMPTY * v.timing["empty_us"], v.timing
+    assert v.recheck["checked"] > 0 and not v.recheck["failed"]
 
 
-def test_an_incumbent_slowed_by_the_candidate_is_not_believed(tmp_path, incumbent, record_us):
+def test_a_candidate_cannot_slow_the_incumbent(tmp_path, incumbent, record_us):
+    """Its thread that stops the other sandboxes is itself stopped while they are timed, and they are
+    continued before: the same work as the incumbent's is not faster, nor is the incumbent off its record."""
     v = judged(tmp_path, incumbent, STOPS_THE_OTHERS, record_us)
-    # On a loaded machine the pauses can fall short of slowing the incumbent: then the same work is not faster
-    assert not v.accepted and v.stage in ("off_record", "not_faster"), v.reason
-    if v.stage == "off_record":
-        assert f"record of {record_us:.3g} us" in v.reason
+    assert not v.accepted and v.stage == "not_faster", v.reason
 
 
 def test_an_honest_faster_candidate_passes_both_checks(tmp_path, incumbent, record_us):

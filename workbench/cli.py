@@ -24,6 +24,7 @@ COMMANDS = {
     "serve": "workbench.commands.serve",
     "tui": "workbench.commands.tui",
     "tokenizer": "workbench.commands.tokenizer",
+    "train": "workbench.commands.train",
 }
 
 

@@ -52,7 +52,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra: str, api_key: str | None = API_KEY, num_pages: int = 512):
+    def __init__(self, *extra: str, api_key: str | None = API_KEY, num_pages: int = 512,
+                 model: tuple[str, ...] = ("--preset", MODEL), scripted: bool = True, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -61,12 +62,14 @@ class ServerProcess:
         with open(script, "w") as f:
             json.dump(SCRIPT, f)
         self.log_path = os.path.join(self._dir.name, "server.log")
-        cmd = [sys.executable, "-m", "workbench.cli", "serve", "--preset", MODEL, "--device", "cpu",
+        cmd = [sys.executable, "-m", "workbench.cli", "serve", *model, "--device", "cpu",
                "--dtype", "fp32", "--port", str(self.port), "--num-pages", str(num_pages),
-               "--fake-model-script", script, "--log-level", "warning", *extra]
+               "--log-level", "warning", *extra]
+        if scripted:
+            cmd += ["--fake-model-script", script]
         if api_key:
             cmd += ["--api-key", api_key]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, **(env or {})}
         env.pop("BEAM_API_KEY", None)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)

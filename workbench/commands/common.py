@@ -5,14 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 import torch
 
 from workbench.dtypes import DTYPES, dtype_of
 
+# The trained model that `generate` and `serve` run when neither --model nor --preset is given, where
+# it is present (`workbench train` makes it); $BEAM_EMBEDDED_MODEL names another checkpoint folder.
+EMBEDDED_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "models", "beam-mini")
+FALLBACK_PRESET = "beam-tiny"
 
-def add_model_arguments(p, *, default_preset: str = "beam-tiny", default_dtype: str | None = None) -> None:
-    p.add_argument("--preset", default=default_preset, help="model preset (default: %(default)s)")
+
+def add_model_arguments(p, *, default_preset: str = FALLBACK_PRESET, default_dtype: str | None = None,
+                        embedded_default: bool = False) -> None:
+    """--preset, --model, --dtype, --device, --seed. With `embedded_default`, neither --preset nor --model
+    given means the embedded trained model where present (`choose_model`)."""
+    if embedded_default:
+        p.add_argument("--preset", default=None, help="model preset with random weights (default: the trained "
+                       f"model in models/beam-mini where present, else {default_preset})")
+    else:
+        p.add_argument("--preset", default=default_preset, help="model preset (default: %(default)s)")
     p.add_argument("--model", metavar="DIR", help="load a checkpoint folder instead of a preset")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=default_dtype,
                    help="model dtype (default: bf16 on CUDA, fp32 on CPU)")
@@ -33,6 +47,32 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return dtype_of(name)
+
+
+def embedded_model() -> str | None:
+    """The embedded trained model's folder, or None where it is absent."""
+    folder = os.environ.get("BEAM_EMBEDDED_MODEL") or EMBEDDED_MODEL
+    return folder if os.path.isfile(os.path.join(folder, "config.json")) else None
+
+
+def choose_model(args, lock=None) -> None:
+    """Fill in args.model or args.preset when neither was given: the preset a lock was made on, else the
+    embedded trained model where present (and, with a lock, only where the lock was made on its config),
+    else FALLBACK_PRESET."""
+    from beam_model.config import PRESETS, BeamConfig
+
+    if args.model or args.preset:
+        return
+    locked = (lock.model or {}) if lock is not None else {}
+    if locked.get("preset") in PRESETS:
+        args.preset = locked["preset"]
+        return
+    folder = embedded_model()
+    if folder and (not locked.get("config_hash")
+                   or BeamConfig.from_pretrained(folder).config_hash() == locked["config_hash"]):
+        args.model = folder
+    else:
+        args.preset = FALLBACK_PRESET
 
 
 def load_model(args, variants: dict | None = None):

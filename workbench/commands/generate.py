@@ -1,14 +1,15 @@
-"""Generate text from a Beam model (random weights for presets) through the paged KV cache."""
+"""Generate text from a Beam model through the paged KV cache (the embedded trained model by default where
+present; presets have random weights)."""
 
 from __future__ import annotations
 
 import time
 
-from workbench.commands.common import add_model_arguments, load_model, print_json
+from workbench.commands.common import add_model_arguments, choose_model, load_model, print_json
 
 
 def add_arguments(p) -> None:
-    add_model_arguments(p)
+    add_model_arguments(p, embedded_default=True)
     p.add_argument("--prompt", default="Hello, Beam!", help="prompt text (default: %(default)r)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn of the chat template")
     p.add_argument("--max-tokens", type=int, default=32)
@@ -28,6 +29,7 @@ def run(args) -> int:
     if args.max_tokens < 1:
         raise ValueError("--max-tokens must be at least 1")
     t0 = time.perf_counter()
+    choose_model(args)
     model = load_model(args)
     tok = load_tokenizer(args.model)
     prompt = encode_chat(tok, [{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)

@@ -1,7 +1,8 @@
 """Serve the model over an OpenAI-compatible HTTP API (chat, completions, metrics).
 
-Loads a checkpoint (--model) or a preset with random weights (--preset), optionally the variant
-selection of a lock file (--lock), and runs the continuous-batching engine behind FastAPI/uvicorn.
+Loads a checkpoint (--model), a preset with random weights (--preset), or else the preset a lock was made
+on, else the embedded trained model (models/beam-mini) where present, else beam-tiny; optionally the
+variant selection of a lock file (--lock), and runs the continuous-batching engine behind FastAPI/uvicorn.
 Hidden test flag: --fake-model-script FILE forces scripted replies (server/engine/testing.py).
 """
 
@@ -13,11 +14,11 @@ import sys
 import time
 
 from server.api.structures import CONSTRAIN
-from workbench.commands.common import add_model_arguments, load_model, resolve_device
+from workbench.commands.common import add_model_arguments, choose_model, load_model, resolve_device
 
 
 def add_arguments(p) -> None:
-    add_model_arguments(p)
+    add_model_arguments(p, embedded_default=True)
     p.add_argument("--lock", metavar="FILE", help="serve the variant selection of a lock file (verified first)")
     p.add_argument("--force-lock", action="store_true", help="serve a lock even if it fails verification")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
@@ -90,6 +91,7 @@ def run(args) -> int:
 
     device = resolve_device(args.device)
     lock = load_lock(args.lock, force=args.force_lock, device=device) if args.lock else None  # before the model
+    choose_model(args, lock)
     model = load_model(args)
     if lock is not None:
         check_lock_matches(lock, model, args.force_lock)

@@ -25,6 +25,7 @@ COMMANDS = {
     "tui": "workbench.commands.tui",
     "tokenizer": "workbench.commands.tokenizer",
     "train": "workbench.commands.train",
+    "quantize": "workbench.commands.quantize",
 }
 
 

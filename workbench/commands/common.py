@@ -81,7 +81,10 @@ def load_model(args, variants: dict | None = None):
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.model:
-        return BeamForCausalLM.from_pretrained(args.model, dtype=dtype, device=device, variants=variants)
+        from beam_model.quant.checkpoint import load_dequantized
+
+        # a quantized checkpoint runs dequantized: the reference's weight-only semantics
+        return load_dequantized(args.model, dtype=dtype, device=device, variants=variants)
     return BeamForCausalLM.from_preset(args.preset, seed=args.seed, dtype=dtype, device=device, variants=variants)
 
 

@@ -1,0 +1,202 @@
+"""Quantized checkpoints on disk: written from a BF16 one (`quantize_checkpoint`), checked and read back
+dequantized (`load_dequantized`: the reference's weight-only semantics, every weight in the model dtype).
+
+A quantized checkpoint is a BF16 checkpoint folder whose config.json also carries `quantization_config`
+and whose quantized projections are stored as the format says, scales beside them (`scheme.py`,
+`formats.py`). Before any data is read, every tensor's name, shape and dtype is checked against what the
+config and the scheme call for; a CheckpointError names every missing, unexpected, mis-shaped or
+mis-typed tensor. Tensors are converted one at a time, so a checkpoint larger than memory converts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from beam_model.config import BeamConfig
+from beam_model.quant import formats
+from beam_model.quant.scheme import FP8, QuantScheme
+from beam_model.weights import INDEX_FILE, SINGLE_FILE, CheckpointError, _checkpoint_files, _listing, _target
+
+CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MAX_SHARD_BYTES = 5 * 2**30
+_SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.float32: "F32",
+                       torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def read_config(path: str) -> tuple[BeamConfig, QuantScheme | None]:
+    """The model config of a checkpoint folder and its quantization scheme (None: not quantized)."""
+    file = os.path.join(path, CONFIG)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no {CONFIG} in {path}")
+    with open(file) as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file} is not valid JSON: {e}") from None
+    quant = d.pop("quantization_config", None)
+    return BeamConfig.from_dict(d), None if quant is None else QuantScheme.from_config(quant)
+
+
+def bf16_layout(config: BeamConfig) -> tuple[dict, dict]:
+    """(name -> shape, name -> dtype) of the config's BF16 checkpoint (router FP32), from a meta model."""
+    from beam_model.model import BeamForCausalLM
+    from beam_model.weights import checkpoint_tensors
+
+    tensors = checkpoint_tensors(BeamForCausalLM(config, torch.bfloat16))
+    return {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()}
+
+
+def checked_quantized_files(path: str, config: BeamConfig, scheme: QuantScheme) -> dict[str, str]:
+    """Tensor name -> file, once every name, shape and dtype is what `scheme` calls for."""
+    expected = scheme.expected(*bf16_layout(config))
+    files = _checkpoint_files(path)
+    found = {}
+    for file in sorted(set(files.values())):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                if files.get(name) == file:
+                    s = f.get_slice(name)
+                    found[name] = (tuple(s.get_shape()), s.get_dtype())
+    problems = []
+    missing = [n for n in expected if n not in found]
+    extra = [n for n in found if n not in expected]
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if extra:
+        problems.append(f"unexpected tensors: {_listing(extra)}")
+    for name, (shape, dtype) in expected.items():
+        if name not in found:
+            continue
+        got_shape, got_dtype = found[name]
+        if got_shape != shape:
+            problems.append(f"tensor {name} has shape {list(got_shape)}, expected {list(shape)}")
+        if got_dtype != _SAFETENSORS_DTYPES[dtype]:
+            problems.append(f"tensor {name} is {got_dtype}, expected {_SAFETENSORS_DTYPES[dtype]}")
+    if problems:
+        raise CheckpointError(f"{scheme.format} checkpoint {path} does not match its config: " + "; ".join(problems))
+    return files
+
+
+def dequantized(module: str, scheme: QuantScheme, get) -> torch.Tensor:
+    """A quantized module's weight in FP32; `get(name)` reads a tensor of the checkpoint."""
+    if scheme.algo == FP8:
+        return formats.dequantize_fp8(get(f"{module}.weight"), get(f"{module}.weight_scale"))
+    return formats.dequantize_nvfp4(get(f"{module}.weight"), get(f"{module}.weight_scale"),
+                                    get(f"{module}.weight_scale_2"))
+
+
+@torch.no_grad()
+def load_dequantized(path: str, *, dtype=torch.bfloat16, device=None, variants=None):
+    """A BeamForCausalLM from a quantized checkpoint, every quantized weight dequantized into `dtype`."""
+    from beam_model.model import BeamForCausalLM
+    from beam_model.weights import materialize
+
+    config, scheme = read_config(path)
+    if scheme is None:
+        return BeamForCausalLM.from_pretrained(path, dtype=dtype, device=device, variants=variants)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    files = checked_quantized_files(path, config, scheme)
+    model = BeamForCausalLM(config, dtype)
+    params = materialize(model, device)
+    handles = {}
+    try:
+        def get(name):
+            file = files[name]
+            if file not in handles:
+                handles[file] = safe_open(file, framework="pt", device=str(device)).__enter__()
+            return handles[file].get_tensor(name)
+
+        for name in bf16_layout(config)[0]:  # the model's tensors; scales are read with their weights
+            module = name.removesuffix(".weight")
+            quantized = name.endswith(".weight") and scheme.quantizes(module)
+            _target(params, name).copy_(dequantized(module, scheme, get) if quantized else get(name))
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    model.set_variants(variants)
+    return model
+
+
+class _ShardWriter:
+    """Tensors into model.safetensors, or shards of at most MAX_SHARD_BYTES with an index."""
+
+    def __init__(self, path: str, max_bytes: int = MAX_SHARD_BYTES):
+        self.path, self.max_bytes = path, max_bytes
+        self.pending, self.size, self.files, self.weight_map, self.total = {}, 0, [], {}, 0
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        nbytes = t.numel() * t.element_size()
+        if self.pending and self.size + nbytes > self.max_bytes:
+            self._flush()
+        self.pending[name] = t.contiguous().cpu()
+        self.size += nbytes
+        self.total += nbytes
+
+    def _flush(self) -> None:
+        file = f"part-{len(self.files) + 1:05d}.safetensors"
+        save_file(self.pending, os.path.join(self.path, file), metadata={"format": "pt"})
+        self.files.append(file)
+        self.weight_map.update({n: file for n in self.pending})
+        self.pending, self.size = {}, 0
+
+    def close(self) -> None:
+        if not self.files:  # one file
+            save_file(self.pending, os.path.join(self.path, SINGLE_FILE), metadata={"format": "pt"})
+            return
+        self._flush()
+        n = len(self.files)
+        renamed = {f: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, f in enumerate(self.files)}
+        for old, new in renamed.items():
+            os.replace(os.path.join(self.path, old), os.path.join(self.path, new))
+        with open(os.path.join(self.path, INDEX_FILE), "w") as f:
+            json.dump({"metadata": {"total_size": self.total},
+                       "weight_map": {k: renamed[v] for k, v in self.weight_map.items()}}, f, indent=2)
+
+
+@torch.no_grad()
+def quantize_checkpoint(src: str, dst: str, fmt: str, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> QuantScheme:
+    """Write `src` (a BF16 checkpoint folder) to `dst` in `fmt` ("fp8" or "nvfp4"), tokenizer files copied."""
+    from beam_model.weights import checked_files
+
+    config, existing = read_config(src)
+    if existing is not None:
+        raise ValueError(f"{src} is already quantized ({existing.algo}); quantize its BF16 source")
+    scheme = QuantScheme.for_format(fmt)
+    shapes, _ = bf16_layout(config)
+    files = checked_files(src, shapes)
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError("the destination must be another folder than the source")
+    os.makedirs(dst, exist_ok=True)
+    writer = _ShardWriter(dst, max_shard_bytes)
+    for file in sorted(set(files.values())):
+        with safe_open(file, framework="pt") as f:
+            for name in [n for n in f.keys() if files.get(n) == file]:
+                t, module = f.get_tensor(name), name.removesuffix(".weight")
+                if not (name.endswith(".weight") and scheme.quantizes(module)):
+                    writer.add(name, t)
+                elif scheme.algo == FP8:
+                    weight, scale = formats.quantize_fp8(t)
+                    writer.add(name, weight)
+                    writer.add(f"{module}.weight_scale", scale)
+                else:
+                    weight, scale, scale_2 = formats.quantize_nvfp4(t)
+                    writer.add(name, weight)
+                    writer.add(f"{module}.weight_scale", scale)
+                    writer.add(f"{module}.weight_scale_2", scale_2)
+                    # Read only by kernels that quantize activations to FP4 (none on Hopper); uncalibrated.
+                    writer.add(f"{module}.input_scale", torch.tensor(1.0))
+    writer.close()
+    with open(os.path.join(dst, CONFIG), "w") as f:
+        json.dump({**config.to_dict(), "quantization_config": scheme.to_config()}, f, indent=2)
+        f.write("\n")
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+    return scheme

@@ -224,3 +224,18 @@ def test_an_unknown_quantization_config_is_refused_by_field(fp8_dir, edit, named
     with pytest.raises(QuantConfigError) as e:
         load_dequantized(str(fp8_dir))
     assert named in str(e.value)
+
+
+def test_accuracy_compares_the_quantized_model_with_its_source(bf16_dir, tmp_path, capsys):
+    from workbench.quant_accuracy import compare
+
+    dst = tmp_path / "nvfp4"
+    assert main(["quantize", bf16_dir, str(dst), "--format", "nvfp4", "--accuracy", "64", "--seq-len", "16",
+                 "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["accuracy"]
+    saved = json.loads((dst / "accuracy.json").read_text())
+    assert saved == printed and saved["positions"] == 64 and saved["tokens"].startswith("random ids")
+    assert 0.0 <= saved["top1_agreement"] < 1.0 and 0.0 < saved["kl_mean"] <= saved["kl_p99"]
+    model = BeamForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32)
+    same = compare(model, model, torch.randint(0, model.config.vocab_size, (2, 8)))
+    assert same["top1_agreement"] == 1.0 and same["kl_mean"] == 0.0

@@ -13,6 +13,11 @@ def add_arguments(p) -> None:
     p.add_argument("--format", choices=("fp8", "nvfp4"), required=True,
                    help="fp8: attention, dense and expert projections, E4M3 per output channel; nvfp4: the "
                         "experts, E2M1 in blocks of 16 with E4M3 block scales and an FP32 global scale")
+    p.add_argument("--accuracy", type=int, nargs="?", const=4096, default=None, metavar="TOKENS",
+                   help="then compare the quantized model with its source on TOKENS positions (default 4096): top-1 "
+                        "agreement and KL divergence of the next-token distributions, into DST/accuracy.json")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per compared window (default: %(default)s)")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -26,9 +31,35 @@ def run(args) -> int:
                    if f.endswith(".safetensors"))
     out = {"src": args.src, "dst": args.dst, "quantization_config": scheme.to_config(), "bytes": size,
            "src_bytes": src_size, "seconds": round(time.perf_counter() - started, 2)}
+    if args.accuracy:
+        out["accuracy"] = _accuracy(args)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"wrote {args.dst}: {scheme.algo}, {size / 2**20:.1f} MiB of tensors ({src_size / 2**20:.1f} MiB in "
               f"{args.src}) in {out['seconds']} s")
+        if args.accuracy:
+            a = out["accuracy"]
+            print(f"against {args.src} on {a['positions']} positions of {a['tokens']}: top-1 agreement "
+                  f"{a['top1_agreement']:.4f}, KL mean {a['kl_mean']:.3g} (p99 {a['kl_p99']:.3g}) nats")
     return 0
+
+
+def _accuracy(args) -> dict:
+    import sys
+
+    import torch
+
+    from beam_model.model import BeamForCausalLM
+    from beam_model.quant.checkpoint import load_dequantized
+    from workbench.quant_accuracy import compare, tokens_for
+
+    windows, where = tokens_for(args.src, args.accuracy, args.seq_len)
+    source = BeamForCausalLM.from_pretrained(args.src, dtype=torch.float32, device=args.device)
+    quantized = load_dequantized(args.dst, dtype=torch.float32, device=args.device)
+    result = {"command": "workbench " + " ".join(sys.argv[1:]), "tokens": where, "device": args.device,
+              **compare(source, quantized, windows.to(args.device))}
+    with open(os.path.join(args.dst, "accuracy.json"), "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    return result

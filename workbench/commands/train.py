@@ -141,9 +141,23 @@ def _run_with_progress(trainer):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log file: a line every 1% of the steps and at each evaluation
+        every = max(1, trainer.opts.steps // 100)
+
+        def line(step, loss, lr, seconds):
+            if step % every == 0 or step == trainer.opts.steps:
+                print(f"step {step}/{trainer.opts.steps} loss {loss:.4f} lr {lr:.2e} {seconds:.0f} s",
+                      file=sys.stderr, flush=True)
+
+        def held(e):
+            print(f"held out at step {e['step']}: {e['loss']:.4f} nats per token, {e['bits_per_byte']:.4f} bits "
+                  "per byte", file=sys.stderr, flush=True)
+
+        return trainer.run(line, held)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                TextColumn("{task.fields[status]}"))
-    with Progress(*columns, console=Console(stderr=True)) as progress:  # stdout: the figures
+    with Progress(*columns, console=console) as progress:  # stdout: the figures
         task = progress.add_task("train", total=trainer.opts.steps, status="")
         held = {"text": ""}
 

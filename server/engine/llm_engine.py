@@ -20,7 +20,7 @@ from server.engine import cache_sizing, first_use
 from server.engine.block_manager import GROUPS, BlockManager
 from server.engine.detokenizer import IncrementalDetokenizer
 from server.engine.grammar import Grammars
-from server.engine.model_runner import ModelRunner
+from server.engine.model_runner import ModelRunner, logits_width
 from server.engine.output import RequestOutput
 from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler
@@ -59,11 +59,12 @@ class Engine:
                  gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  prefix_caching: bool = True, cuda_graphs: bool | None = None, seed: int = 0,
-                 logits_hook=None):
+                 logits_hook=None, on_runner_plan=None):
         if variants is not None or variant_configs is not None:
             model.set_variants(variants, variant_configs)  # a lock's selection and tuning configs
         cuda = model.device.type == "cuda"
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
+        self.vocab_size = logits_width(model)
         self.max_num_seqs = max_num_seqs or (256 if cuda else 128)
         self.max_num_batched_tokens = max_num_batched_tokens or (2048 if cuda else 1024)
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -77,11 +78,15 @@ class Engine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.max_num_seqs,
                                    max_num_batched_tokens=self.max_num_batched_tokens)
         self.max_model_len = min(c.max_position_embeddings, (self.num_pages[FULL] - 1) * self.page_size)
-        self.runner = ModelRunner(model, self.num_pages, page_size=self.page_size, max_num_seqs=self.max_num_seqs,
-                                  vocab_limit=min(c.vocab_size, tokenizer.vocab_size),
-                                  cuda_graphs=cuda if cuda_graphs is None else cuda_graphs,
-                                  graph_max_len=min(self.max_model_len, GRAPH_MAX_LEN), seed=seed,
-                                  logits_hook=logits_hook)
+        # What the runner is built from: the other ranks of a tensor-parallel group build theirs from it
+        # (`on_runner_plan`, before this one captures its graphs, whose collectives they must meet)
+        self.runner_plan = dict(num_pages=self.num_pages, page_size=self.page_size, max_num_seqs=self.max_num_seqs,
+                                vocab_limit=min(self.vocab_size, tokenizer.vocab_size),
+                                cuda_graphs=cuda if cuda_graphs is None else cuda_graphs,
+                                graph_max_len=min(self.max_model_len, GRAPH_MAX_LEN), seed=seed)
+        if on_runner_plan is not None:
+            on_runner_plan(self.runner_plan)
+        self.runner = ModelRunner(model, **self.runner_plan, logits_hook=logits_hook)
         self.eos_token_id = tokenizer.eos_token_id
         self._grammars_lock = threading.Lock()
         self.requests: dict[str, Sequence] = {}
@@ -132,7 +137,7 @@ class Engine:
         """The grammar compiler, made on the first structured request (llguidance loads then)."""
         with self._grammars_lock:
             if self.runner.grammars is None:
-                self.runner.grammars = Grammars(self.tokenizer, self.config.vocab_size)
+                self.runner.grammars = Grammars(self.tokenizer, self.vocab_size)
             return self.runner.grammars
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -140,7 +145,7 @@ class Engine:
         output's structure (cached, under a lock): thread-safe."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        vocab = min(self.config.vocab_size, self.tokenizer.vocab_size)
+        vocab = min(self.vocab_size, self.tokenizer.vocab_size)
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
@@ -290,7 +295,7 @@ class Engine:
         fewer beside its decode (a mixed step of the same count), each greedy to 3 tokens. Leaves
         no request running; the KV pages go back (prefix-cached). Raises if a step fails: a model
         that cannot run these would fail its first requests. Returns the steps it ran."""
-        vocab = min(self.config.vocab_size, self.tokenizer.vocab_size)
+        vocab = min(self.vocab_size, self.tokenizer.vocab_size)
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
         steps, slow = self.num_steps, self.slow_step_seconds
         self.slow_step_seconds = float("inf")  # compiling is what these steps are for

@@ -37,6 +37,12 @@ MAX_GRAPH_BATCH = 256
 log = logging.getLogger(__name__)
 
 
+def logits_width(model) -> int:
+    """The ids the model's logits cover: its whole vocabulary, on a tensor-parallel rank too (the head
+    gathers every rank's slice; the rank's own config holds its slice's width)."""
+    return model.config.vocab_size * (model.tp.world_size if getattr(model, "tp", None) else 1)
+
+
 class Captured(NamedTuple):
     """One decode batch size's graphs: the forward (its logits [size, vocab] FP32; its metadata, alive as
     long as the graph) and the draw from those logits under the token masks' device buffer (its ids
@@ -59,14 +65,17 @@ class ModelRunner:
         self.cache = PagedKVCache(model.config, num_pages[FULL], num_sliding_pages=num_pages[SLIDING],
                                   dtype=model.dtype, device=self.device, page_size=page_size)
         # Ids the tokenizer cannot decode (the model's vocab is padded) are never sampled.
-        self.vocab_limit = vocab_limit if vocab_limit is not None else model.config.vocab_size
+        vocab = logits_width(model)
+        self.vocab_limit = vocab_limit if vocab_limit is not None else vocab
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # unseeded requests
         self.logits_hook = logits_hook  # test-only: see server/engine/testing.py
         self.grammars = None  # the engine's grammar compiler (engine/grammar.py), set on the first structured request
-        self.masks = TokenMasks(max(max_num_seqs, 1), model.config.vocab_size, self.device)
+        self.masks = TokenMasks(max(max_num_seqs, 1), vocab, self.device)
         self.graphs: dict[int, Captured] = {}
+        # On rank 0 of a tensor-parallel group: called with each forward's inputs before it is launched,
+        # to send them to the other ranks, whose runners run the same forward (`follow`; engine/ranks.py)
+        self.before_forward = None
         # [vocab] bool: the ids past the tokenizer's, masked before every draw; None when there are none
-        vocab = model.config.vocab_size
         past = torch.arange(vocab, device=self.device) >= self.vocab_limit
         self._past_vocab = past if self.vocab_limit < vocab else None
         self.last_prepare_seconds = 0.0  # host time of the last run before its forward was launched
@@ -91,6 +100,8 @@ class ModelRunner:
         ids = [t for s, c, n in zip(seqs, starts, counts) for t in s.token_ids[c:c + n]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
         rows = [i for i, (s, c, n) in enumerate(zip(seqs, starts, counts)) if c + n == s.num_tokens]
+        if self.before_forward is not None:
+            self.before_forward(ids, pages, starts, counts, [s.params for s in seqs])
         graph = self._graph_for(pages) if all(n == 1 for n in counts) else None
         drawn, allowed, sampled = None, None, [seqs[i] for i in rows]
         if graph is not None:  # one token a row
@@ -122,6 +133,17 @@ class ModelRunner:
             for i, r in zip(rows, self._sample(sampled, logits, params, drawn, allowed)):
                 results[i] = r
         return results
+
+    @torch.inference_mode()
+    def follow(self, ids: list[int], pages: dict, starts: list[int], counts: list[int], params: list) -> None:
+        """Another rank's side of rank 0's `run`: the same forward on this rank's shard and KV cache (the
+        same graph or the same eager step, so the collectives inside meet), nothing sampled."""
+        graph = self._graph_for(pages) if all(n == 1 for n in counts) else None
+        if graph is not None:
+            self._replay(graph, ids, pages, starts, params, time.perf_counter())
+            return
+        step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
+        self.model.step(torch.tensor(ids, device=self.device), self.cache, step)
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """`values` on the device without waiting: a copy from pageable memory waits for everything

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 
 from server.api.structures import CONSTRAIN
@@ -44,6 +45,9 @@ def add_arguments(p) -> None:
                         "(requests that offer tools: every call parses and matches its tool's schema), 'all' "
                         "(every chat turn), 'off' (only response_format and thinking_token_budget; tool_choice "
                         "required/named only prefills the call's start) (default: %(default)s)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism: N processes, each with its slice of every layer (one GPU each on "
+                        "CUDA; gloo on the CPU); rank 0 serves (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--fake-model-script", help=argparse.SUPPRESS)  # test-only, see server/engine/testing.py
 
@@ -92,7 +96,10 @@ def run(args) -> int:
     device = resolve_device(args.device)
     lock = load_lock(args.lock, force=args.force_lock, device=device) if args.lock else None  # before the model
     choose_model(args, lock)
-    model = load_model(args)
+    if args.tp < 1:
+        raise ValueError(f"--tp must be at least 1, got {args.tp}")
+    ranks = _Ranks(args, device) if args.tp > 1 else None
+    model = ranks.model if ranks else load_model(args)
     if lock is not None:
         check_lock_matches(lock, model, args.force_lock)
     tokenizer = load_tokenizer(args.model)
@@ -105,7 +112,10 @@ def run(args) -> int:
                     variant_configs=lock.configs if lock else None, num_pages=args.num_pages,
                     gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=not args.no_prefix_caching,
-                    cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook)
+                    cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook,
+                    on_runner_plan=ranks.send_plan if ranks else None)
+    if ranks:
+        ranks.leader.attach(engine.runner)
     if device.type == "cuda" and not args.no_warm_up:
         started = time.perf_counter()
         steps = engine.warm_up()
@@ -114,7 +124,42 @@ def run(args) -> int:
     if lock is not None:
         for line in lock_warnings(lock, engine.max_num_seqs):
             print(f"warning: {line}", file=sys.stderr, flush=True)
-    print(f"serving {name} on http://{args.host}:{args.port} ({device}, {engine.num_pages} KV pages, "
-          f"context {engine.max_model_len}, variants {model.ops.selection if lock else 'reference'})", flush=True)
-    return serve(engine, tokenizer, host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,
-                 max_queue_len=args.max_queue_len, log_level=args.log_level, constrain=args.constrained_decoding)
+    print(f"serving {name} on http://{args.host}:{args.port} ({device}{f', TP{args.tp}' if ranks else ''}, "
+          f"{engine.num_pages} KV pages, context {engine.max_model_len}, "
+          f"variants {model.ops.selection if lock else 'reference'})", flush=True)
+    try:
+        code = serve(engine, tokenizer, host=args.host, port=args.port, served_model_name=name, api_key=args.api_key,
+                     max_queue_len=args.max_queue_len, log_level=args.log_level, constrain=args.constrained_decoding,
+                     stop=ranks.stop if ranks else None)
+    finally:
+        if ranks:
+            ranks.close()
+    return 1 if ranks and ranks.watch.died else code
+
+
+class _Ranks:
+    """Rank 0 of `--tp N`: the other ranks started and watched, this rank's shard, the leader's channel."""
+
+    def __init__(self, args, device):
+        from server.engine.ranks import Leader, RankWatch
+        from workbench.commands import serve_ranks
+
+        dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+        spec, self.procs, control = serve_ranks.start(args, args.tp, device, dtype)
+        self.stop = threading.Event()  # set when a rank dies: the server's graceful stop
+        self.watch = RankWatch(self.procs, on_death=self.stop.set)
+        self.model = serve_ranks.load_rank_model(spec, 0)
+        self.leader = Leader(control)
+
+    def send_plan(self, plan: dict) -> None:
+        self.leader.send_plan(plan, self.model.ops.selection, self.model.ops.configs)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        self.watch.stopping()
+        if not self.watch.died:
+            self.leader.stop()
+            for p in self.procs.values():
+                p.join(timeout=30)
+        dist.destroy_process_group()

@@ -165,6 +165,12 @@ def test_train_command_writes_a_checkpoint_the_loaders_read(tmp_path, capsys):
     tok = load_tokenizer(str(out))
     assert isinstance(tok, HFTokenizer) and tok.vocab_size == model.config.vocab_size and tok.chat_template
     assert (out / "loss_curve.svg").read_text().startswith("<svg")
+    card = (out / "README.md").read_text()
+    assert f"| beam-tiny | {figures['checkpoint']['bits_per_byte']:.4f} |" in card
+    assert f"{figures['xz_9']['concatenated_bits_per_byte']:.4f}" in card and "the .py files under" in card
+    (out / "README.md").unlink()
+    assert main(["train", str(out), "--render"]) == 0
+    assert (out / "README.md").read_text() == card
 
 
 def test_a_corpus_without_a_held_out_file_is_refused(tmp_path, capsys):

@@ -18,7 +18,8 @@ def add_arguments(p) -> None:
 
     d = TrainOptions()
     p.add_argument("out_dir", metavar="OUT_DIR", help="checkpoint folder to write (config.json, model.safetensors, "
-                   "tokenizer files, training.json, loss_curve.svg)")
+                   "tokenizer files, training.json, loss_curve.svg and .png where matplotlib is installed, "
+                   "README.md rendered from training.json)")
     p.add_argument("--config", choices=list(CONFIGS), default=d.config, help="what to train (default: %(default)s)")
     p.add_argument("--tokenizer", metavar="DIR", help="a folder with tokenizer.json (and tokenizer_config.json) "
                    "to use; default: train one on the training split")
@@ -39,6 +40,8 @@ def add_arguments(p) -> None:
                    help="held-out tokens the saved checkpoint is evaluated on (default: all of them)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--render", action="store_true",
+                   help="train nothing: render OUT_DIR's README.md and loss curve again from its training.json")
     p.add_argument("--json", action="store_true", help="print the final figures as JSON")
 
 
@@ -51,8 +54,28 @@ def _cuda() -> bool:
         return False
 
 
+def render(out_dir: str, figures: dict) -> None:
+    """loss_curve.svg, loss_curve.png (where matplotlib is installed) and README.md from the figures."""
+    from workbench.training.card import loss_curve_png, model_card
+    from workbench.training.plot import loss_curve_svg
+
+    train, evals = figures["history"]["train"], figures["history"]["evals"]
+    title = f"{figures['config']}: {figures['options']['steps']} steps"
+    with open(os.path.join(out_dir, "loss_curve.svg"), "w") as f:
+        f.write(loss_curve_svg(train, evals, title))
+    png = loss_curve_png(train, evals, title, os.path.join(out_dir, "loss_curve.png"))
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write(model_card(figures, curve="loss_curve.png" if png else "loss_curve.svg"))
+
+
 def run(args) -> int:
     import torch
+
+    if args.render:
+        with open(os.path.join(args.out_dir, "training.json")) as f:
+            render(args.out_dir, json.load(f))
+        print(f"rendered {args.out_dir}/README.md and its loss curve from training.json")
+        return 0
 
     from beam_model.model import BeamForCausalLM
     from beam_model.tokenizer import HFTokenizer
@@ -61,7 +84,6 @@ def run(args) -> int:
     from workbench.training.data import encode_files
     from workbench.training.evaluate import evaluate, xz_bits_per_byte
     from workbench.training.models import to_bf16, training_config
-    from workbench.training.plot import loss_curve_svg
     from workbench.training.train import Trainer, TrainOptions
 
     started = time.perf_counter()
@@ -106,7 +128,8 @@ def run(args) -> int:
         "config": args.config, "parameters": config.num_parameters, "active_parameters": config.num_active_parameters,
         "options": dataclasses.asdict(opts), "device": _device_name(args.device),
         "python": platform.python_version(), "torch": torch.__version__,
-        "corpus": {"root": str(root), "held_out_percent": HELD_OUT_PERCENT, "train_files": len(train_files),
+        "corpus": {"root": str(root), "stdlib": not args.corpus, "held_out_percent": HELD_OUT_PERCENT,
+                   "train_files": len(train_files),
                    "train_tokens": len(train_stream), "held_out_files": len(held_files),
                    "held_out_tokens": len(held_stream), "held_out_bytes": held_stream.text_bytes},
         "train_seconds": round(trained_s, 1), "tokens_seen": opts.steps * opts.batch * opts.seq_len,
@@ -116,8 +139,7 @@ def run(args) -> int:
     with open(os.path.join(args.out_dir, "training.json"), "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
-    with open(os.path.join(args.out_dir, "loss_curve.svg"), "w") as f:
-        f.write(loss_curve_svg(history.train, history.evals, f"{args.config}: {opts.steps} steps"))
+    render(args.out_dir, figures)
     summary = {"held_out_bits_per_byte": final.bits_per_byte, "xz_9_bits_per_byte": xz["concatenated_bits_per_byte"],
                "held_out_loss": final.loss, "routing": final.routing["mean"], "out_dir": args.out_dir}
     if args.json:

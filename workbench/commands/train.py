@@ -72,8 +72,18 @@ def run(args) -> int:
     import torch
 
     if args.render:
-        with open(os.path.join(args.out_dir, "training.json")) as f:
-            render(args.out_dir, json.load(f))
+        path = os.path.join(args.out_dir, "training.json")
+        with open(path) as f:
+            figures = json.load(f)
+        if "sample" not in figures:  # a checkpoint trained before samples were kept: take it now
+            from beam_model.model import BeamForCausalLM
+            from beam_model.tokenizer import load_tokenizer
+
+            figures["sample"] = _sample(BeamForCausalLM.from_pretrained(args.out_dir), load_tokenizer(args.out_dir))
+            with open(path, "w") as f:
+                json.dump(figures, f, indent=1)
+                f.write("\n")
+        render(args.out_dir, figures)
         print(f"rendered {args.out_dir}/README.md and its loss curve from training.json")
         return 0
 
@@ -123,6 +133,7 @@ def run(args) -> int:
     final = evaluate(model, held_stream, seq_len=opts.seq_len, batch=opts.batch, max_tokens=args.final_eval_tokens,
                      routing=True)
     xz = xz_bits_per_byte(held_texts)
+    sample = _sample(model, tokenizer)
     figures = {
         "command": "workbench train " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["train"] else None,
         "config": args.config, "parameters": config.num_parameters, "active_parameters": config.num_active_parameters,
@@ -133,7 +144,7 @@ def run(args) -> int:
                    "train_tokens": len(train_stream), "held_out_files": len(held_files),
                    "held_out_tokens": len(held_stream), "held_out_bytes": held_stream.text_bytes},
         "train_seconds": round(trained_s, 1), "tokens_seen": opts.steps * opts.batch * opts.seq_len,
-        "checkpoint": {"dtype": "bf16", **final.to_dict()}, "xz_9": xz,
+        "checkpoint": {"dtype": "bf16", **final.to_dict()}, "xz_9": xz, "sample": sample,
         "history": {"train": history.train, "evals": history.evals},
     }
     with open(os.path.join(args.out_dir, "training.json"), "w") as f:
@@ -149,6 +160,17 @@ def run(args) -> int:
               f"(xz -9: {xz['concatenated_bits_per_byte']:.3f}), {final.loss:.3f} nats per token; "
               f"routing {final.routing['mean']}")
     return 0
+
+
+SAMPLE_PROMPT = "def fibonacci(n):"
+
+
+def _sample(model, tokenizer, max_new_tokens: int = 64) -> dict:
+    """The checkpoint's greedy continuation of SAMPLE_PROMPT in its BF16 weights."""
+    from beam_model.generate import generate
+
+    out = generate(model, [tokenizer.encode(SAMPLE_PROMPT)], max_new_tokens, stop_ids=(tokenizer.eos_token_id,))[0]
+    return {"prompt": SAMPLE_PROMPT, "greedy_tokens": max_new_tokens, "text": tokenizer.decode(out)}
 
 
 def _device_name(device: str) -> str:

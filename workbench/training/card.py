@@ -47,12 +47,22 @@ def model_card(f: dict, *, curve: str) -> str:
         f"{mean.get('next_token_share', float('nan')):.1%} of their experts (independent uniform choices: "
         f"{r.get('uniform_share') or float('nan'):.1%}).",
         "",
+        *_sample_lines(f.get("sample")),
         "## Loss",
         "",
         f"![loss curve]({curve})",
         "",
     ]
     return "\n".join(lines)
+
+
+def _sample_lines(sample: dict | None) -> list[str]:
+    if not sample:
+        return []
+    return ["## A greedy continuation", "",
+            f"`workbench generate --prompt {sample['prompt']!r} --max-tokens {sample['greedy_tokens']} --dtype bf16` "
+            "(greedy, the checkpoint's BF16 weights):", "",
+            "```python", sample["prompt"] + sample["text"], "```", ""]
 
 
 def loss_curve_png(train: list, evals: list, title: str, path: str) -> bool:

@@ -15,9 +15,9 @@
    of the candidate's outputs is re-checked against the reference after it (a variant right in the
    gate and wrong once timing starts fails). Every process the candidate may have started is stopped
    except during its own rounds (`pause.Pause`): nothing of it runs while the others are timed.
-3. Not believed, whatever `trust` says, while the incumbent's time beside the candidate is past
-   RECORD_SLOWER x the search's record of it (plus the empty call's time) and past ALONE_SLOWER x its
-   time alone (`off_record`): the candidate slowed it (work it left queued on the device).
+3. On a GPU, not believed, whatever `trust` says, while the incumbent's time beside the candidate is
+   past RECORD_SLOWER x the search's record of it (plus the empty call's time) and past ALONE_SLOWER x
+   its time alone (`off_record`): the candidate slowed it (work it left queued on the device).
 4. A step time below SUSPECT x the roofline floor or below ABOVE_EMPTY x the empty call's, whichever
    is higher, is flagged suspect (`suspect_floor`): not accepted without `trust`.
 5. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
@@ -165,7 +165,10 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
                       "empty_alone_us": result.get("empty_alone_us"), "per_kind": result.get("per_kind")}
     # A slowed incumbent comes first: whatever slowed it slowed the empty call too, so no time of these
     # rounds holds, the floor included.
-    why = off_record(inc, task.incumbent_record_us, result.get("incumbent_alone_us"), result.get("empty_alone_us"))
+    # Only on a device: on the CPU nothing of the candidate runs while the incumbent is timed (`Pause`),
+    # so an incumbent off its record there is the machine's load, not the candidate's doing.
+    why = off_record(inc, task.incumbent_record_us, result.get("incumbent_alone_us"),
+                     result.get("empty_alone_us")) if task.device != "cpu" else None
     if why:
         verdict.stage, verdict.reason = "off_record", f"the incumbent's time is not believed: {why}"
         return verdict

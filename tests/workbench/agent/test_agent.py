@@ -27,6 +27,9 @@ AGENT = f"{sys.executable} {os.path.join(HERE, 'scripted.py')}"
 sys.path.insert(0, HERE)
 import scripted  # noqa: E402
 
+# One xdist worker runs this module: its `agent_run` fixture takes minutes, made once (`--dist loadgroup`)
+pytestmark = pytest.mark.xdist_group("agent_run")
+
 FAST_TIMING = {"max_seconds": 0.3, "warmup": 3, "min_reps": 30}
 
 
@@ -231,7 +234,7 @@ def agent_run(tmp_path_factory):
         plugins.load_file(str(folder / "setup.py"), static=False)
         plugins.load_file(str(folder / "slow_incumbent.py"))
         agent = AgentOptions(f"{AGENT} {','.join(PLAYLIST)}", rounds=len(PLAYLIST), budget_s=3.0,
-                             worker_timeout_s=25.0, timing=FAST_TIMING)
+                             worker_timeout_s=40.0, timing=FAST_TIMING)
         report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
                                           device=torch.device("cpu"), out_dir=out, points=("boundary",),
                                           command="pytest", agent=agent), on_event=events.append)
@@ -276,7 +279,8 @@ def test_task_folders_carry_the_contract_and_the_last_verdict(agent_run):
 
 def test_accepted_variant_goes_through_finalize_and_the_lock(agent_run):
     out, report, events, attempts = agent_run
-    accepted = next(a for a in attempts if a["accepted"])
+    accepted = next((a for a in attempts if a["accepted"]), None)
+    assert accepted, [(a["stage"], a["reason"]) for a in attempts]
     name = accepted["variant"]
     assert os.path.isfile(accepted["accepted_file"])
     # This process never imported it: it ran in its sandbox (ended with the run, unregistered then) and the
@@ -313,7 +317,8 @@ def test_lock_verify_gates_an_agent_variant_without_importing_it(agent_run):
     from workbench.lock import verify
 
     out, _, _, attempts = agent_run
-    accepted = next(a for a in attempts if a["accepted"])
+    accepted = next((a for a in attempts if a["accepted"]), None)
+    assert accepted, [(a["stage"], a["reason"]) for a in attempts]
     result = verify(os.path.join(out, "lock.yaml"), device="cpu")
     assert result.ok, result.problems
     assert result.gate_reports["boundary"]["passed"] and result.gate_reports["model"]["passed"]

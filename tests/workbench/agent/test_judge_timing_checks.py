@@ -2,7 +2,7 @@
 (outputs of the contract's shapes copied into their slots, no work), timed in the same rounds through
 the same sandbox path, else it is suspect; and the incumbent's time beside the candidate must agree
 with the search's record of it or with its own time before the candidate started, else the candidate
-is not accepted (`off_record`).
+is not accepted on a GPU (`off_record`; on the CPU the candidate is stopped while the incumbent is timed).
 
 Each rule on the verdict alone (`decide`), then end to end on beam-tiny's `boundary` (FP32, CPU)
 against a slow incumbent (the reference's math ten times), judged without the static check as the
@@ -54,16 +54,18 @@ def test_a_step_time_near_an_empty_calls_is_suspect():
 
 def test_an_incumbent_slower_than_its_record_and_than_alone_is_not_believed():
     slowed = _done(candidate_us=150.0, incumbent_us=300.0, incumbent_alone_us=105.0, empty_alone_us=5.0)
-    v = decide(slowed, _task(incumbent_record_us=100.0, trust=True))  # --trust does not cover it
+    v = decide(slowed, _task(incumbent_record_us=100.0, trust=True, device="cuda"))  # --trust does not cover it
     assert not v.accepted and v.stage == "off_record", v.reason
     assert "300 us per step" in v.reason and "record of 100 us" in v.reason and "2.86 x" in v.reason
     assert v.timing["record_us"] == 100.0 and v.timing["incumbent_alone_us"] == 105.0
     # Within either bound it is noise: the load changed since the incumbent ran alone, or the record
     # was taken another way.
     assert decide({**slowed, "incumbent_alone_us": 300.0 / ALONE_SLOWER + 1.0},
-                  _task(incumbent_record_us=100.0)).accepted
-    assert decide(slowed, _task(incumbent_record_us=300.0 / RECORD_SLOWER - 4.0)).accepted
-    assert decide(slowed, _task()).accepted  # no record, no check
+                  _task(incumbent_record_us=100.0, device="cuda")).accepted
+    assert decide(slowed, _task(incumbent_record_us=300.0 / RECORD_SLOWER - 4.0, device="cuda")).accepted
+    assert decide(slowed, _task(device="cuda")).accepted  # no record, no check
+    # On the CPU the candidate is stopped while the incumbent is timed: only the load can slow it there
+    assert decide(slowed, _task(incumbent_record_us=100.0)).accepted
 
 
 # ------------------------------------------------------------------------------ end to end

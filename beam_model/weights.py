@@ -150,6 +150,16 @@ def checked_files(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, 
     CheckpointError naming every missing, unexpected or mis-shaped tensor (before any data is read)."""
     files = _checkpoint_files(path)
     found = _shapes(files)
+    problems = name_problems(expected, found)
+    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
+                 for n, s in expected.items() if n in found and found[n] != s]
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
+    return files
+
+
+def name_problems(expected, found) -> list[str]:
+    """The missing and the unexpected tensor names of a checkpoint, each listed (none: [])."""
     problems = []
     missing = [n for n in expected if n not in found]
     extra = [n for n in found if n not in expected]
@@ -157,11 +167,7 @@ def checked_files(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, 
         problems.append(f"missing tensors: {_listing(missing)}")
     if extra:
         problems.append(f"unexpected tensors: {_listing(extra)}")
-    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
-                 for n, s in expected.items() if n in found and found[n] != s]
-    if problems:
-        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
-    return files
+    return problems
 
 
 def materialize(model, device) -> dict[str, torch.nn.Parameter]:

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from beam_model.config import BeamConfig
 from beam_model.quant import formats
 from beam_model.quant.scheme import FP8, QuantScheme
-from beam_model.weights import INDEX_FILE, SINGLE_FILE, CheckpointError, _checkpoint_files, _listing, _target
+from beam_model.weights import INDEX_FILE, SINGLE_FILE, CheckpointError, _checkpoint_files, _target, name_problems
 
 CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -64,13 +64,7 @@ def checked_quantized_files(path: str, config: BeamConfig, scheme: QuantScheme) 
                 if files.get(name) == file:
                     s = f.get_slice(name)
                     found[name] = (tuple(s.get_shape()), s.get_dtype())
-    problems = []
-    missing = [n for n in expected if n not in found]
-    extra = [n for n in found if n not in expected]
-    if missing:
-        problems.append(f"missing tensors: {_listing(missing)}")
-    if extra:
-        problems.append(f"unexpected tensors: {_listing(extra)}")
+    problems = name_problems(expected, found)
     for name, (shape, dtype) in expected.items():
         if name not in found:
             continue

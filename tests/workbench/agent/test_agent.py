@@ -27,9 +27,6 @@ AGENT = f"{sys.executable} {os.path.join(HERE, 'scripted.py')}"
 sys.path.insert(0, HERE)
 import scripted  # noqa: E402
 
-# One xdist worker runs this module: its `agent_run` fixture takes minutes, made once (`--dist loadgroup`)
-pytestmark = pytest.mark.xdist_group("agent_run")
-
 FAST_TIMING = {"max_seconds": 0.3, "warmup": 3, "min_reps": 30}
 
 

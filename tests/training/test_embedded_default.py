@@ -84,3 +84,34 @@ def test_serve_answers_with_the_embedded_model(trained):
         assert streamed == full
     finally:
         assert srv.stop() in (0, -signal.SIGTERM), srv.log()
+
+
+COMMITTED = common.EMBEDDED_MODEL
+needs_beam_mini = pytest.mark.skipif(not os.path.isfile(os.path.join(COMMITTED, "model.safetensors")),
+                                     reason="models/beam-mini is not in this checkout")
+
+
+@needs_beam_mini
+def test_the_committed_beam_mini_beats_xz_on_the_held_out_files():
+    figures = json.loads(open(os.path.join(COMMITTED, "training.json")).read())
+    assert figures["config"] == "beam-mini" and figures["corpus"]["held_out_files"] > 0
+    assert figures["checkpoint"]["bits_per_byte"] < figures["xz_9"]["concatenated_bits_per_byte"]
+    card = open(os.path.join(COMMITTED, "README.md")).read()
+    assert f"| beam-mini | {figures['checkpoint']['bits_per_byte']:.4f} |" in card
+
+
+@needs_beam_mini
+def test_serve_without_arguments_answers_with_beam_mini(monkeypatch):
+    from tests.server_harness import ServerProcess
+
+    monkeypatch.delenv("BEAM_EMBEDDED_MODEL", raising=False)
+    srv = ServerProcess(model=(), scripted=False, num_pages=64)
+    try:
+        client = srv.client()
+        assert [m.id for m in client.models.list().data] == ["beam-mini"]
+        kw = dict(model="beam-mini", prompt="def fibonacci(n):", max_tokens=12, temperature=0)
+        full = client.completions.create(**kw).choices[0].text
+        streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)
+        assert streamed == full and full
+    finally:
+        assert srv.stop() in (0, -signal.SIGTERM), srv.log()

@@ -218,11 +218,7 @@ def save_hf_tokenizer(directory: str | Path) -> Path:
     merges, nothing added around a prompt. For tools that need `AutoTokenizer.from_pretrained(dir)`
     (benchmark clients counting tokens). `HFTokenizer(dir/tokenizer.json)` encodes and decodes
     exactly like `ByteTokenizer`."""
-    import json
-
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    from beam_model.chat_template import CHAT_TEMPLATE_JINJA
 
     table = _byte_to_char()
     tok = Tokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
@@ -230,6 +226,20 @@ def save_hf_tokenizer(directory: str | Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(256, 256 + len(SPECIAL_TOKENS)))
+    return save_tokenizer_folder(tok, directory)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def save_tokenizer_folder(tok, directory: str | Path) -> Path:
+    """Write a `tokenizers.Tokenizer` with Beam's special tokens as a Hugging Face tokenizer folder:
+    tokenizer.json, and tokenizer_config.json with the special tokens and the chat template (Jinja)
+    that transformers and serving engines read."""
+    import json
+
+    from beam_model.chat_template import CHAT_TEMPLATE_JINJA
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
@@ -237,8 +247,18 @@ def save_hf_tokenizer(directory: str | Path) -> Path:
               "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != EOS_TOKEN],
               "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False,
               "chat_template": CHAT_TEMPLATE_JINJA}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """The tokenizer files of folder `src` copied into `dst`; returns the names copied."""
+    import shutil
+
+    found = [name for name in TOKENIZER_FILES if (Path(src) / name).is_file()]
+    for name in found:
+        shutil.copy(Path(src) / name, Path(dst) / name)
+    return found
 
 
 def load_tokenizer(model_dir: str | Path | None) -> ByteTokenizer | HFTokenizer:

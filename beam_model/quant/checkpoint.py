@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import torch
 from safetensors import safe_open
@@ -21,10 +20,10 @@ from safetensors.torch import save_file
 from beam_model.config import BeamConfig
 from beam_model.quant import formats
 from beam_model.quant.scheme import FP8, QuantScheme
+from beam_model.tokenizer import copy_tokenizer_files
 from beam_model.weights import INDEX_FILE, SINGLE_FILE, CheckpointError, _checkpoint_files, _target, name_problems
 
 CONFIG = "config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MAX_SHARD_BYTES = 5 * 2**30
 _SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.float32: "F32",
                        torch.bfloat16: "BF16", torch.float16: "F16"}
@@ -190,7 +189,5 @@ def quantize_checkpoint(src: str, dst: str, fmt: str, *, max_shard_bytes: int = 
     with open(os.path.join(dst, CONFIG), "w") as f:
         json.dump({**config.to_dict(), "quantization_config": scheme.to_config()}, f, indent=2)
         f.write("\n")
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(src, name)):
-            shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+    copy_tokenizer_files(src, dst)
     return scheme

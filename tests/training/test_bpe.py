@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from beam_model.tokenizer import SPECIAL_TOKENS, HFTokenizer
+from beam_model.tokenizer import SPECIAL_TOKENS, HFTokenizer, save_tokenizer_folder
 from workbench.training import bpe
 
 TEXTS = [
@@ -29,7 +29,7 @@ SAMPLES = [
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    bpe.save(bpe.train_bpe(TEXTS, vocab_size=320), out)
+    save_tokenizer_folder(bpe.train_bpe(TEXTS, vocab_size=320), out)
     return out
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from beam_model.chat_template import CHAT_TEMPLATE_JINJA, encode_chat, render_chat, render_chat_jinja
-from beam_model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer, save_hf_tokenizer
+from beam_model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer, save_hf_tokenizer, save_tokenizer_folder
 from workbench.training import bpe
 
 WEATHER = {"name": "get_weather", "description": "Current weather for a city <b>&'",
@@ -69,7 +69,7 @@ def test_jinja_template_refuses_unknown_roles():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     texts = ["def f(x):\n    return x + 1\n", "print('hello, world')\n"] * 5
-    return bpe.save(bpe.train_bpe(texts, vocab_size=300), tmp_path_factory.mktemp("tok"))
+    return save_tokenizer_folder(bpe.train_bpe(texts, vocab_size=300), tmp_path_factory.mktemp("tok"))
 
 
 def test_load_tokenizer_picks_up_the_trained_files(trained):

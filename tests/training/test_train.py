@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from beam_model.model import BeamForCausalLM
-from beam_model.tokenizer import HFTokenizer, load_tokenizer
+from beam_model.tokenizer import HFTokenizer, load_tokenizer, save_tokenizer_folder
 from workbench.cli import main
 from workbench.training import bpe
 from workbench.training.data import encode_files, eval_windows, random_windows
@@ -28,7 +28,7 @@ TEXTS = [f"def add_{i}(a, b):\n    '''Return a + b + {i}.'''\n    total = a + b\
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    bpe.save(bpe.train_bpe(TEXTS, 300), out)
+    save_tokenizer_folder(bpe.train_bpe(TEXTS, 300), out)
     return HFTokenizer(out / "tokenizer.json")
 
 

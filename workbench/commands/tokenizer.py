@@ -25,6 +25,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from beam_model.tokenizer import save_tokenizer_folder
     from workbench.training import bpe
     from workbench.training.corpus import HELD_OUT_PERCENT, corpus_files, split, stdlib_root
 
@@ -33,7 +34,7 @@ def run(args) -> int:
     train_files, held_files = split(corpus_files(root))
     tok = bpe.train_bpe((f.read() for f in train_files), args.vocab_size)
     t1 = time.perf_counter()
-    out = bpe.save(tok, args.out_dir)
+    out = save_tokenizer_folder(tok, args.out_dir)
     held = bpe.compression(tok, [f.read() for f in held_files])
     t2 = time.perf_counter()
     figures = {

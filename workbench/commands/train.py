@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import platform
-import shutil
 import sys
 import time
 
@@ -56,8 +55,8 @@ def _cuda() -> bool:
 
 def render(out_dir: str, figures: dict) -> None:
     """loss_curve.svg, loss_curve.png (where matplotlib is installed) and README.md from the figures."""
-    from workbench.training.card import loss_curve_png, model_card
-    from workbench.training.plot import loss_curve_svg
+    from workbench.training.card import model_card
+    from workbench.training.plot import loss_curve_png, loss_curve_svg
 
     train, evals = figures["history"]["train"], figures["history"]["evals"]
     title = f"{figures['config']}: {figures['options']['steps']} steps"
@@ -72,23 +71,13 @@ def run(args) -> int:
     import torch
 
     if args.render:
-        path = os.path.join(args.out_dir, "training.json")
-        with open(path) as f:
-            figures = json.load(f)
-        if "sample" not in figures:  # a checkpoint trained before samples were kept: take it now
-            from beam_model.model import BeamForCausalLM
-            from beam_model.tokenizer import load_tokenizer
-
-            figures["sample"] = _sample(BeamForCausalLM.from_pretrained(args.out_dir), load_tokenizer(args.out_dir))
-            with open(path, "w") as f:
-                json.dump(figures, f, indent=1)
-                f.write("\n")
-        render(args.out_dir, figures)
+        with open(os.path.join(args.out_dir, "training.json")) as f:
+            render(args.out_dir, json.load(f))
         print(f"rendered {args.out_dir}/README.md and its loss curve from training.json")
         return 0
 
     from beam_model.model import BeamForCausalLM
-    from beam_model.tokenizer import HFTokenizer
+    from beam_model.tokenizer import HFTokenizer, copy_tokenizer_files, save_tokenizer_folder
     from workbench.training import bpe
     from workbench.training.corpus import HELD_OUT_PERCENT, corpus_files, split, stdlib_root
     from workbench.training.data import encode_files
@@ -105,14 +94,10 @@ def run(args) -> int:
     train_texts, held_texts = [f.read() for f in train_files], [f.read() for f in held_files]
     os.makedirs(args.out_dir, exist_ok=True)
     if args.tokenizer:
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            src = os.path.join(args.tokenizer, name)
-            if os.path.isfile(src):
-                shutil.copy(src, os.path.join(args.out_dir, name))
-        if not os.path.isfile(os.path.join(args.out_dir, "tokenizer.json")):
+        if "tokenizer.json" not in copy_tokenizer_files(args.tokenizer, args.out_dir):
             raise FileNotFoundError(f"no tokenizer.json in {args.tokenizer}")
     else:
-        bpe.save(bpe.train_bpe(train_texts, args.vocab_size), args.out_dir)
+        save_tokenizer_folder(bpe.train_bpe(train_texts, args.vocab_size), args.out_dir)
     tokenizer = HFTokenizer(os.path.join(args.out_dir, "tokenizer.json"))
     train_stream, held_stream = encode_files(tokenizer, train_texts), encode_files(tokenizer, held_texts)
     config = training_config(args.config, tokenizer.vocab_size)

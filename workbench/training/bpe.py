@@ -1,5 +1,6 @@
 """Beam's own tokenizer: a byte-level BPE trained with the `tokenizers` library on the corpus's training
-files, with Beam's chat special tokens, saved the way Hugging Face checkpoints ship a tokenizer.
+files, with Beam's chat special tokens; `beam_model.tokenizer.save_tokenizer_folder` saves it the way Hugging
+Face checkpoints ship a tokenizer.
 
 Byte-level: every text, any Unicode, encodes (the 256 byte symbols are the initial alphabet) and decodes
 back exactly; no normalizer, no prefix space, GPT-2's pre-tokenizer split. The special tokens
@@ -10,12 +11,9 @@ deterministic: the same texts in the same order give the same tokenizer.json.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Iterable
 
-from beam_model.chat_template import CHAT_TEMPLATE_JINJA
-from beam_model.tokenizer import EOS_TOKEN, SPECIAL_TOKENS
+from beam_model.tokenizer import SPECIAL_TOKENS
 
 DEFAULT_VOCAB_SIZE = 8192
 
@@ -39,23 +37,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE):
     )
     tok.train_from_iterator(texts, trainer)
     return tok
-
-
-def tokenizer_config() -> dict:
-    """tokenizer_config.json: the special tokens and the chat template (Jinja) for transformers and engines."""
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
-            "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != EOS_TOKEN],
-            "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False,
-            "chat_template": CHAT_TEMPLATE_JINJA}
-
-
-def save(tok, directory: str | Path) -> Path:
-    """Write tokenizer.json and tokenizer_config.json into `directory` (created if needed)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2) + "\n", encoding="utf-8")
-    return out
 
 
 def compression(tok, texts: list[str]) -> dict:

@@ -47,7 +47,7 @@ def model_card(f: dict, *, curve: str) -> str:
         f"{mean.get('next_token_share', float('nan')):.1%} of their experts (independent uniform choices: "
         f"{r.get('uniform_share') or float('nan'):.1%}).",
         "",
-        *_sample_lines(f.get("sample")),
+        *_sample_lines(f["sample"]),
         "## Loss",
         "",
         f"![loss curve]({curve})",
@@ -56,37 +56,8 @@ def model_card(f: dict, *, curve: str) -> str:
     return "\n".join(lines)
 
 
-def _sample_lines(sample: dict | None) -> list[str]:
-    if not sample:
-        return []
+def _sample_lines(sample: dict) -> list[str]:
     return ["## A greedy continuation", "",
             f"`workbench generate --prompt {sample['prompt']!r} --max-tokens {sample['greedy_tokens']} --dtype bf16` "
             "(greedy, the checkpoint's BF16 weights):", "",
             "```python", sample["prompt"] + sample["text"], "```", ""]
-
-
-def loss_curve_png(train: list, evals: list, title: str, path: str) -> bool:
-    """The loss curve as a PNG with matplotlib, where it is installed; False where it is not."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.2, 4.2), dpi=100)
-    steps, losses = [r[0] for r in train], [r[1] for r in train]
-    window = max(1, len(train) // 50)
-    smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
-              for i in range(len(losses))]
-    ax.plot(steps, losses, color="#c6d4e8", linewidth=0.8)
-    ax.plot(steps, smooth, color="#1f5fa8", linewidth=1.8, label="training (moving average)")
-    ax.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o", color="#d0602a", label="held out")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per token)")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True

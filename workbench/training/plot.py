@@ -1,11 +1,19 @@
-"""The loss curve as an SVG image (no plotting library needed): training loss per step, a moving
-average over it, and the held-out evaluations as points, on one shared axis."""
+"""The loss curve: training loss per step, a moving average over it, and the held-out evaluations as
+points, on one shared axis; as an SVG image (no plotting library needed) and as a PNG where matplotlib is
+installed."""
 
 from __future__ import annotations
 
 from html import escape
 
 W, H, PAD = 720, 420, 56
+
+
+def moving_average(values: list[float]) -> list[float]:
+    """Each value averaged with the ones before it over a window of a fiftieth of the run."""
+    window = max(1, len(values) // 50)
+    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+            for i in range(len(values))]
 
 
 def loss_curve_svg(train: list, evals: list, title: str) -> str:
@@ -26,9 +34,7 @@ def loss_curve_svg(train: list, evals: list, title: str) -> str:
         pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in points)
         return f'<polyline fill="none" stroke="{colour}" stroke-width="{width}" points="{pts}"/>'
 
-    window = max(1, len(train) // 50)
-    recent = [[r[1] for r in train[max(0, i - window + 1):i + 1]] for i in range(len(train))]
-    smooth = [(r[0], sum(v) / len(v)) for r, v in zip(train, recent)]
+    smooth = list(zip(steps, moving_average([r[1] for r in train])))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
              'font-size="12">', f'<rect width="{W}" height="{H}" fill="white"/>',
              f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="14">{escape(title)}</text>',
@@ -46,3 +52,28 @@ def loss_curve_svg(train: list, evals: list, title: str) -> str:
     parts += [f'<text x="{W - PAD}" y="{PAD - 8}" text-anchor="end" fill="#1f5fa8">training (moving average)</text>',
               f'<text x="{W - PAD}" y="{PAD + 8}" text-anchor="end" fill="#d0602a">held out</text>', "</svg>"]
     return "\n".join(parts) + "\n"
+
+
+def loss_curve_png(train: list, evals: list, title: str, path: str) -> bool:
+    """The loss curve as a PNG with matplotlib, where it is installed; False where it is not."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.2, 4.2), dpi=100)
+    steps, losses = [r[0] for r in train], [r[1] for r in train]
+    smooth = moving_average(losses)
+    ax.plot(steps, losses, color="#c6d4e8", linewidth=0.8)
+    ax.plot(steps, smooth, color="#1f5fa8", linewidth=1.8, label="training (moving average)")
+    ax.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o", color="#d0602a", label="held out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per token)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True

@@ -83,36 +83,55 @@ def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_checkpoint(model, path: str, *, max_shard_bytes: int = 5 * 2**30) -> None:
+MAX_SHARD_BYTES = 5 * 2**30
+
+
+def save_checkpoint(model, path: str, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
     """config.json plus model.safetensors, or shards with an index when larger than max_shard_bytes."""
     os.makedirs(path, exist_ok=True)
     model.config.save_pretrained(path)
-    tensors = checkpoint_tensors(model)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
+    writer = ShardWriter(path, max_shard_bytes)
+    for name, t in checkpoint_tensors(model).items():
+        writer.add(name, t)
+    writer.close()
+
+
+class ShardWriter:
+    """Tensors, one at a time, into `path`'s model.safetensors, or into shards of at most `max_bytes`
+    (model-00001-of-0000N.safetensors ...) with an index, as Hugging Face checkpoints ship."""
+
+    def __init__(self, path: str, max_bytes: int = MAX_SHARD_BYTES):
+        self.path, self.max_bytes = path, max_bytes
+        self.pending, self.size, self.files, self.weight_map, self.total = {}, 0, [], {}, 0
+
+    def add(self, name: str, t: torch.Tensor) -> None:
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    if len(shards) == 1:
-        save_file(_owned(shards[0]), os.path.join(path, SINGLE_FILE), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(_owned(shard), os.path.join(path, file), metadata={"format": "pt"})
-        weight_map.update({name: file for name in shard})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    with open(os.path.join(path, INDEX_FILE), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        if self.pending and self.size + nbytes > self.max_bytes:
+            self._flush()
+        # a copy of its own: safetensors refuses tensors that share storage (per-expert views of one stack)
+        self.pending[name] = t.detach().to("cpu").clone()
+        self.size += nbytes
+        self.total += nbytes
 
+    def _flush(self) -> None:
+        file = f"part-{len(self.files) + 1:05d}.safetensors"  # renamed once the count is known
+        save_file(self.pending, os.path.join(self.path, file), metadata={"format": "pt"})
+        self.files.append(file)
+        self.weight_map.update({n: file for n in self.pending})
+        self.pending, self.size = {}, 0
 
-def _owned(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # safetensors refuses tensors that share storage (per-expert views of one stacked tensor).
-    return {name: t.detach().to("cpu").clone() for name, t in tensors.items()}
+    def close(self) -> None:
+        if not self.files:
+            save_file(self.pending, os.path.join(self.path, SINGLE_FILE), metadata={"format": "pt"})
+            return
+        self._flush()
+        n = len(self.files)
+        renamed = {f: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, f in enumerate(self.files)}
+        for old, new in renamed.items():
+            os.replace(os.path.join(self.path, old), os.path.join(self.path, new))
+        with open(os.path.join(self.path, INDEX_FILE), "w") as f:
+            json.dump({"metadata": {"total_size": self.total},
+                       "weight_map": {k: renamed[v] for k, v in self.weight_map.items()}}, f, indent=2)
 
 
 def _checkpoint_files(path: str) -> dict[str, str]:
@@ -135,21 +154,23 @@ def _checkpoint_files(path: str) -> dict[str, str]:
         return {name: single for name in f.keys()}
 
 
-def _shapes(files: dict[str, str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
+def tensor_layout(files: dict[str, str]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor's (shape, safetensors dtype name, e.g. "BF16"), read from the files' headers only."""
+    layout = {}
     for file in sorted(set(files.values())):
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 if files.get(name) == file:
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
+                    s = f.get_slice(name)
+                    layout[name] = (tuple(s.get_shape()), s.get_dtype())
+    return layout
 
 
 def checked_files(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, str]:
     """Tensor name -> file of a checkpoint whose names and shapes are exactly `expected`; else a
     CheckpointError naming every missing, unexpected or mis-shaped tensor (before any data is read)."""
     files = _checkpoint_files(path)
-    found = _shapes(files)
+    found = {name: shape for name, (shape, _) in tensor_layout(files).items()}
     problems = name_problems(expected, found)
     problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
                  for n, s in expected.items() if n in found and found[n] != s]

@@ -10,21 +10,28 @@ mis-typed tensor. Tensors are converted one at a time, so a checkpoint larger th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from beam_model.config import BeamConfig
 from beam_model.quant import formats
 from beam_model.quant.scheme import FP8, QuantScheme
 from beam_model.tokenizer import copy_tokenizer_files
-from beam_model.weights import INDEX_FILE, SINGLE_FILE, CheckpointError, _checkpoint_files, _target, name_problems
+from beam_model.weights import (
+    MAX_SHARD_BYTES,
+    CheckpointError,
+    ShardWriter,
+    _checkpoint_files,
+    _target,
+    name_problems,
+    tensor_layout,
+)
 
 CONFIG = "config.json"
-MAX_SHARD_BYTES = 5 * 2**30
 _SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.float32: "F32",
                        torch.bfloat16: "BF16", torch.float16: "F16"}
 
@@ -52,17 +59,12 @@ def bf16_layout(config: BeamConfig) -> tuple[dict, dict]:
     return {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()}
 
 
-def checked_quantized_files(path: str, config: BeamConfig, scheme: QuantScheme) -> dict[str, str]:
-    """Tensor name -> file, once every name, shape and dtype is what `scheme` calls for."""
-    expected = scheme.expected(*bf16_layout(config))
+def checked_quantized_files(path: str, scheme: QuantScheme, shapes: dict, dtypes: dict) -> dict[str, str]:
+    """Tensor name -> file, once every name, shape and dtype is what `scheme` calls for, given the BF16
+    checkpoint's `shapes` and `dtypes` (`bf16_layout`)."""
+    expected = scheme.expected(shapes, dtypes)
     files = _checkpoint_files(path)
-    found = {}
-    for file in sorted(set(files.values())):
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                if files.get(name) == file:
-                    s = f.get_slice(name)
-                    found[name] = (tuple(s.get_shape()), s.get_dtype())
+    found = tensor_layout(files)
     problems = name_problems(expected, found)
     for name, (shape, dtype) in expected.items():
         if name not in found:
@@ -95,62 +97,23 @@ def load_dequantized(path: str, *, dtype=torch.bfloat16, device=None, variants=N
     if scheme is None:
         return BeamForCausalLM.from_pretrained(path, dtype=dtype, device=device, variants=variants)
     device = torch.device(device) if device is not None else torch.device("cpu")
-    files = checked_quantized_files(path, config, scheme)
+    shapes, dtypes = bf16_layout(config)
+    files = checked_quantized_files(path, scheme, shapes, dtypes)
     model = BeamForCausalLM(config, dtype)
     params = materialize(model, device)
-    handles = {}
-    try:
-        def get(name):
-            file = files[name]
-            if file not in handles:
-                handles[file] = safe_open(file, framework="pt", device=str(device)).__enter__()
-            return handles[file].get_tensor(name)
+    with contextlib.ExitStack() as opened:
+        handles = {file: opened.enter_context(safe_open(file, framework="pt", device=str(device)))
+                   for file in set(files.values())}
 
-        for name in bf16_layout(config)[0]:  # the model's tensors; scales are read with their weights
+        def get(name):
+            return handles[files[name]].get_tensor(name)
+
+        for name in shapes:  # the model's tensors; scales are read with their weights
             module = name.removesuffix(".weight")
             quantized = name.endswith(".weight") and scheme.quantizes(module)
             _target(params, name).copy_(dequantized(module, scheme, get) if quantized else get(name))
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
     model.set_variants(variants)
     return model
-
-
-class _ShardWriter:
-    """Tensors into model.safetensors, or shards of at most MAX_SHARD_BYTES with an index."""
-
-    def __init__(self, path: str, max_bytes: int = MAX_SHARD_BYTES):
-        self.path, self.max_bytes = path, max_bytes
-        self.pending, self.size, self.files, self.weight_map, self.total = {}, 0, [], {}, 0
-
-    def add(self, name: str, t: torch.Tensor) -> None:
-        nbytes = t.numel() * t.element_size()
-        if self.pending and self.size + nbytes > self.max_bytes:
-            self._flush()
-        self.pending[name] = t.contiguous().cpu()
-        self.size += nbytes
-        self.total += nbytes
-
-    def _flush(self) -> None:
-        file = f"part-{len(self.files) + 1:05d}.safetensors"
-        save_file(self.pending, os.path.join(self.path, file), metadata={"format": "pt"})
-        self.files.append(file)
-        self.weight_map.update({n: file for n in self.pending})
-        self.pending, self.size = {}, 0
-
-    def close(self) -> None:
-        if not self.files:  # one file
-            save_file(self.pending, os.path.join(self.path, SINGLE_FILE), metadata={"format": "pt"})
-            return
-        self._flush()
-        n = len(self.files)
-        renamed = {f: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, f in enumerate(self.files)}
-        for old, new in renamed.items():
-            os.replace(os.path.join(self.path, old), os.path.join(self.path, new))
-        with open(os.path.join(self.path, INDEX_FILE), "w") as f:
-            json.dump({"metadata": {"total_size": self.total},
-                       "weight_map": {k: renamed[v] for k, v in self.weight_map.items()}}, f, indent=2)
 
 
 @torch.no_grad()
@@ -167,7 +130,7 @@ def quantize_checkpoint(src: str, dst: str, fmt: str, *, max_shard_bytes: int = 
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError("the destination must be another folder than the source")
     os.makedirs(dst, exist_ok=True)
-    writer = _ShardWriter(dst, max_shard_bytes)
+    writer = ShardWriter(dst, max_shard_bytes)
     for file in sorted(set(files.values())):
         with safe_open(file, framework="pt") as f:
             for name in [n for n in f.keys() if files.get(n) == file]:

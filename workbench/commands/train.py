@@ -38,19 +38,10 @@ def add_arguments(p) -> None:
     p.add_argument("--final-eval-tokens", type=int, default=None,
                    help="held-out tokens the saved checkpoint is evaluated on (default: all of them)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--render", action="store_true",
                    help="train nothing: render OUT_DIR's README.md and loss curve again from its training.json")
     p.add_argument("--json", action="store_true", help="print the final figures as JSON")
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 def render(out_dir: str, figures: dict) -> None:
@@ -78,6 +69,7 @@ def run(args) -> int:
 
     from beam_model.model import BeamForCausalLM
     from beam_model.tokenizer import HFTokenizer, copy_tokenizer_files, save_tokenizer_folder
+    from workbench.commands.common import resolve_device
     from workbench.training import bpe
     from workbench.training.corpus import HELD_OUT_PERCENT, corpus_files, split, stdlib_root
     from workbench.training.data import encode_files
@@ -86,6 +78,7 @@ def run(args) -> int:
     from workbench.training.train import Trainer, TrainOptions
 
     started = time.perf_counter()
+    device = str(resolve_device(args.device))
     root = args.corpus or stdlib_root()
     train_files, held_files = split(corpus_files(root))
     if not train_files or not held_files:
@@ -103,7 +96,7 @@ def run(args) -> int:
     config = training_config(args.config, tokenizer.vocab_size)
     opts = TrainOptions(config=args.config, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
                         warmup=min(args.warmup, max(args.steps - 1, 0)), bias_rate=args.bias_rate,
-                        eval_every=args.eval_every, eval_tokens=args.eval_tokens, seed=args.seed, device=args.device)
+                        eval_every=args.eval_every, eval_tokens=args.eval_tokens, seed=args.seed, device=device)
     trainer = Trainer(opts, config, train_stream, held_stream)
     print(f"training {args.config} ({config.num_parameters / 1e6:.1f}M parameters, "
           f"{config.num_active_parameters / 1e6:.1f}M active) on {len(train_files)} files, "
@@ -114,7 +107,7 @@ def run(args) -> int:
 
     to_bf16(trainer.model).save_pretrained(args.out_dir)
     del trainer
-    model = BeamForCausalLM.from_pretrained(args.out_dir, device=args.device)
+    model = BeamForCausalLM.from_pretrained(args.out_dir, device=device)
     final = evaluate(model, held_stream, seq_len=opts.seq_len, batch=opts.batch, max_tokens=args.final_eval_tokens,
                      routing=True)
     xz = xz_bits_per_byte(held_texts)
@@ -122,7 +115,7 @@ def run(args) -> int:
     figures = {
         "command": "workbench train " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["train"] else None,
         "config": args.config, "parameters": config.num_parameters, "active_parameters": config.num_active_parameters,
-        "options": dataclasses.asdict(opts), "device": _device_name(args.device),
+        "options": dataclasses.asdict(opts), "device": _device_name(device),
         "python": platform.python_version(), "torch": torch.__version__,
         "corpus": {"root": str(root), "stdlib": not args.corpus, "held_out_percent": HELD_OUT_PERCENT,
                    "train_files": len(train_files),

@@ -33,13 +33,13 @@ def evaluate(model, stream: TokenStream, *, seq_len: int, batch: int, max_tokens
              routing: bool = False, autocast: torch.dtype | None = None) -> Evaluation:
     """The model's cross-entropy on `stream`'s consecutive windows (at most `max_tokens` predicted)."""
     windows = eval_windows(stream, seq_len, max_tokens)
+    model.set_variants()  # the weights as they are now, bound once: nothing here is differentiated
     recorder = RouteRecorder(model)
+    recorder.attach()
     nats, n_bytes, n_tokens, per_layer = 0.0, 0, 0, {}
     device = model.device
     for i in range(0, len(windows), batch):
         w = windows[i:i + batch].to(device)
-        model.set_variants()
-        recorder.attach()
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
             logits = window_logits(model, w[:, :-1], cache_dtype=autocast)
         targets = w[:, 1:].flatten()

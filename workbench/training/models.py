@@ -19,6 +19,7 @@ import math
 import torch
 
 from beam_model.config import PRESETS, BeamConfig
+from beam_model.weights import _set_param
 
 CONFIGS: dict[str, dict] = {
     "beam-mini": dict(
@@ -57,10 +58,8 @@ def initial_model(config: BeamConfig, *, seed: int, device) -> torch.nn.Module:
             value = torch.full(p.shape, 1.0 if name.endswith("norm.weight") else 0.0)
         else:
             value = torch.randn(p.shape, generator=gen) * std
-        owner, _, attr = name.rpartition(".")
-        trainable = not name.endswith("e_score_correction_bias")
-        setattr(model.get_submodule(owner), attr,
-                torch.nn.Parameter(value.to(device=device, dtype=torch.float32), requires_grad=trainable))
+        _set_param(model, name, value.to(device=device, dtype=torch.float32))
+        model.get_parameter(name).requires_grad_(not name.endswith("e_score_correction_bias"))
     model.set_variants()
     return model
 
@@ -72,8 +71,6 @@ def to_bf16(model) -> torch.nn.Module:
     out = BeamForCausalLM(model.config, dtype=torch.bfloat16)
     dtypes = {name: p.dtype for name, p in out.named_parameters()}
     for name, p in model.named_parameters():
-        owner, _, attr = name.rpartition(".")
-        setattr(out.get_submodule(owner), attr,
-                torch.nn.Parameter(p.detach().to(dtypes[name]).clone(), requires_grad=False))
+        _set_param(out, name, p.detach().to(dtypes[name]).clone())
     out.set_variants()
     return out

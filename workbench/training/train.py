@@ -74,9 +74,10 @@ class Trainer:
         self.autocast = torch.bfloat16 if use_autocast else None
         torch.manual_seed(opts.seed)
         self.model = initial_model(config, seed=opts.seed, device=self.device)
-        decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.dim() >= 2
-                 and n != "model.embed_tokens.weight"]
-        rest = [p for n, p in self.model.named_parameters() if p.requires_grad and not any(p is q for q in decay)]
+        decay, rest = [], []
+        for n, p in self.model.named_parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 and n != "model.embed_tokens.weight" else rest).append(p)
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": opts.weight_decay},
                                             {"params": rest, "weight_decay": 0.0}], lr=opts.lr, betas=opts.betas,
                                            fused=self.device.type == "cuda")

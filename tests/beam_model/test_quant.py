@@ -165,6 +165,18 @@ def test_workbench_quantize_round_trips(bf16_dir, tmp_path, algo, bound, capsys)
     assert "already quantized" in capsys.readouterr().err
 
 
+def test_a_preset_name_quantizes_its_random_weights(bf16_dir, tmp_path, capsys):
+    """SRC as a preset: the same files as quantizing that preset's saved checkpoint (bf16_dir: seed 5)."""
+    assert main(["quantize", "beam-tiny", str(tmp_path / "preset"), "--format", "fp8", "--seed", "5"]) == 0
+    assert main(["quantize", bf16_dir, str(tmp_path / "folder"), "--format", "fp8"]) == 0
+    assert "in beam-tiny)" in capsys.readouterr().out
+    preset = checkpoint_tensors(load_dequantized(str(tmp_path / "preset"), dtype=torch.float32))
+    folder = checkpoint_tensors(load_dequantized(str(tmp_path / "folder"), dtype=torch.float32))
+    assert preset.keys() == folder.keys() and all(torch.equal(preset[n], folder[n]) for n in preset)
+    assert main(["quantize", "beam-none", str(tmp_path / "x"), "--format", "fp8"]) == 2
+    assert "beam-none is neither a checkpoint folder nor a preset" in capsys.readouterr().err
+
+
 def test_generate_runs_a_quantized_checkpoint(bf16_dir, tmp_path, capsys):
     assert main(["quantize", bf16_dir, str(tmp_path / "q"), "--format", "nvfp4"]) == 0
     capsys.readouterr()

@@ -37,7 +37,8 @@ class Fp8Weight:
         return Fp8Weight(self.weight[index], self.scale[index])
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
-        return (self.weight.float() * self.scale.float()).to(dtype)
+        math = _math_dtype(dtype)
+        return (self.weight.to(math) * self.scale.to(math)).to(dtype)
 
     @property
     def nbytes(self) -> int:
@@ -66,14 +67,21 @@ class Nvfp4Weight:
         return Nvfp4Weight(self.weight[index], self.scale[index], self.scale_2[index])
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        math = _math_dtype(dtype)
         codes = torch.stack((self.weight & 0x0F, self.weight >> 4), dim=-1).flatten(-2)
-        values = formats.e2m1_values(codes)
-        scales = self.scale.float().repeat_interleave(formats.NVFP4_BLOCK, dim=-1)
-        return (values * scales * self.scale_2.float()[..., None, None]).to(dtype)
+        values = formats.e2m1_values(codes).to(math)
+        scales = self.scale.to(math).repeat_interleave(formats.NVFP4_BLOCK, dim=-1)
+        return (values * scales * self.scale_2.to(math)[..., None, None]).to(dtype)
 
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes + self.scale.nbytes + self.scale_2.nbytes
+
+
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """FP32, or FP64 for a float64 result (the gates' exact reference): the stored values and scales are
+    exact in either, so the product rounds once, into the result."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 QuantizedWeight = Union[Fp8Weight, Nvfp4Weight]

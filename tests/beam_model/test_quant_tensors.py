@@ -71,3 +71,17 @@ def test_the_harness_walks_and_copies_their_tensors(fmt):
 def test_an_unknown_format_is_refused():
     with pytest.raises(ValueError, match="unknown weight format 'int4'"):
         quantize(torch.ones(2, 16), "int4")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_a_float64_dequantization_is_exact(fmt):
+    """The gates' reference runs in FP64: the stored values times their scales, rounded nowhere."""
+    q = quantize(_stack(4), fmt)
+    d64 = q.dequantize(torch.float64)
+    if fmt == "fp8":
+        exact = q.weight.double() * q.scale.double()
+    else:
+        codes = torch.stack((q.weight & 15, q.weight >> 4), -1).flatten(-2)
+        exact = formats.e2m1_values(codes).double() * q.scale.double().repeat_interleave(16, -1) \
+            * q.scale_2.double()[:, None, None]
+    assert d64.dtype == torch.float64 and torch.equal(d64, exact)

@@ -174,22 +174,22 @@ class BeamConfig:
             raise ValueError(f"config.json has unknown fields {unknown}")
         return cls(**d)
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, quantization_config: dict | None = None) -> None:
+        """config.json: the architecture, and the weights' format where they are quantized."""
         os.makedirs(path, exist_ok=True)
+        d = self.to_dict()
+        if quantization_config is not None:
+            d[QUANTIZATION_CONFIG] = quantization_config
         with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
+            json.dump(d, f, indent=2)
             f.write("\n")
 
     @classmethod
     def from_pretrained(cls, path: str) -> "BeamConfig":
-        file = os.path.join(path, "config.json")
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"no config.json in {path}")
-        with open(file) as f:
-            try:
-                d = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{file} is not valid JSON: {e}") from None
+        """The architecture of a checkpoint folder. Its weights' format, `quantization_config`, is not
+        architecture: `beam_model.quant.checkpoint.read_config` reads both."""
+        d = read_config_json(path)
+        d.pop(QUANTIZATION_CONFIG, None)
         return cls.from_dict(d)
 
     @classmethod
@@ -223,3 +223,21 @@ PRESETS: dict[str, dict] = {
         num_experts_per_tok=4, n_group=4, topk_group=2, max_position_embeddings=4096,
     ),
 }
+
+
+QUANTIZATION_CONFIG = "quantization_config"
+
+
+def read_config_json(path: str) -> dict:
+    """A checkpoint folder's config.json as a dict; a missing or malformed file is named."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no config.json in {path}")
+    with open(file) as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(d).__name__}")
+    return d

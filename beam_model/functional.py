@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from beam_model.quant.tensors import dense
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`x * rsqrt(mean(x^2) + eps) * w` over the last dim, in FP32; returns FP32 (caller rounds)."""
@@ -55,8 +57,14 @@ def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
     return cap * torch.tanh(logits.float() / cap)
 
 
-def swiglu(x: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)): GEMMs in the weights' dtype, the activation in FP32, rounded once."""
-    g = torch.nn.functional.linear(x, gate_w).float()
-    u = torch.nn.functional.linear(x, up_w).float()
-    return torch.nn.functional.linear((torch.nn.functional.silu(g) * u).to(x.dtype), down_w)
+def linear(x: torch.Tensor, w) -> torch.Tensor:
+    """x @ w.T in x's dtype; a quantized `w` (beam_model.quant.tensors) is dequantized into it first."""
+    return torch.nn.functional.linear(x, dense(w, x.dtype))
+
+
+def swiglu(x: torch.Tensor, gate_w, up_w, down_w) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)): GEMMs in x's dtype (quantized weights dequantized into it), the
+    activation in FP32, rounded once."""
+    g = linear(x, gate_w).float()
+    u = linear(x, up_w).float()
+    return linear((torch.nn.functional.silu(g) * u).to(x.dtype), down_w)

@@ -20,6 +20,7 @@ from torch import nn
 from beam_model.config import FULL, SLIDING, BeamConfig
 from beam_model.functional import residual_coefficients, rms_norm
 from beam_model.kv_cache import PagedKVCache, StepMetadata
+from beam_model.quant.layout import quantize_layout, stored
 from workbench.registry import POINTS, bind
 
 
@@ -104,10 +105,13 @@ class BeamModel(nn.Module):
 
 
 class BeamForCausalLM(nn.Module):
-    def __init__(self, config: BeamConfig, dtype=torch.bfloat16):
+    def __init__(self, config: BeamConfig, dtype=torch.bfloat16, quant=None):
+        """`quant`: a `beam_model.quant.scheme.QuantScheme`, the projections it covers stored in its format
+        (`beam_model.quant.layout`); None: every weight in `dtype`."""
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.quant = quant
         with torch.device("meta"):
             self.model = BeamModel(config)
             self.lm_head = nn.Module()
@@ -115,29 +119,46 @@ class BeamForCausalLM(nn.Module):
         for name, p in self.named_parameters():
             if not _is_router(name):  # the router and its bias stay FP32 whatever the model dtype
                 p.data = torch.empty(p.shape, device="meta", dtype=dtype)
+        if quant is not None:
+            for names, owner, attr in self.projections():
+                covered = {quant.quantizes(n) for n in names}
+                if len(covered) > 1:
+                    raise ValueError(f"quantization_config.exclude_modules quantizes some of {names[0]} ... "
+                                     f"{names[-1]} and not others; a layer's experts are stored as one stack")
+                if covered.pop():
+                    quantize_layout(owner, attr, quant.format)
         self.tp = None  # a beam_model.tp.TensorParallel when this model is one rank of several
         self.ops = None
         self.annotate = None  # optional (name, layer) -> context manager: profiler ranges per layer
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.bfloat16, device=None, variants=None):
-        return cls.random(BeamConfig.from_preset(name), seed=seed, dtype=dtype, device=device, variants=variants)
+    def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.bfloat16, device=None, variants=None,
+                    weights: str = "bf16"):
+        return cls.random(BeamConfig.from_preset(name), seed=seed, dtype=dtype, device=device, variants=variants,
+                          weights=weights)
 
     @classmethod
-    def random(cls, config: BeamConfig, *, seed: int = 0, dtype=torch.bfloat16, device=None, variants=None):
+    def random(cls, config: BeamConfig, *, seed: int = 0, dtype=torch.bfloat16, device=None, variants=None,
+               weights: str = "bf16"):
+        """Seeded random weights; `weights` "fp8" or "nvfp4": the same random model's weights quantized as
+        `workbench quantize` writes them, drawn one projection at a time (no full-precision copy)."""
+        from beam_model.quant.scheme import QuantScheme
         from beam_model.weights import init_random
 
-        model = cls(config, dtype)
+        model = cls(config, dtype, None if weights == "bf16" else QuantScheme.for_format(weights))
         init_random(model, seed=seed, device=device)
         model.set_variants(variants)
         return model
 
     @classmethod
     def from_pretrained(cls, path: str, *, dtype=torch.bfloat16, device=None, variants=None):
+        """A checkpoint folder, BF16 or quantized (its config.json's `quantization_config`)."""
+        from beam_model.quant.checkpoint import read_config
         from beam_model.weights import load_checkpoint
 
-        model = cls(BeamConfig.from_pretrained(path), dtype)
+        config, quant = read_config(path)
+        model = cls(config, dtype, quant)
         load_checkpoint(model, path, device=device)
         model.set_variants(variants)
         return model
@@ -151,19 +172,43 @@ class BeamForCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    @property
+    def weights(self) -> str:
+        """The projections' stored format: "bf16" (the model dtype), "fp8" or "nvfp4"."""
+        return self.quant.format if self.quant is not None else "bf16"
+
+    def projections(self):
+        """(checkpoint module names, owner, attribute) of each projection a weight format may quantize;
+        an experts stack lists each expert's module."""
+        c = self.config
+        for i, layer in enumerate(self.model.layers):
+            prefix = f"model.layers.{i}"
+            for proj in ("q_proj", "k_proj", "v_proj", "gate_proj", "o_proj"):
+                yield [f"{prefix}.self_attn.{proj}"], getattr(layer.self_attn, proj), "weight"
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                if isinstance(layer.mlp, MoE):
+                    yield ([f"{prefix}.mlp.experts.{e}.{proj}" for e in range(c.n_routed_experts)],
+                           layer.mlp.experts, proj)
+                else:
+                    yield [f"{prefix}.mlp.{proj}"], getattr(layer.mlp, proj), "weight"
+
     # ---- variants -----------------------------------------------------------------------
     def set_variants(self, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> None:
         """Bind the fusion-point variants (at their tuning configs) and apply their weight transforms."""
-        self.ops = ops = bind(selection, configs)
+        ops = bind(selection, configs)
+        wrong = [f"{v.qualname}: {why}" for v in ops.variants.values() if (why := v.unsupported_weights(self.weights))]
+        if wrong:
+            raise ValueError(f"the model's weights are {self.weights}; " + "; ".join(wrong))
+        self.ops = ops
         layers = self.model.layers
         for i, layer in enumerate(layers):
             a, mlp = layer.self_attn, layer.mlp
             next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
             p = {
-                "qkvg_proj": ops.prepare("qkvg_proj", dict(q_proj=a.q_proj.weight, k_proj=a.k_proj.weight,
-                                                          v_proj=a.v_proj.weight, gate_proj=a.gate_proj.weight)),
+                "qkvg_proj": ops.prepare("qkvg_proj", {k: stored(getattr(a, k), "weight")
+                                                       for k in ("q_proj", "k_proj", "v_proj", "gate_proj")}),
                 "qk_prep": ops.prepare("qk_prep", dict(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)),
-                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj.weight)),
+                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=stored(a.o_proj, "weight"))),
                 "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
                                                              next_norm=layer.pre_feedforward_layernorm.weight,
                                                              residual=self._residual(2 * i + 1))),
@@ -173,12 +218,10 @@ class BeamForCausalLM(nn.Module):
             if isinstance(mlp, MoE):
                 e = mlp.experts
                 p["route"] = ops.prepare("route", dict(weight=mlp.gate.weight, bias=mlp.gate.e_score_correction_bias))
-                p["experts"] = ops.prepare("experts", dict(gate_proj=e.gate_proj, up_proj=e.up_proj,
-                                                          down_proj=e.down_proj))
+                p["experts"] = ops.prepare("experts", {k: stored(e, k) for k in ("gate_proj", "up_proj", "down_proj")})
             else:
-                p["dense_mlp"] = ops.prepare("dense_mlp", dict(gate_proj=mlp.gate_proj.weight,
-                                                              up_proj=mlp.up_proj.weight,
-                                                              down_proj=mlp.down_proj.weight))
+                p["dense_mlp"] = ops.prepare("dense_mlp", {k: stored(getattr(mlp, k), "weight")
+                                                           for k in ("gate_proj", "up_proj", "down_proj")})
             layer.prepared = p
         self.head_weights = ops.prepare("head", dict(norm=self.model.norm.weight, lm_head=self.lm_head.weight))
 

@@ -8,8 +8,10 @@ curved range. The same seed gives the same weights on the same device type (CPU 
 generators differ).
 
 Checkpoints use the architecture doc's tensor names; experts are stored one tensor per expert
-(`mlp.experts.{e}.gate_proj.weight`) though the model keeps them stacked. Loading checks names and
-shapes first and names every missing, unexpected or mis-shaped tensor before reading any data.
+(`mlp.experts.{e}.gate_proj.weight`, and its scales in a quantized checkpoint) though the model keeps
+them stacked. Loading checks names and shapes (and a quantized checkpoint's dtypes) first and names
+every missing, unexpected or mis-shaped tensor before reading any data. A quantized model's random
+projections are the BF16 model's, quantized (`beam_model.quant.layout`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from safetensors.torch import save_file
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+# A stacked experts tensor of the model (a projection, or a quantized one's scale) and its per-expert name
+_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)"
+                      r"(_scale|_scale_2|_input_scale)?$")
+_PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\."
+                         r"(weight|weight_scale|weight_scale_2|input_scale)$")
+_SUFFIXES = {"": "weight", "_scale": "weight_scale", "_scale_2": "weight_scale_2", "_input_scale": "input_scale"}
 
 
 class CheckpointError(ValueError):
@@ -55,13 +62,25 @@ def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
 
 @torch.no_grad()
 def init_random(model, *, seed: int = 0, device=None) -> None:
-    """Materialise every parameter of a meta-device model with seeded random values on `device`."""
+    """Materialise every parameter of a meta-device model with seeded random values on `device`; a
+    quantized projection is drawn in the model dtype, as the BF16 model's, then quantized."""
+    from beam_model.quant.layout import assign, logical_shape, quantized_parameters
+    from beam_model.quant.tensors import quantize
+
     device = torch.device(device) if device is not None else torch.device("cpu")
-    for name, p in model.named_parameters():
-        mean, std = _init_spec(name, tuple(p.shape))
-        t = torch.empty(p.shape, dtype=p.dtype, device=device)
+    projections, scales = quantized_parameters(model)
+    for name, p in list(model.named_parameters()):
+        if name in scales:
+            continue  # set with its projection
+        owner, attr, fmt = projections.get(name, (None, None, None))
+        shape = logical_shape(owner, attr) if owner is not None else tuple(p.shape)
+        mean, std = _init_spec(name, shape)
+        t = torch.empty(shape, dtype=model.dtype if owner is not None else p.dtype, device=device)
         t.normal_(mean, std, generator=_generator(seed, name, device))
-        _set_param(model, name, t)
+        if owner is not None:
+            assign(owner, attr, quantize(t, fmt))
+        else:
+            _set_param(model, name, t)
 
 
 def _set_param(model, name: str, value: torch.Tensor) -> None:
@@ -77,7 +96,7 @@ def checkpoint_tensors(model) -> dict[str, torch.Tensor]:
         m = _STACKED.match(name)
         if m:
             for e in range(p.shape[0]):
-                out[f"{m.group(1)}.{e}.{m.group(2)}.weight"] = p[e]
+                out[f"{m.group(1)}.{e}.{m.group(2)}.{_SUFFIXES[m.group(3) or '']}"] = p[e]
         else:
             out[name] = p
     return out
@@ -89,7 +108,7 @@ MAX_SHARD_BYTES = 5 * 2**30
 def save_checkpoint(model, path: str, *, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
     """config.json plus model.safetensors, or shards with an index when larger than max_shard_bytes."""
     os.makedirs(path, exist_ok=True)
-    model.config.save_pretrained(path)
+    model.config.save_pretrained(path, model.quant.to_config() if model.quant is not None else None)
     writer = ShardWriter(path, max_shard_bytes)
     for name, t in checkpoint_tensors(model).items():
         writer.add(name, t)
@@ -209,7 +228,12 @@ def by_file(files: dict[str, str]) -> dict[str, list[str]]:
 def load_checkpoint(model, path: str, *, device=None) -> None:
     """Fill a meta-device model from a checkpoint folder, after checking every name and shape."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    files = checked_files(path, {name: tuple(t.shape) for name, t in checkpoint_tensors(model).items()})
+    if model.quant is not None:
+        from beam_model.quant.checkpoint import checked_quantized_files
+
+        files = checked_quantized_files(path, model.quant, model.config)
+    else:
+        files = checked_files(path, {name: tuple(t.shape) for name, t in checkpoint_tensors(model).items()})
     params = materialize(model, device)
     for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device=str(device)) as f:
@@ -218,9 +242,10 @@ def load_checkpoint(model, path: str, *, device=None) -> None:
 
 
 def _target(params: dict[str, torch.nn.Parameter], name: str) -> torch.Tensor:
-    m = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$", name)
+    m = _PER_EXPERT.match(name)
     if m:
-        return params[f"{m.group(1)}.{m.group(3)}"].data[int(m.group(2))]
+        suffix = next(k for k, v in _SUFFIXES.items() if v == m.group(4))
+        return params[f"{m.group(1)}.{m.group(3)}{suffix}"].data[int(m.group(2))]
     return params[name].data
 
 

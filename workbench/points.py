@@ -42,6 +42,7 @@ class Workload:
     context: int = 64         # KV length per sequence after the step (>= tokens_per_seq)
     layer: str = "sliding"    # "sliding" or "full": attention and qk_prep depend on it
     dtype: str = "bf16"
+    weights: str = "bf16"     # the projections' stored format: "bf16" (the model dtype), "fp8" or "nvfp4"
 
     @property
     def tokens(self) -> int:
@@ -56,7 +57,8 @@ class Workload:
 
     def label(self) -> str:
         kind = "decode" if self.tokens_per_seq == 1 else f"prefill{self.tokens_per_seq}"
-        return f"{self.preset} b{self.batch} {kind} ctx{self.context} {self.layer} {self.dtype}"
+        weights = "" if self.weights == "bf16" else f" {self.weights} weights"
+        return f"{self.preset} b{self.batch} {kind} ctx{self.context} {self.layer} {self.dtype}{weights}"
 
 
 @dataclass
@@ -122,12 +124,31 @@ def map_leaves(obj, tensor_fn, generator_fn=lambda g: g):
 @dataclass
 class PointSpec:
     name: str
-    make_inputs: Callable[[Workload, Any, int], Call]  # (workload, device, seed) -> Call
+    inputs: Callable[[Workload, Any, int], Call]      # (workload, device, seed) -> Call, BF16 weights
     bytes: Callable[[Workload], int]                  # fewest bytes one call must move
     flops: Callable[[Workload], int]
     tolerance: dict[str, float]                       # dtype name -> max relative error vs FP64/FP32 ref
     inplace: tuple[str, ...] = ()                     # kwargs the contract allows to be written
     compare: Callable | None = None                   # custom comparison (routing sets, sampling stats)
+    # Weight format -> the keys of the weights dict that format stores quantized (beam_model.quant.scheme
+    # says which checkpoint modules; these are the same projections as this point receives them)
+    quantized: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def make_inputs(self, workload: Workload, device, seed: int) -> Call:
+        """The point's inputs at `workload`, its weights stored in the workload's format: drawn in BF16,
+        then quantized as `workbench quantize` writes them."""
+        call = self.inputs(workload, device, seed)
+        keys = self.quantized.get(workload.weights, ())
+        if workload.weights != "bf16" and call.weights_arg is not None and keys:
+            from beam_model.quant.tensors import quantize
+
+            w = call.args[call.weights_arg]
+            call = call.with_weights({k: quantize(v, workload.weights) if k in keys else v for k, v in w.items()})
+        return call
+
+    def weight_formats(self) -> tuple[str, ...]:
+        """The formats in which this point's weights differ from BF16."""
+        return tuple(self.quantized)
 
 
 _SPECS: dict[str, PointSpec] = {}

@@ -36,6 +36,9 @@ assert len(set(_MEMBERS)) == len(_MEMBERS) and set(_MEMBERS) <= set(POINTS) - se
     "a compound's members are plain points, each in one compound (the model calls one or the other)"
 BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "cute")
 REFERENCE = "torch"  # every point's reference variant is named after its backend
+# The projections' stored formats (beam_model.quant.tensors): every reference reads each of them
+# (dequantized, then the model dtype's math); another variant reads those it lists in `formats`.
+WEIGHT_FORMATS = ("bf16", "fp8", "nvfp4")
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Variant:
     config_supports: Callable[..., bool | str] | None = None
     # Its launches honour a config's "pdl" key (programmatic dependent launch, see `tuning_configs`)
     pdl: bool = False
+    # The weight formats it reads where its point's weights are quantized (PointSpec.quantized)
+    formats: tuple[str, ...] = ("bf16",)
     # The file of code that runs in another process (an agent's candidate, called through its sandbox):
     # what the lock keys and names, since `fn` here only forwards the call
     origin: str | None = None
@@ -85,8 +90,11 @@ class Variant:
         if device is not None and str(device).split(":")[0] == "cpu" and self.backend in GPU_BACKENDS \
                 and not interpreted:
             return f"backend {self.backend!r} runs on CUDA devices only"
-        if workload is None or self.supports is None:
+        if workload is None:
             return None
+        why = self.unsupported_weights(getattr(workload, "weights", "bf16"))
+        if why or self.supports is None:
+            return why
         try:
             try:
                 n_params = len(inspect.signature(self.supports).parameters)
@@ -100,6 +108,16 @@ class Variant:
             return None
         return verdict if isinstance(verdict, str) and verdict else \
             f"{self.qualname} does not support {workload.label()}"
+
+    def unsupported_weights(self, fmt: str) -> str | None:
+        """Why this variant cannot read its point's weights stored as `fmt`, or None."""
+        if fmt == "bf16" or fmt in self.formats:
+            return None
+        from workbench.points import spec  # deferred: the point specs import this module
+
+        if fmt not in spec(self.point).quantized:
+            return None  # the format leaves this point's weights in BF16
+        return f"{self.qualname} reads {'/'.join(self.formats)} weights, not {fmt}"
 
     def unsupported_config(self, config: dict | None, workload) -> str | None:
         """Why tuning config `config` is not worth timing at `workload` (e.g. it would run another
@@ -197,9 +215,10 @@ def _load(point: str) -> None:
         ref = _VARIANTS[point].get(REFERENCE)
         if ref is None:
             raise RuntimeError(f"workbench/variants/{point}/__init__.py registers no reference variant {REFERENCE!r}")
+        ref.formats = WEIGHT_FORMATS
         if "torch_compile" not in _VARIANTS[point]:
             _VARIANTS[point]["torch_compile"] = Variant(point, "torch_compile", "torch_compile", compiled(ref.fn),
-                                                        prepare=ref.prepare)
+                                                        prepare=ref.prepare, formats=WEIGHT_FORMATS)
 
 
 def variant_modules(point: str) -> list[str]:

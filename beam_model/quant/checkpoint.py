@@ -1,5 +1,5 @@
-"""Quantized checkpoints on disk: written from a BF16 one (`quantize_checkpoint`), checked and read back
-dequantized (`load_dequantized`: the reference's weight-only semantics, every weight in the model dtype).
+"""Quantized checkpoints on disk: written from a BF16 one (`quantize_checkpoint`), and checked before a
+quantized model (`BeamForCausalLM.from_pretrained`) reads one (`checked_quantized_files`).
 
 A quantized checkpoint is a BF16 checkpoint folder whose config.json also carries `quantization_config`
 and whose quantized projections are stored as the format says, scales beside them (`scheme.py`,
@@ -10,14 +10,12 @@ mis-typed tensor. Tensors are converted one at a time, so a checkpoint larger th
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 
 import torch
 from safetensors import safe_open
 
-from beam_model.config import BeamConfig
+from beam_model.config import QUANTIZATION_CONFIG, BeamConfig, read_config_json
 from beam_model.quant import formats
 from beam_model.quant.scheme import FP8, QuantScheme
 from beam_model.tokenizer import copy_tokenizer_files
@@ -26,27 +24,18 @@ from beam_model.weights import (
     CheckpointError,
     ShardWriter,
     _checkpoint_files,
-    _target,
     name_problems,
     tensor_layout,
 )
 
-CONFIG = "config.json"
 _SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.float32: "F32",
                        torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def read_config(path: str) -> tuple[BeamConfig, QuantScheme | None]:
     """The model config of a checkpoint folder and its quantization scheme (None: not quantized)."""
-    file = os.path.join(path, CONFIG)
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"no {CONFIG} in {path}")
-    with open(file) as f:
-        try:
-            d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{file} is not valid JSON: {e}") from None
-    quant = d.pop("quantization_config", None)
+    d = read_config_json(path)
+    quant = d.pop(QUANTIZATION_CONFIG, None)
     return BeamConfig.from_dict(d), None if quant is None else QuantScheme.from_config(quant)
 
 
@@ -59,9 +48,9 @@ def bf16_layout(config: BeamConfig) -> tuple[dict, dict]:
     return {n: tuple(t.shape) for n, t in tensors.items()}, {n: t.dtype for n, t in tensors.items()}
 
 
-def checked_quantized_files(path: str, scheme: QuantScheme, shapes: dict, dtypes: dict) -> dict[str, str]:
-    """Tensor name -> file, once every name, shape and dtype is what `scheme` calls for, given the BF16
-    checkpoint's `shapes` and `dtypes` (`bf16_layout`)."""
+def checked_quantized_files(path: str, scheme: QuantScheme, config: BeamConfig) -> dict[str, str]:
+    """Tensor name -> file, once every name, shape and dtype is what `scheme` calls for on `config`."""
+    shapes, dtypes = bf16_layout(config)
     expected = scheme.expected(shapes, dtypes)
     files = _checkpoint_files(path)
     found = tensor_layout(files)
@@ -77,43 +66,6 @@ def checked_quantized_files(path: str, scheme: QuantScheme, shapes: dict, dtypes
     if problems:
         raise CheckpointError(f"{scheme.format} checkpoint {path} does not match its config: " + "; ".join(problems))
     return files
-
-
-def dequantized(module: str, scheme: QuantScheme, get) -> torch.Tensor:
-    """A quantized module's weight in FP32; `get(name)` reads a tensor of the checkpoint."""
-    if scheme.algo == FP8:
-        return formats.dequantize_fp8(get(f"{module}.weight"), get(f"{module}.weight_scale"))
-    return formats.dequantize_nvfp4(get(f"{module}.weight"), get(f"{module}.weight_scale"),
-                                    get(f"{module}.weight_scale_2"))
-
-
-@torch.no_grad()
-def load_dequantized(path: str, *, dtype=torch.bfloat16, device=None, variants=None):
-    """A BeamForCausalLM from a quantized checkpoint, every quantized weight dequantized into `dtype`."""
-    from beam_model.model import BeamForCausalLM
-    from beam_model.weights import materialize
-
-    config, scheme = read_config(path)
-    if scheme is None:
-        return BeamForCausalLM.from_pretrained(path, dtype=dtype, device=device, variants=variants)
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    shapes, dtypes = bf16_layout(config)
-    files = checked_quantized_files(path, scheme, shapes, dtypes)
-    model = BeamForCausalLM(config, dtype)
-    params = materialize(model, device)
-    with contextlib.ExitStack() as opened:
-        handles = {file: opened.enter_context(safe_open(file, framework="pt", device=str(device)))
-                   for file in set(files.values())}
-
-        def get(name):
-            return handles[files[name]].get_tensor(name)
-
-        for name in shapes:  # the model's tensors; scales are read with their weights
-            module = name.removesuffix(".weight")
-            quantized = name.endswith(".weight") and scheme.quantizes(module)
-            _target(params, name).copy_(dequantized(module, scheme, get) if quantized else get(name))
-    model.set_variants(variants)
-    return model
 
 
 @torch.no_grad()
@@ -149,8 +101,6 @@ def quantize_checkpoint(src: str, dst: str, fmt: str, *, max_shard_bytes: int = 
                     # Read only by kernels that quantize activations to FP4 (none on Hopper); uncalibrated.
                     writer.add(f"{module}.input_scale", torch.tensor(1.0))
     writer.close()
-    with open(os.path.join(dst, CONFIG), "w") as f:
-        json.dump({**config.to_dict(), "quantization_config": scheme.to_config()}, f, indent=2)
-        f.write("\n")
+    config.save_pretrained(dst, scheme.to_config())
     copy_tokenizer_files(src, dst)
     return scheme

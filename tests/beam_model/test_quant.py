@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from beam_model.model import BeamForCausalLM
 from beam_model.quant import formats
-from beam_model.quant.checkpoint import load_dequantized, read_config
+from beam_model.quant.checkpoint import read_config
 from beam_model.quant.scheme import QuantConfigError, QuantScheme
 from beam_model.weights import CheckpointError, checkpoint_tensors
 from workbench.cli import main
@@ -102,6 +102,19 @@ def _float64_dequant(tensors, module, algo):
     return values * scale * tensors[f"{module}.weight_scale_2"].to(torch.float64)
 
 
+def _dense_weights(model) -> dict[str, torch.Tensor]:
+    """Every projection's weight under its checkpoint name as the reference points read it (FP32)."""
+    from beam_model.quant.layout import stored
+    from beam_model.quant.tensors import dense
+
+    out = dict(checkpoint_tensors(model))
+    for names, owner, attr in model.projections():
+        w = dense(stored(owner, attr), torch.float32)
+        for i, name in enumerate(names):
+            out[f"{name}.weight"] = w[i] if len(names) > 1 else w
+    return out
+
+
 @pytest.mark.parametrize("algo", ["fp8", "nvfp4"])
 def test_an_independently_written_checkpoint_loads_as_its_float64_dequantization(bf16_dir, tmp_path, algo):
     scheme = QuantScheme.for_format(algo)
@@ -131,15 +144,18 @@ def test_an_independently_written_checkpoint_loads_as_its_float64_dequantization
     config["quantization_config"] = scheme.to_config()
     (tmp_path / "config.json").write_text(json.dumps(config))
 
-    loaded = load_dequantized(str(tmp_path), dtype=torch.float32)
+    loaded = BeamForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
     got = checkpoint_tensors(loaded)
-    assert modules and set(got) == set(checkpoint_tensors(model))
+    assert modules and loaded.weights == algo and set(got) == set(written)
+    assert all(torch.equal(got[n].view(torch.uint8), written[n].reshape(got[n].shape).view(torch.uint8))
+               for n in written if written[n].element_size() == 1)
+    dense = _dense_weights(loaded)  # the stored weights as the points read them, in FP32
     for module in modules:
         want = _float64_dequant(written, module, algo)
-        err = (got[f"{module}.weight"].to(torch.float64) - want).abs().max() / want.abs().max()
+        err = (dense[f"{module}.weight"].to(torch.float64) - want).abs().max() / want.abs().max()
         assert err < 1e-4, (module, err)
     for name, t in got.items():
-        if name.removesuffix(".weight") not in modules:
+        if name.rsplit(".", 1)[0] not in modules:  # the tensors no format quantizes, read as they are
             assert torch.equal(t, written[name].float()), name
 
 
@@ -152,7 +168,7 @@ def test_workbench_quantize_round_trips(bf16_dir, tmp_path, algo, bound, capsys)
     config, scheme = read_config(str(dst))
     assert scheme.format == algo and config.preset == "beam-tiny"
     source = checkpoint_tensors(BeamForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32))
-    back = checkpoint_tensors(load_dequantized(str(dst), dtype=torch.float32))
+    back = _dense_weights(BeamForCausalLM.from_pretrained(str(dst), dtype=torch.float32))
     for name, t in source.items():
         module = name.removesuffix(".weight")
         if not scheme.quantizes(module):
@@ -170,8 +186,8 @@ def test_a_preset_name_quantizes_its_random_weights(bf16_dir, tmp_path, capsys):
     assert main(["quantize", "beam-tiny", str(tmp_path / "preset"), "--format", "fp8", "--seed", "5"]) == 0
     assert main(["quantize", bf16_dir, str(tmp_path / "folder"), "--format", "fp8"]) == 0
     assert "in beam-tiny)" in capsys.readouterr().out
-    preset = checkpoint_tensors(load_dequantized(str(tmp_path / "preset"), dtype=torch.float32))
-    folder = checkpoint_tensors(load_dequantized(str(tmp_path / "folder"), dtype=torch.float32))
+    preset = checkpoint_tensors(BeamForCausalLM.from_pretrained(str(tmp_path / "preset")))
+    folder = checkpoint_tensors(BeamForCausalLM.from_pretrained(str(tmp_path / "folder")))
     assert preset.keys() == folder.keys() and all(torch.equal(preset[n], folder[n]) for n in preset)
     assert main(["quantize", "beam-none", str(tmp_path / "x"), "--format", "fp8"]) == 2
     assert "beam-none is neither a checkpoint folder nor a preset" in capsys.readouterr().err
@@ -218,7 +234,7 @@ MODULE = "model.layers.3.mlp.experts.2.up_proj"
 def test_a_malformed_tensor_is_refused_by_name(fp8_dir, change, named):
     _rewrite(fp8_dir, change)
     with pytest.raises(CheckpointError, match="FP8|fp8") as e:
-        load_dequantized(str(fp8_dir))
+        BeamForCausalLM.from_pretrained(str(fp8_dir))
     assert named in str(e.value)
 
 
@@ -234,7 +250,7 @@ def test_an_unknown_quantization_config_is_refused_by_field(fp8_dir, edit, named
     config["quantization_config"].update(edit)
     path.write_text(json.dumps(config))
     with pytest.raises(QuantConfigError) as e:
-        load_dequantized(str(fp8_dir))
+        BeamForCausalLM.from_pretrained(str(fp8_dir))
     assert named in str(e.value)
 
 

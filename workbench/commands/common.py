@@ -80,12 +80,10 @@ def load_model(args, variants: dict | None = None):
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    if args.model:
-        from beam_model.quant.checkpoint import load_dequantized
-
-        # a quantized checkpoint runs dequantized: the reference's weight-only semantics
-        return load_dequantized(args.model, dtype=dtype, device=device, variants=variants)
-    return BeamForCausalLM.from_preset(args.preset, seed=args.seed, dtype=dtype, device=device, variants=variants)
+    if args.model:  # BF16 or quantized, as its config.json says
+        return BeamForCausalLM.from_pretrained(args.model, dtype=dtype, device=device, variants=variants)
+    return BeamForCausalLM.from_preset(args.preset, seed=args.seed, dtype=dtype, device=device, variants=variants,
+                                       weights=getattr(args, "weights", "bf16"))
 
 
 def print_json(obj) -> None:

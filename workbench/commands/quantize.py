@@ -76,12 +76,11 @@ def _accuracy(args, src: str) -> dict:
     import torch
 
     from beam_model.model import BeamForCausalLM
-    from beam_model.quant.checkpoint import load_dequantized
     from workbench.quant_accuracy import compare, tokens_for
 
     windows, where = tokens_for(src, args.accuracy, args.seq_len)
     source = BeamForCausalLM.from_pretrained(src, dtype=torch.float32, device=args.device)
-    quantized = load_dequantized(args.dst, dtype=torch.float32, device=args.device)
+    quantized = BeamForCausalLM.from_pretrained(args.dst, dtype=torch.float32, device=args.device)
     result = {"command": "workbench " + " ".join(sys.argv[1:]), "tokens": where, "device": args.device,
               **compare(source, quantized, windows.to(args.device))}
     with open(os.path.join(args.dst, "accuracy.json"), "w") as f:

@@ -44,6 +44,19 @@ class Rand:
         return torch.rand(shape, generator=self.gen, device=self.device)
 
 
+def weight_bytes(workload, formats, rows: int, cols: int) -> float:
+    """The bytes of one [rows, cols] projection as the workload stores it: in `workload.weights` where
+    that is one of `formats` (the formats that quantize the point's projections), else in the model dtype.
+    FP8: a byte a weight and an FP32 scale a row; NVFP4: half a byte a weight, an E4M3 scale per 16 and
+    an FP32 global scale."""
+    fmt = workload.weights if workload.weights in formats else "bf16"
+    if fmt == "fp8":
+        return rows * cols + 4 * rows
+    if fmt == "nvfp4":
+        return rows * cols / 2 + rows * cols / 16 + 4
+    return DTYPE_BYTES[workload.dtype] * rows * cols
+
+
 def paged_kv(workload, rand: Rand):
     """A real `PagedKVCache` holding `batch` sequences of `context` tokens, the last `tokens_per_seq`
     of them new in this step; returns (this layer kind's cache [pages, 2, page_size, kv_heads, hd],

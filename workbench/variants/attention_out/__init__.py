@@ -45,4 +45,5 @@ declare(PointSpec(
     "attention_out", _inputs, bytes=_bytes,
     flops=lambda wl: spec("attention").flops(wl) + spec("attn_out").flops(wl),
     tolerance={"fp32": 1e-5, "fp16": 1e-3, "bf16": 8e-3},  # attn_out's: its GEMM rounds last
+    quantized=attn_out_point.QUANTIZED,
 ))

@@ -7,11 +7,13 @@ projection, w {"gate_bias": [heads], "o_proj": [hidden, heads*hd]}. out_h = o_h 
 """
 
 import torch
-import torch.nn.functional as F
 
+from beam_model.functional import linear
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants.inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand, weight_bytes
+
+QUANTIZED = {"fp8": ("o_proj",)}
 
 
 @register("attn_out", "torch", "torch")
@@ -19,7 +21,7 @@ def attn_out(o, g, w):
     n, heads, hd = o.shape
     gate = torch.sigmoid(g.float().view(n, heads, hd) + w["gate_bias"].float()[None, :, None])
     gated = (o.float() * gate).to(o.dtype).reshape(n, heads * hd)
-    return F.linear(gated, w["o_proj"])
+    return linear(gated, w["o_proj"])
 
 
 # ---- spec: inputs, roofline and tolerance for the harness ------------------------------------------
@@ -34,12 +36,13 @@ def inputs(wl, device, seed):
 
 def _bytes(wl):
     c = wl.config
-    return DTYPE_BYTES[wl.dtype] * (2 * wl.tokens * c.q_width + c.num_attention_heads
-                                    + c.hidden_size * c.q_width + wl.tokens * c.hidden_size)
+    return DTYPE_BYTES[wl.dtype] * (2 * wl.tokens * c.q_width + c.num_attention_heads + wl.tokens * c.hidden_size) \
+        + weight_bytes(wl, QUANTIZED, c.hidden_size, c.q_width)
 
 
 declare(PointSpec(
     "attn_out", inputs, bytes=_bytes,
     flops=lambda wl: 2 * wl.tokens * wl.config.q_width * wl.config.hidden_size + 4 * wl.tokens * wl.config.q_width,
     tolerance={"fp32": 1e-5, "fp16": 1e-3, "bf16": 8e-3},  # ~2.5x the reference's worst vs FP64
+    quantized=QUANTIZED,
 ))

@@ -7,7 +7,9 @@ Contract: `dense_mlp(x, w) -> y`; x [N, hidden]; w {"gate_proj", "up_proj": [ff,
 from beam_model.functional import swiglu
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants.inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand, weight_bytes
+
+QUANTIZED = {"fp8": ("gate_proj", "up_proj", "down_proj")}
 
 
 @register("dense_mlp", "torch", "torch")
@@ -27,9 +29,11 @@ def _inputs(wl, device, seed):
 
 declare(PointSpec(
     "dense_mlp", _inputs,
-    bytes=lambda wl: DTYPE_BYTES[wl.dtype] * (2 * wl.tokens + 3 * wl.config.intermediate_size) * wl.config.hidden_size,
+    bytes=lambda wl: DTYPE_BYTES[wl.dtype] * 2 * wl.tokens * wl.config.hidden_size
+    + 3 * weight_bytes(wl, QUANTIZED, wl.config.intermediate_size, wl.config.hidden_size),
     flops=lambda wl: 6 * wl.tokens * wl.config.hidden_size * wl.config.intermediate_size,
     # BF16 capped at 1e-2: 1.6x the reference's worst vs FP64 (two roundings in the SwiGLU chain)
     tolerance={"fp32": 1e-5, "fp16": 1.5e-3, "bf16": 1e-2},
+    quantized=QUANTIZED,
 ))
 

@@ -15,15 +15,19 @@ same function and tests hold them to each other:
 import torch
 
 from beam_model.functional import swiglu
+from beam_model.quant.tensors import dense
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants.inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand, weight_bytes
 
 DENSE_MAX_TOKENS = 256
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+QUANTIZED = {"fp8": PROJECTIONS, "nvfp4": PROJECTIONS}
 
 
 def _gathered(x, ids, weights, w):
-    wg, wu, wd = w["gate_proj"][ids], w["up_proj"][ids], w["down_proj"][ids]  # [N, K, ...]
+    # [N, K, ...]: only the selected experts' weights, dequantized where they are stored quantized
+    wg, wu, wd = (dense(w[k][ids], x.dtype) for k in PROJECTIONS)
     g = torch.einsum("nh,nkfh->nkf", x, wg).float()
     u = torch.einsum("nh,nkfh->nkf", x, wu).float()
     a = (torch.nn.functional.silu(g) * u).to(x.dtype)
@@ -86,8 +90,8 @@ def _inputs(wl, device, seed):
 def _bytes(wl):
     c, n, k = wl.config, wl.tokens, wl.config.num_experts_per_tok
     touched = min(c.n_routed_experts, n * k)  # at small batch only the selected experts' weights move
-    return DTYPE_BYTES[wl.dtype] * (2 * n * c.hidden_size + touched * 3 * c.hidden_size * c.moe_intermediate_size) \
-        + 12 * n * k
+    return DTYPE_BYTES[wl.dtype] * 2 * n * c.hidden_size + 12 * n * k \
+        + touched * 3 * weight_bytes(wl, QUANTIZED, c.moe_intermediate_size, c.hidden_size)
 
 
 declare(PointSpec(
@@ -96,5 +100,6 @@ declare(PointSpec(
     * wl.config.moe_intermediate_size,
     # BF16 capped at 1e-2: 1.6x the reference's worst vs FP64 (two roundings in the SwiGLU chain)
     tolerance={"fp32": 1e-5, "fp16": 1.5e-3, "bf16": 1e-2},
+    quantized=QUANTIZED,
 ))
 

@@ -5,16 +5,17 @@ Contract: `qkvg_proj(x, w) -> (q, k, v, g)`; x [N, hidden]; w {"q_proj", "k_proj
 all in the model dtype (GEMMs accumulate in FP32, round once).
 """
 
-import torch.nn.functional as F
-
+from beam_model.functional import linear
 from workbench.points import Call, PointSpec, declare
 from workbench.registry import register
-from workbench.variants.inputs import DTYPE_BYTES, Rand
+from workbench.variants.inputs import DTYPE_BYTES, Rand, weight_bytes
+
+QUANTIZED = {"fp8": ("q_proj", "k_proj", "v_proj", "gate_proj")}
 
 
 @register("qkvg_proj", "torch", "torch")
 def qkvg_proj(x, w):
-    return F.linear(x, w["q_proj"]), F.linear(x, w["k_proj"]), F.linear(x, w["v_proj"]), F.linear(x, w["gate_proj"])
+    return linear(x, w["q_proj"]), linear(x, w["k_proj"]), linear(x, w["v_proj"]), linear(x, w["gate_proj"])
 
 
 # ---- spec: inputs, roofline and tolerance for the harness ------------------------------------------
@@ -34,8 +35,9 @@ def _out_width(c):
 
 declare(PointSpec(
     "qkvg_proj", _inputs,
-    bytes=lambda wl: DTYPE_BYTES[wl.dtype] * (wl.tokens + _out_width(wl.config)) * wl.config.hidden_size
-    + DTYPE_BYTES[wl.dtype] * wl.tokens * _out_width(wl.config),
+    bytes=lambda wl: DTYPE_BYTES[wl.dtype] * wl.tokens * (wl.config.hidden_size + _out_width(wl.config))
+    + weight_bytes(wl, QUANTIZED, _out_width(wl.config), wl.config.hidden_size),
     flops=lambda wl: 2 * wl.tokens * wl.config.hidden_size * _out_width(wl.config),
     tolerance={"fp32": 1e-5, "fp16": 8e-4, "bf16": 6e-3},  # ~2.5x the reference's worst vs FP64
+    quantized=QUANTIZED,
 ))

@@ -196,7 +196,7 @@ class BeamForCausalLM(nn.Module):
     def set_variants(self, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> None:
         """Bind the fusion-point variants (at their tuning configs) and apply their weight transforms."""
         ops = bind(selection, configs)
-        wrong = [f"{v.qualname}: {why}" for v in ops.variants.values() if (why := v.unsupported_weights(self.weights))]
+        wrong = [why for v in ops.variants.values() if (why := v.unsupported_weights(self.weights))]
         if wrong:
             raise ValueError(f"the model's weights are {self.weights}; " + "; ".join(wrong))
         self.ops = ops

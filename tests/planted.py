@@ -192,3 +192,66 @@ def planted(name: str) -> Variant:
     made = factory()
     fn, prepare = made if isinstance(made, tuple) else (made, None)
     return Variant(point, f"planted_{name}", "torch", fn, prepare=prepare)
+
+
+# ---- faults of quantized weights: each gated at workloads whose weights are stored in its format -----
+
+def _e2m1(codes):
+    from beam_model.quant.formats import E2M1_VALUES
+
+    grid = torch.tensor(E2M1_VALUES, device=codes.device)
+    c = codes.long()
+    return torch.where(c & 8 > 0, -1.0, 1.0) * grid[c & 7]
+
+
+def _nvfp4_dense(w, *, swap=False, global_scale=True):
+    lo, hi = w.weight & 0x0F, w.weight >> 4
+    codes = torch.stack((hi, lo) if swap else (lo, hi), -1).flatten(-2)
+    values = _e2m1(codes) * w.scale.float().repeat_interleave(16, -1)
+    return values * w.scale_2.float()[..., None, None] if global_scale else values
+
+
+def _experts_with(dequantize):
+    def experts(x, ids, weights, w):
+        return _ref("experts")(x, ids, weights, {k: dequantize(v).to(x.dtype) for k, v in w.items()})
+    return experts
+
+
+def nvfp4_nibbles_swapped():
+    return _experts_with(lambda w: _nvfp4_dense(w, swap=True))  # the odd input read from the low nibble
+
+
+def nvfp4_global_scale_forgotten():
+    return _experts_with(lambda w: _nvfp4_dense(w, global_scale=False))
+
+
+def fp8_scale_on_input_axis():
+    def qkvg_proj(x, w):  # each weight scaled by its column's scale (square q/gate: it broadcasts)
+        dense = {k: (v.weight.float() * v.scale.float().view(1, -1)).to(x.dtype)
+                 if v.shape[0] == v.shape[1] else v.dequantize(x.dtype) for k, v in w.items()}
+        return _ref("qkvg_proj")(x, dense)
+    return qkvg_proj
+
+
+def fp8_activations_unclamped():
+    # activations to E4M3 at the first token's scale, larger tokens past 448: saturated, or NaN where the cast
+    # does not saturate (it does on some torch builds and not others): wrong either way
+    def dense_mlp(x, w):
+        scale = x[:1].float().abs().amax() / 448.0
+        xq = (x.float() / scale).to(torch.float8_e4m3fn).float() * scale
+        return _ref("dense_mlp")(xq.to(x.dtype), w)
+    return dense_mlp
+
+
+# name -> (point, factory, the check that must catch it, the weight format it reads)
+QUANT_PLANTED = {
+    "nvfp4_nibbles_swapped": ("experts", nvfp4_nibbles_swapped, "accuracy", "nvfp4"),
+    "nvfp4_global_scale_forgotten": ("experts", nvfp4_global_scale_forgotten, "accuracy", "nvfp4"),
+    "fp8_scale_on_input_axis": ("qkvg_proj", fp8_scale_on_input_axis, "accuracy", "fp8"),
+    "fp8_activations_unclamped": ("dense_mlp", fp8_activations_unclamped, "accuracy", "fp8"),
+}
+
+
+def quant_planted(name: str) -> Variant:
+    point, factory, _, fmt = QUANT_PLANTED[name]
+    return Variant(point, f"planted_{name}", "torch", factory(), formats=(fmt,))

@@ -267,3 +267,44 @@ def test_accuracy_compares_the_quantized_model_with_its_source(bf16_dir, tmp_pat
     model = BeamForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32)
     same = compare(model, model, torch.randint(0, model.config.vocab_size, (2, 8)))
     assert same["top1_agreement"] == 1.0 and same["kl_mean"] == 0.0
+
+
+# ---------------------------------------------------------------------------------- quantized models
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_a_random_quantized_model_is_the_bf16_one_quantized(bf16_dir, tmp_path, fmt):
+    """from_preset(weights=fmt) draws what the BF16 preset draws and stores it as `workbench quantize` does;
+    it saves as a quantized checkpoint that reads back bit for bit."""
+    assert main(["quantize", bf16_dir, str(tmp_path / "q"), "--format", fmt]) == 0
+    made = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.bfloat16, seed=5, weights=fmt)
+    written = BeamForCausalLM.from_pretrained(str(tmp_path / "q"))
+    a, b = checkpoint_tensors(made), checkpoint_tensors(written)
+    assert made.weights == written.weights == fmt and a.keys() == b.keys()
+    assert all(torch.equal(a[n].view(torch.uint8), b[n].view(torch.uint8)) for n in a if a[n].element_size() == 1)
+    assert all(torch.equal(a[n], b[n]) for n in a if a[n].element_size() > 1)
+    made.save_pretrained(str(tmp_path / "again"))
+    again = BeamForCausalLM.from_pretrained(str(tmp_path / "again"))
+    assert again.weights == fmt
+    ids = torch.randint(0, made.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again(ids), made(ids))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_the_points_receive_quantized_weights_where_their_spec_says(fmt):
+    from beam_model.quant.tensors import is_quantized
+    from workbench.points import spec
+
+    model = BeamForCausalLM.from_preset("beam-tiny", weights=fmt)
+    for layer in model.model.layers:
+        for point, w in layer.prepared.items():
+            point = point.split("_")[0] if point.startswith("boundary") else point
+            if isinstance(w, dict):
+                assert sorted(k for k, v in w.items() if is_quantized(v)) == \
+                    sorted(spec(point).quantized.get(fmt, ())), (layer.index, point)
+
+
+def test_a_variant_that_reads_only_bf16_is_refused_on_a_quantized_model():
+    model = BeamForCausalLM.from_preset("beam-tiny", weights="fp8")
+    with pytest.raises(ValueError, match="the model's weights are fp8; qkvg_proj:packed reads bf16 weights"):
+        model.set_variants({"qkvg_proj": "packed"})
+    BeamForCausalLM.from_preset("beam-tiny", weights="nvfp4").set_variants({"qkvg_proj": "packed"})  # BF16 there

@@ -1,0 +1,65 @@
+"""Quantized weights through the harness: the points' inputs store exactly the projections the format
+quantizes, every reference passes its own gate on them, a variant reads only the formats it declares, and
+the faults particular to the formats (nibbles, scales, E4M3 overflow) are rejected by the op gate."""
+
+import pytest
+import torch
+from planted import QUANT_PLANTED, quant_planted
+
+from beam_model.quant.tensors import is_quantized
+from workbench import registry
+from workbench.gates import op_gate
+from workbench.points import Workload, spec
+
+DECODE = Workload(batch=3, context=20)
+PREFILL = Workload(batch=2, tokens_per_seq=9, context=20)
+QUANTIZED_POINTS = ("qkvg_proj", "attn_out", "dense_mlp", "experts", "attention_out")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("point", registry.POINTS)
+def test_inputs_store_what_the_format_quantizes(point, fmt):
+    s = spec(point)
+    call = s.make_inputs(DECODE.with_(weights=fmt), "cpu", 0)
+    if call.weights_arg is None:
+        assert not s.quantized
+        return
+    w = call.args[call.weights_arg]
+    stored = sorted(k for k, v in w.items() if is_quantized(v))
+    assert stored == sorted(s.quantized.get(fmt, ())), point
+    assert all(v.format == fmt for v in w.values() if is_quantized(v))
+    assert (point in QUANTIZED_POINTS) == bool(s.quantized)
+    if stored:  # the roofline counts the stored bytes
+        assert s.bytes(DECODE.with_(weights=fmt)) < s.bytes(DECODE)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("point", QUANTIZED_POINTS)
+def test_the_reference_passes_on_quantized_weights(point, fmt):
+    report = op_gate(registry.reference(point), [DECODE.with_(weights=fmt), PREFILL.with_(weights=fmt)], seeds=(0,))
+    assert report.passed, report.first_failure()
+
+
+def test_a_variant_reads_only_the_formats_it_declares():
+    packed = registry.get("qkvg_proj", "packed")
+    assert packed.unsupported(DECODE.with_(weights="fp8")) == "qkvg_proj:packed reads bf16 weights, not fp8"
+    assert packed.unsupported(DECODE.with_(weights="nvfp4")) is None  # NVFP4 leaves the attention in BF16
+    assert registry.reference("experts").unsupported(DECODE.with_(weights="nvfp4")) is None
+    assert registry.get("experts", "torch_compile").formats == registry.WEIGHT_FORMATS
+
+
+def test_the_registry_and_the_tensors_name_the_same_formats():
+    from beam_model.quant.tensors import WEIGHT_FORMATS
+
+    assert WEIGHT_FORMATS == registry.WEIGHT_FORMATS
+
+
+@pytest.mark.parametrize("name", sorted(QUANT_PLANTED))
+def test_planted_quantization_fault_is_rejected(name):
+    point, _, check, fmt = QUANT_PLANTED[name]
+    variant = quant_planted(name)
+    workloads = [DECODE.with_(weights=fmt), PREFILL.with_(weights=fmt)]
+    assert variant.unsupported(workloads[0]) is None
+    report = op_gate(variant, workloads, seeds=(0, 1))
+    failed = {c.name for c in report.failures}
+    assert not report.passed and check in failed, f"{name} should fail {check!r}; failed {sorted(failed)}"

@@ -13,8 +13,10 @@ from beam_model.kv_cache import PagedKVCache
 
 @torch.inference_mode()
 def generate(model, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, stop_ids: tuple[int, ...] = ()) -> list[list[int]]:
-    """Continue each prompt by up to max_new_tokens tokens; a sequence stops at any of stop_ids."""
+             top_p: float = 1.0, seed: int = 0, stop_ids: tuple[int, ...] = (),
+             vocab_limit: int | None = None) -> list[list[int]]:
+    """Continue each prompt by up to max_new_tokens tokens; a sequence stops at any of stop_ids. Only ids
+    below `vocab_limit` are drawn (a tokenizer's vocabulary, where the model's is padded past it)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     vocab = model.config.vocab_size
@@ -34,6 +36,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int, *, temperatur
         step = cache.prepare_step(active, [len(tokens[s]) for s in active])
         ids = torch.tensor([t for s in active for t in tokens[s]], device=device)
         logits = model.step(ids, cache, step)
+        if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+            logits = logits[:, :vocab_limit].contiguous()
         n = len(active)
         params = dict(temperature=torch.full((n,), float(temperature), device=device),
                       top_k=torch.full((n,), int(top_k), device=device),

@@ -115,3 +115,14 @@ def test_serve_without_arguments_answers_with_beam_mini(monkeypatch):
         assert streamed == full and full
     finally:
         assert srv.stop() in (0, -signal.SIGTERM), srv.log()
+
+
+def test_a_preset_whose_vocab_is_padded_past_the_tokenizers_draws_only_its_ids(capsys):
+    """beam-tiny's 288 logits cover the byte tokenizer's 265 ids and padding: padding is never drawn."""
+    from beam_model.tokenizer import ByteTokenizer
+
+    for seed in range(3):
+        assert main(["generate", "--preset", "beam-tiny", "--prompt", "hi", "--max-tokens", "64", "--temperature",
+                     "1.0", "--seed", str(seed), "--device", "cpu", "--json"]) == 0
+        tokens = json.loads(capsys.readouterr().out)["tokens"]
+        assert tokens and max(tokens) < ByteTokenizer().vocab_size

@@ -35,7 +35,7 @@ def run(args) -> int:
     prompt = encode_chat(tok, [{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
     t1 = time.perf_counter()
     out = generate(model, [prompt], args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, stop_ids=(tok.eos_token_id,))[0]
+                   top_p=args.top_p, seed=args.seed, stop_ids=(tok.eos_token_id,), vocab_limit=tok.vocab_size)[0]
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     t2 = time.perf_counter()

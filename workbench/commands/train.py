@@ -147,7 +147,8 @@ def _sample(model, tokenizer, max_new_tokens: int = 64) -> dict:
     """The checkpoint's greedy continuation of SAMPLE_PROMPT in its BF16 weights."""
     from beam_model.generate import generate
 
-    out = generate(model, [tokenizer.encode(SAMPLE_PROMPT)], max_new_tokens, stop_ids=(tokenizer.eos_token_id,))[0]
+    out = generate(model, [tokenizer.encode(SAMPLE_PROMPT)], max_new_tokens, stop_ids=(tokenizer.eos_token_id,),
+                   vocab_limit=tokenizer.vocab_size)[0]
     return {"prompt": SAMPLE_PROMPT, "greedy_tokens": max_new_tokens, "text": tokenizer.decode(out)}
 
 

@@ -551,7 +551,8 @@ def _routing(model, recorded: list, agreement: list | None = None):
 
 
 def model_gate(selection, *more, configs: dict | None = None, preset: str = "beam-tiny", dtype: str | None = None,
-               device="cpu", prompt_len: int = 24, decode_steps: int = 8, seed: int = 0) -> GateReport:
+               device="cpu", prompt_len: int = 24, decode_steps: int = 8, seed: int = 0,
+               weights: str = "bf16") -> GateReport:
     """The build `selection` (at tuning `configs`) against the reference build, on one model whose
     variants are switched, so a full-size rank needs room for one copy of the weights. Builds the
     preset's model (`dtype`, default bf16) or, called as `model_gate(model, selection)`, uses that
@@ -565,11 +566,12 @@ def model_gate(selection, *more, configs: dict | None = None, preset: str = "bea
         preset, restore = model.config.preset, (model.ops.selection, getattr(model.ops, "configs", None))
     else:
         dtype = dtype or "bf16"
-        model = BeamForCausalLM.from_preset(preset, seed=seed, dtype=dtype_of(dtype), device=device)
+        model = BeamForCausalLM.from_preset(preset, seed=seed, dtype=dtype_of(dtype), device=device, weights=weights)
     selection = dict(selection or {})
     subject = ", ".join(f"{p}:{v}" for p, v in sorted(selection.items())) or "reference"
     report = GateReport("model", subject)
-    case = f"{preset} {dtype} prompt{prompt_len} decode{decode_steps} seed{seed}"
+    weights = "" if model.weights == "bf16" else f" {model.weights} weights"
+    case = f"{preset} {dtype}{weights} prompt{prompt_len} decode{decode_steps} seed{seed}"
 
     def check(name, passed, error=None, threshold=None, detail=""):
         report.checks.append(CheckResult(name, case, bool(passed), error, threshold, detail))
@@ -636,15 +638,18 @@ def lock_gates(lock, *, device=None) -> dict[str, dict]:
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     preset, dtype = lock.model.get("preset", "beam-tiny"), lock.model.get("dtype", "bf16")
+    weights = lock.model.get("weights", "bf16")
     target = for_device(get_target(lock.target), device)
     results = {}
     for point, entry in lock.points.items():
         if entry["variant"] == REFERENCE:
             continue
-        report = op_gate(get(point, entry["variant"]), [target.workload(preset, dtype, k) for k in step_kinds(point)],
+        report = op_gate(get(point, entry["variant"]),
+                         [target.workload(preset, dtype, k, weights) for k in step_kinds(point)],
                          device=device, config=entry.get("config"))
         results[point] = {"passed": report.passed, "failed": report.first_failure(), "report": report.to_dict()}
     if BeamConfig.from_preset(preset).num_parameters < 5e9:  # a full-size rank is the optimize run's to gate
-        report = model_gate(lock.selection, configs=lock.configs, preset=preset, dtype=dtype, device=device)
+        report = model_gate(lock.selection, configs=lock.configs, preset=preset, dtype=dtype, device=device,
+                            weights=weights)
         results["model"] = {"passed": report.passed, "failed": report.first_failure(), "report": report.to_dict()}
     return results

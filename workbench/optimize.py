@@ -51,6 +51,7 @@ class OptimizeOptions:
     target: str = "decode-b1"
     preset: str = "beam-tiny"
     dtype: torch.dtype = torch.float32
+    weights: str = "bf16"  # the projections' stored format (`BeamForCausalLM.from_preset(weights=...)`)
     device: torch.device = torch.device("cpu")
     out_dir: str = "runs/optimize-decode-b1"
     seed: int = 0
@@ -111,13 +112,14 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
     os.makedirs(folder.root, exist_ok=True)
     dtype = name_of(opts.dtype)
     on_event(StageStarted("build", preset=opts.preset))
-    model = BeamForCausalLM.from_preset(opts.preset, seed=opts.seed, dtype=opts.dtype, device=opts.device)
+    model = BeamForCausalLM.from_preset(opts.preset, seed=opts.seed, dtype=opts.dtype, device=opts.device,
+                                        weights=opts.weights)
     target = for_device(get_target(opts.target), opts.device)
     runner = StepRunner(model, target)
     ceilings = measure_device_ceilings(opts.device)
 
     def workload_for(kind):
-        return target.workload(opts.preset, dtype, kind)
+        return target.workload(opts.preset, dtype, kind, opts.weights)
 
     on_event(StageStarted("profile"))
     key = profile_key(opts, dtype, workload_for)
@@ -226,7 +228,8 @@ def _write_lock(folder: RunFolder, opts: OptimizeOptions, model, dtype: str, env
                  "reference_us": r.reference_us, "noise_band": r.band} if r else {}
         entries[point] = Lock.entry(point, selection[point], config=final["configs"].get(point), timing=timed,
                                     gate=(cand.gate if cand and cand.gate else {"passed": True, "reference": True}))
-    lock = Lock(model={"preset": opts.preset, "config_hash": model.config.config_hash(), "dtype": dtype},
+    lock = Lock(model={"preset": opts.preset, "config_hash": model.config.config_hash(), "dtype": dtype,
+                       "weights": opts.weights},
                 target=opts.target, environment=env, points=entries, command=opts.command,
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 end_to_end={"reference_us": final["reference"]["median_us"],

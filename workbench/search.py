@@ -75,7 +75,8 @@ class Search:
 
     def workloads(self, point: str) -> dict[str, object]:
         preset = self.model.config.preset
-        return {kind: self.runner.target.workload(preset, self.dtype, "sliding" if kind == ALL_LAYERS else kind)
+        return {kind: self.runner.target.workload(preset, self.dtype, "sliding" if kind == ALL_LAYERS else kind,
+                                                  self.model.weights)
                 for kind in self.step_calls(point)}
 
     def cached(self, point: str) -> bool:

@@ -29,13 +29,14 @@ class Target:
     def decode(self) -> bool:
         return self.tokens_per_seq == 1
 
-    def workload(self, preset: str, dtype: str, layer_kind: str) -> Workload:
+    def workload(self, preset: str, dtype: str, layer_kind: str, weights: str = "bf16") -> Workload:
         """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer, or after
-        the last one ("model": head and sample, on each sequence's last new token)."""
+        the last one ("model": head and sample, on each sequence's last new token), the projections
+        stored as `weights`."""
         rows = 1 if layer_kind == "model" else self.tokens_per_seq
         return Workload(preset=preset, batch=self.batch, tokens_per_seq=rows,
                         context=self.context + self.tokens_per_seq,
-                        layer="full" if layer_kind == "full" else "sliding", dtype=dtype)
+                        layer="full" if layer_kind == "full" else "sliding", dtype=dtype, weights=weights)
 
 
 TARGETS = {

@@ -3,7 +3,6 @@ quantizes, every reference passes its own gate on them, a variant reads only the
 the faults particular to the formats (nibbles, scales, E4M3 overflow) are rejected by the op gate."""
 
 import pytest
-import torch
 from planted import QUANT_PLANTED, quant_planted
 
 from beam_model.quant.tensors import is_quantized

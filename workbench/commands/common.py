@@ -10,6 +10,7 @@ import os
 import torch
 
 from workbench.dtypes import DTYPES, dtype_of
+from workbench.registry import WEIGHT_FORMATS
 
 # The trained model that `generate` and `serve` run when neither --model nor --preset is given, where
 # it is present (`workbench train` makes it); $BEAM_EMBEDDED_MODEL names another checkpoint folder.
@@ -32,6 +33,14 @@ def add_model_arguments(p, *, default_preset: str = FALLBACK_PRESET, default_dty
                    help="model dtype (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights of a preset")
+    add_weights_argument(p, what="a preset's projections (a checkpoint says its own format)")
+
+
+def add_weights_argument(p, *, what: str) -> None:
+    p.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
+                   help=f"how {what} are stored: bf16 (the model dtype), fp8 (E4M3 per output channel: attention, "
+                        "dense and expert projections) or nvfp4 (the experts, E2M1 in blocks of 16); default: a "
+                        "lock's, else bf16")
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -61,9 +70,11 @@ def choose_model(args, lock=None) -> None:
     else FALLBACK_PRESET."""
     from beam_model.config import PRESETS, BeamConfig
 
+    locked = (lock.model or {}) if lock is not None else {}
+    if getattr(args, "weights", "bf16") is None and not args.model:
+        args.weights = locked.get("weights", "bf16") if locked.get("preset") in (args.preset, None) else "bf16"
     if args.model or args.preset:
         return
-    locked = (lock.model or {}) if lock is not None else {}
     if locked.get("preset") in PRESETS:
         args.preset = locked["preset"]
         return
@@ -81,9 +92,12 @@ def load_model(args, variants: dict | None = None):
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.model:  # BF16 or quantized, as its config.json says
+        if args.weights not in (None, "bf16"):
+            raise ValueError("--weights sets a preset's format; a checkpoint folder's config.json says its own "
+                             "(`workbench quantize` writes one in another)")
         return BeamForCausalLM.from_pretrained(args.model, dtype=dtype, device=device, variants=variants)
     return BeamForCausalLM.from_preset(args.preset, seed=args.seed, dtype=dtype, device=device, variants=variants,
-                                       weights=getattr(args, "weights", "bf16"))
+                                       weights=args.weights or "bf16")
 
 
 def print_json(obj) -> None:

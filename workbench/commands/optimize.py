@@ -6,7 +6,14 @@ import shlex
 import signal
 import sys
 
-from workbench.commands.common import add_worker_arguments, print_json, resolve_device, resolve_dtype, worker_limits
+from workbench.commands.common import (
+    add_weights_argument,
+    add_worker_arguments,
+    print_json,
+    resolve_device,
+    resolve_dtype,
+    worker_limits,
+)
 from workbench.dtypes import DTYPES
 from workbench.registry import POINTS
 
@@ -21,7 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--out", default=None, help="run folder (default: runs/optimize-<target>-<preset>)")
+    add_weights_argument(p, what="the projections")
+    p.add_argument("--out", default=None, help="run folder (default: runs/optimize-<target>-<preset>[-<weights>])")
     p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to search")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--budget", type=float, metavar="SECONDS",
@@ -79,8 +87,10 @@ def run(args) -> int:
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
     dtype = resolve_dtype(args.dtype, device)
-    opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device,
-                           out_dir=args.out or f"runs/optimize-{args.target}-{preset}", seed=args.seed,
+    weights = args.weights or "bf16"
+    folder = f"runs/optimize-{args.target}-{preset}" + ("" if weights == "bf16" else f"-{weights}")
+    opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device, weights=weights,
+                           out_dir=args.out or folder, seed=args.seed,
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
                            candidate_timeout=args.candidate_timeout or None, force=args.force,

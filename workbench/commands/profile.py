@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from workbench.commands.common import print_json, resolve_device, resolve_dtype
+from workbench.commands.common import add_weights_argument, print_json, resolve_device, resolve_dtype
 from workbench.dtypes import DTYPES, name_of
 from workbench.run_folder import write_json
 
@@ -14,6 +14,7 @@ def add_arguments(p) -> None:
     p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     p.add_argument("--device", default=None)
+    add_weights_argument(p, what="the projections")
     p.add_argument("--lock", default=None, help="profile the build a lock file selects (verified first)")
     p.add_argument("--force-lock", action="store_true",
                    help="profile a lock even if it fails verification (changed sources, another GPU)")
@@ -59,7 +60,8 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype, device)
     # As `serve`: a lock whose sources changed would profile other code than it names.
     lock = load_for_serving(args.lock, force=args.force_lock, device=device) if args.lock else None
-    model = BeamForCausalLM.from_preset(preset, dtype=dtype, device=device)
+    weights = args.weights or (lock.model.get("weights", "bf16") if lock else "bf16")
+    model = BeamForCausalLM.from_preset(preset, dtype=dtype, device=device, weights=weights)
     if lock:
         model.set_variants(lock.selection, lock.configs)
     target = for_device(get_target(args.target), device)
@@ -67,7 +69,7 @@ def run(args) -> int:
     out = args.out or f"runs/profile-{args.target}-{preset}"
     os.makedirs(out, exist_ok=True)
     name = name_of(dtype)
-    profile = profile_step(runner, workload_for=lambda kind: target.workload(preset, name, kind),
+    profile = profile_step(runner, workload_for=lambda kind: target.workload(preset, name, kind, weights),
                            ceilings=measure_device_ceilings(device),
                            trace_path=os.path.join(out, "profile.trace.json"))
     data = profile.to_dict()

@@ -65,6 +65,10 @@ def check_lock_matches(lock, model, force: bool) -> None:
     if locked and locked != model.config.config_hash() and not force:
         raise ValueError(f"the lock was made for model config {locked} ({lock.model.get('preset')}), "
                          f"but this model has config {model.config.config_hash()}; use --force-lock to serve anyway")
+    weights = (lock.model or {}).get("weights", "bf16")
+    if weights != model.weights:  # its choices were gated and timed on weights stored otherwise
+        raise ValueError(f"the lock was made for {weights} weights, but this model's are {model.weights}: "
+                         f"lock a build on {model.weights} weights (optimize --weights {model.weights})")
 
 
 def lock_warnings(lock, max_num_seqs: int) -> list[str]:

@@ -482,7 +482,7 @@ def capture_calls(model, input_ids: torch.Tensor, points=POINTS) -> dict[str, li
             if layer in keep:
                 kind = "sliding" if layer >= 0 and c.layer_types[layer] == SLIDING else "full"
                 wl = Workload(preset=c.preset or "model", batch=batch, tokens_per_seq=n // batch,
-                              context=n // batch, layer=kind, dtype=dtype)
+                              context=n // batch, layer=kind, dtype=dtype, weights=model.weights)
                 weights_arg = next((i for i, a in enumerate(args) if isinstance(a, dict)), None)
                 call = Call(args, kwargs, weights_arg)
                 # Activations are copied (the cache changes later); weights are parameters: referenced.

@@ -46,6 +46,8 @@ def listing(preset: str, device) -> list[dict]:
             rows.append({"name": name, "backend": v.backend, "reference": name == registry.REFERENCE,
                          "available": ok, "reason": "ok" if ok else held or why_not[0],
                          "weight_transform": v.prepare is not None, "configs": len(v.configs),
+                         # the weight formats it reads, where its point's weights may be quantized
+                         "weights": list(v.formats) if has_spec and spec(point).quantized else None,
                          "source": _relative(v.source_file)})
         out.append({"point": point, "spec": has_spec, "variants": rows})
     return out
@@ -68,6 +70,8 @@ def run(args) -> int:
             notes = [] if v["available"] else [v["reason"]]
             notes += ["reference"] * v["reference"] + ["weight layout"] * v["weight_transform"]
             notes += [f"{v['configs']} configs"] * bool(v["configs"])
+            if v["weights"] not in (None, ["bf16"]):
+                notes.append(f"reads {'/'.join(v['weights'])} weights")
             if i == 0 and not p["spec"]:
                 notes.append("no PointSpec: cannot be benched or gated yet")
             table.add_row(p["point"] if i == 0 else "", v["name"], v["backend"],

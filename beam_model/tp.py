@@ -163,6 +163,8 @@ def shard_model(full_model: BeamForCausalLM, rank: int, world_size: int, group=N
     The slices are copies on the full model's device and in its dtypes (the full model is left
     untouched and can be dropped afterwards). The shard gets `model.tp` and the full model's
     variant selection. `group` None means the default group when world_size > 1."""
+    if full_model.quant is not None:
+        raise ValueError(f"tensor parallelism shards BF16 models; this one's weights are {full_model.weights}")
     tp = TensorParallel(group, rank, world_size)
     model = BeamForCausalLM(shard_config(full_model.config, world_size), full_model.dtype)
     full = dict(full_model.named_parameters())
@@ -194,8 +196,12 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
 
     from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize
 
+    from beam_model.quant.checkpoint import read_config
+
     device = torch.device(device) if device is not None else torch.device("cpu")
-    full_config = BeamConfig.from_pretrained(path)
+    full_config, quant = read_config(path)
+    if quant is not None:
+        raise ValueError(f"tensor parallelism shards BF16 checkpoints; {path} is {quant.format}")
     tp = TensorParallel(group, rank, world_size)
     model = BeamForCausalLM(shard_config(full_config, world_size), dtype)
 

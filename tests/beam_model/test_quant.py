@@ -308,3 +308,16 @@ def test_a_variant_that_reads_only_bf16_is_refused_on_a_quantized_model():
     with pytest.raises(ValueError, match="the model's weights are fp8; qkvg_proj:packed reads bf16 weights"):
         model.set_variants({"qkvg_proj": "packed"})
     BeamForCausalLM.from_preset("beam-tiny", weights="nvfp4").set_variants({"qkvg_proj": "packed"})  # BF16 there
+
+
+def test_tensor_parallelism_refuses_quantized_weights_by_name(tmp_path, capsys):
+    from beam_model.tp import load_shard, shard_model
+
+    model = BeamForCausalLM.from_preset("beam-tiny", weights="nvfp4")
+    with pytest.raises(ValueError, match="shards BF16 models; this one's weights are nvfp4"):
+        shard_model(model, 0, 2)
+    model.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="is nvfp4"):
+        load_shard(str(tmp_path), 0, 2)
+    assert main(["serve", "--preset", "beam-tiny", "--weights", "fp8", "--tp", "2", "--device", "cpu"]) == 2
+    assert "--tp 2 shards BF16 weights only" in capsys.readouterr().err

@@ -102,6 +102,8 @@ def run(args) -> int:
     choose_model(args, lock)
     if args.tp < 1:
         raise ValueError(f"--tp must be at least 1, got {args.tp}")
+    if args.tp > 1 and (args.weights or "bf16") != "bf16":
+        raise ValueError(f"--tp {args.tp} shards BF16 weights only; --weights {args.weights} runs on one rank")
     ranks = _Ranks(args, device) if args.tp > 1 else None
     model = ranks.model if ranks else load_model(args)
     if lock is not None:

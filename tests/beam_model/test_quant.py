@@ -321,3 +321,17 @@ def test_tensor_parallelism_refuses_quantized_weights_by_name(tmp_path, capsys):
         load_shard(str(tmp_path), 0, 2)
     assert main(["serve", "--preset", "beam-tiny", "--weights", "fp8", "--tp", "2", "--device", "cpu"]) == 2
     assert "--tp 2 shards BF16 weights only" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_lock_made_on_other_weights():
+    import types
+
+    from workbench.commands.serve import check_lock_matches
+
+    model = BeamForCausalLM.from_preset("beam-tiny", weights="nvfp4")
+    same = model.config.config_hash()
+    check_lock_matches(types.SimpleNamespace(model={"config_hash": same, "weights": "nvfp4"}), model, force=False)
+    for locked in ({"config_hash": same}, {"config_hash": same, "weights": "fp8"}):  # no field: a BF16 lock
+        with pytest.raises(ValueError, match=f"made for {locked.get('weights', 'bf16')} weights, but this model's "
+                                             "are nvfp4"):
+            check_lock_matches(types.SimpleNamespace(model=locked), model, force=True)

@@ -245,6 +245,8 @@ class BeamForCausalLM(nn.Module):
             return ops.dense_mlp(x, p["dense_mlp"])
         ids, weights = ops.route(x, p["route"], n_group=c.n_group, topk_group=c.topk_group,
                                  top_k=c.num_experts_per_tok, scale=c.routed_scaling_factor)
+        if self.tp is not None:  # expert parallelism: the pairs of this rank's experts (tp.py)
+            ids, weights = self.tp.local_experts(ids, weights)
         return ops.experts(x, ids, weights, p["experts"])
 
     def hidden_states(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata) -> torch.Tensor:

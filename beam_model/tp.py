@@ -1,4 +1,4 @@
-"""Tensor parallelism in the gpt-fast style: rewrite a model into one rank's shard.
+"""Tensor and expert parallelism in the gpt-fast style: rewrite a model into one rank's shard.
 
 Nothing in the layers or the fusion-point variants knows about tensor parallelism. This module
 turns a full `BeamForCausalLM` (or a full checkpoint folder) into the model of one rank: a plain
@@ -17,6 +17,10 @@ rank's slice is `tensor.chunk(world_size, dim)[rank]`):
 - dense MLP: gate / up rows, down columns. MoE: every expert is sliced the same way (gate / up
   rows, down columns of its own d_ff); the router and its correction bias are replicated, so
   every rank routes identically and its experts' partial sums add up in the boundary all-reduce.
+  With `expert_parallel`, the MoE layers are split by whole experts instead (rank r holds experts
+  [r*E/W, (r+1)*E/W)): every rank routes all of its tokens, keeps the routed pairs whose expert it
+  holds (`TensorParallel.local_experts`: the others weigh 0), and the same all-reduce sums the ranks'
+  partial combines. Attention, the dense layers, the embedding and the head stay tensor-parallel.
 - embedding and lm_head: the rows of this rank's vocabulary block [rank*V/W, (rank+1)*V/W).
 - every norm (layer norms, final norm) is replicated.
 The KV cache needs nothing special: built from the shard's config it holds this rank's kv heads.
@@ -25,8 +29,9 @@ What it never does: it never initialises or destroys process groups (the caller 
 the group in); it never pads or replicates a dimension that does not divide (`shard_config` raises
 a ValueError naming every offender instead); it never communicates while sharding (`shard_model`
 and `load_shard` only slice local tensors; each rank reads its own slices); it never modifies the
-full model; it does no sequence or expert parallelism; and it does not change any numerics other
-than the order of the partial-sum additions in the all-reduces.
+full model; it does no sequence parallelism and no all-to-all (expert parallelism sums through the
+boundary's all-reduce, as within one NVLink domain); and it does not change any numerics other than
+the order of the partial-sum additions in the all-reduces.
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ import torch.distributed as dist
 from beam_model.config import PRESETS, BeamConfig
 from beam_model.model import BeamForCausalLM
 
-# Sharded fields of the config: each is divided by the world size.
+# Sharded fields of the config: each is divided by the world size (under expert parallelism the experts'
+# own width stays whole and their count must divide instead).
 _SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
                  "vocab_size")
+_EXPERT_FIELDS = ("moe_intermediate_size",)
 
 _L = r"model\.layers\.\d+\."
 # (parameter name pattern, dimension split across ranks or None for replicated). Model names keep
@@ -65,36 +72,84 @@ _RULES: list[tuple[re.Pattern, int | None]] = [(re.compile(p), d) for p, d in [
 ]]
 
 
-def shard_config(config: BeamConfig, world_size: int) -> BeamConfig:
-    """One rank's config: heads, kv heads, both FFN widths and the vocabulary divided by world_size.
+def shard_config(config: BeamConfig, world_size: int, expert_parallel: bool = False) -> BeamConfig:
+    """One rank's config: heads, kv heads, both FFN widths and the vocabulary divided by world_size
+    (under expert parallelism the experts' width stays whole: the rank holds E/world_size whole experts,
+    a count the config does not carry, since the router still scores all E).
 
     Everything else (hidden size, head_dim, layers, router, expert counts...) is unchanged. The
     preset label becomes `<preset>-tp<world_size>` when that preset exists, else None."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    bad = [f"{f}={getattr(config, f)}" for f in _SPLIT_FIELDS if getattr(config, f) % world_size]
+    fields = [f for f in _SPLIT_FIELDS if not (expert_parallel and f in _EXPERT_FIELDS)]
+    divided = fields + ["n_routed_experts"] * expert_parallel
+    bad = [f"{f}={getattr(config, f)}" for f in divided if getattr(config, f) % world_size]
     if bad:
         raise ValueError(f"cannot shard the config over {world_size} ranks: {', '.join(bad)} "
                          f"not divisible by {world_size}")
+    if expert_parallel and config.n_routed_experts // world_size < config.num_experts_per_tok:
+        raise ValueError(f"expert parallelism over {world_size} ranks leaves {config.n_routed_experts // world_size} "
+                         f"experts a rank, fewer than top_k = {config.num_experts_per_tok}")
     if world_size == 1:
         return dataclasses.replace(config, layer_types=list(config.layer_types))
-    label = f"{config.preset}-tp{world_size}" if config.preset else None
+    label = f"{config.preset}-tp{world_size}" if config.preset and not expert_parallel else None
     return dataclasses.replace(
         config, layer_types=list(config.layer_types), preset=label if label in PRESETS else None,
-        **{f: getattr(config, f) // world_size for f in _SPLIT_FIELDS})
+        **{f: getattr(config, f) // world_size for f in fields})
 
 
-def split_dim(name: str) -> int | None:
-    """The dimension along which parameter / checkpoint tensor `name` is split, None if replicated."""
+def _rank_model(full_config: BeamConfig, rank: int, world_size: int, dtype, group,
+                expert_parallel: bool) -> BeamForCausalLM:
+    """A meta-device model of one rank's shapes and its `model.tp`; under expert parallelism each MoE
+    layer's stacks hold the rank's E/world_size experts."""
+    model = BeamForCausalLM(shard_config(full_config, world_size, expert_parallel), dtype)
+    experts = None
+    if expert_parallel and world_size > 1:
+        count = full_config.n_routed_experts // world_size
+        experts = (rank * count, count)
+        for layer in model.model.layers:
+            stack = getattr(layer.mlp, "experts", None)
+            for proj in ("gate_proj", "up_proj", "down_proj") if stack is not None else ():
+                full = getattr(stack, proj)
+                setattr(stack, proj, torch.nn.Parameter(torch.empty(count, *full.shape[1:], device="meta",
+                                                                    dtype=full.dtype), requires_grad=False))
+    model.tp = TensorParallel(group, rank, world_size, experts)
+    return model
+
+
+_STACKED_EXPERTS = re.compile(_L + r"mlp\.experts\.(gate_proj|up_proj|down_proj)")
+_ONE_EXPERT = re.compile(r"(" + _L + r"mlp\.experts\.)(\d+)(\.(gate_proj|up_proj|down_proj)\.weight)")
+
+
+def split_dim(name: str, expert_parallel: bool = False) -> int | None:
+    """The dimension along which parameter / checkpoint tensor `name` is split, None if replicated (under
+    expert parallelism an experts stack splits by expert, and one expert's tensor belongs to one rank
+    whole: `expert_owner`)."""
+    if expert_parallel and _STACKED_EXPERTS.fullmatch(name):
+        return 0
+    if expert_parallel and _ONE_EXPERT.fullmatch(name):
+        return None
     for pattern, dim in _RULES:
         if pattern.fullmatch(name):
             return dim
     raise KeyError(f"tensor {name!r} has no tensor-parallel rule in beam_model/tp.py")
 
 
-def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+def expert_owner(name: str, n_experts: int, world_size: int) -> tuple[int, str] | None:
+    """Under expert parallelism, the rank holding checkpoint tensor `name` of one expert and the name it
+    has in that rank's stack (its index there); None for any other tensor."""
+    m = _ONE_EXPERT.fullmatch(name)
+    if m is None:
+        return None
+    per_rank = n_experts // world_size
+    e = int(m.group(2))
+    return e // per_rank, f"{m.group(1)}{e % per_rank}{m.group(3)}"
+
+
+def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int,
+                 expert_parallel: bool = False) -> torch.Tensor:
     """This rank's slice of a full tensor (a view; the whole tensor when replicated)."""
-    dim = split_dim(name)
+    dim = split_dim(name, expert_parallel)
     if dim is None or world_size == 1:
         return tensor
     size = tensor.shape[dim]
@@ -105,9 +160,10 @@ def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int) ->
 
 
 class TensorParallel:
-    """One rank's place in a tensor-parallel group, and the two collectives the model calls itself."""
+    """One rank's place in a tensor-parallel group, the two collectives the model calls itself, and under
+    expert parallelism the experts it holds (`experts`: the first one's id and how many)."""
 
-    def __init__(self, group, rank: int, world_size: int):
+    def __init__(self, group, rank: int, world_size: int, experts: tuple[int, int] | None = None):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         if world_size > 1:
@@ -121,9 +177,30 @@ class TensorParallel:
         self.group = group  # None only in a world of 1: the boundary then skips its all-reduce
         self.rank = rank
         self.world_size = world_size
+        self.experts = experts
 
     def __repr__(self) -> str:
-        return f"TensorParallel(rank={self.rank}, world_size={self.world_size})"
+        ep = f", experts={self.experts}" if self.experts else ""
+        return f"TensorParallel(rank={self.rank}, world_size={self.world_size}{ep})"
+
+    def local_experts(self, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed pairs as this rank's experts see them: ids in its stack, and weight 0 for a pair
+        whose expert another rank holds. Such a pair takes a local expert its token does not use, the
+        lowest free ones in slot order, so a token's ids stay distinct as the `experts` contract has them
+        (a rank holds at least top_k experts: `shard_config`); the zero weight drops its output. Without
+        expert parallelism, unchanged. No host sync: graph-capturable."""
+        if self.experts is None:
+            return ids, weights
+        first, count = self.experts
+        local = ids - first
+        mine = (local >= 0) & (local < count)
+        slots = torch.where(mine, local, 0)  # other ranks' pairs add 0 at id 0: a sum, never an overwrite
+        uses = torch.zeros(ids.shape[0], count, dtype=torch.long, device=ids.device).scatter_add_(1, slots, mine.long())
+        order = torch.arange(count, device=ids.device)
+        free = torch.sort((uses > 0).long() * count + order, dim=1).indices  # unused local ids first, ascending
+        nth_other = (~mine).long().cumsum(1) - 1  # a pair of another rank's: its place among them
+        spare = free.gather(1, nth_other.clamp(min=0))
+        return torch.where(mine, local, spare), weights * mine
 
     def _reduces(self) -> bool:
         return self.world_size > 1 and self.group is not None
@@ -157,35 +234,34 @@ def _selection(full_model: BeamForCausalLM) -> dict[str, str] | None:
 
 
 @torch.no_grad()
-def shard_model(full_model: BeamForCausalLM, rank: int, world_size: int, group=None) -> BeamForCausalLM:
+def shard_model(full_model: BeamForCausalLM, rank: int, world_size: int, group=None, *,
+                expert_parallel: bool = False) -> BeamForCausalLM:
     """A new model with `shard_config` shapes holding this rank's slices of `full_model`'s weights.
 
     The slices are copies on the full model's device and in its dtypes (the full model is left
     untouched and can be dropped afterwards). The shard gets `model.tp` and the full model's
     variant selection. `group` None means the default group when world_size > 1."""
-    if full_model.quant is not None:
-        raise ValueError(f"tensor parallelism shards BF16 models; this one's weights are {full_model.weights}")
-    tp = TensorParallel(group, rank, world_size)
-    model = BeamForCausalLM(shard_config(full_model.config, world_size), full_model.dtype)
-    full = dict(full_model.named_parameters())
     from beam_model.weights import _set_param
 
+    if full_model.quant is not None:
+        raise ValueError(f"tensor parallelism shards BF16 models; this one's weights are {full_model.weights}")
+    model = _rank_model(full_model.config, rank, world_size, full_model.dtype, group, expert_parallel)
+    full = dict(full_model.named_parameters())
     for name, p in list(model.named_parameters()):
         src = full[name]
         if src.is_meta:
             raise ValueError(f"full model parameter {name} is not materialised (meta device)")
-        t = shard_tensor(name, src, rank, world_size).clone(memory_format=torch.contiguous_format)
+        t = shard_tensor(name, src, rank, world_size, expert_parallel).clone(memory_format=torch.contiguous_format)
         if t.shape != p.shape:
             raise ValueError(f"{name}: slice has shape {list(t.shape)}, the shard expects {list(p.shape)}")
         _set_param(model, name, t)
-    model.tp = tp
     model.set_variants(_selection(full_model))
     return model
 
 
 @torch.no_grad()
 def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bfloat16, device=None, *,
-               variants: dict[str, str] | None = None) -> BeamForCausalLM:
+               variants: dict[str, str] | None = None, expert_parallel: bool = False) -> BeamForCausalLM:
     """Load this rank's shard straight from a full checkpoint folder.
 
     Names and shapes are checked against the full config first (like `load_checkpoint`); then
@@ -194,16 +270,14 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     own slices; nothing is communicated."""
     from safetensors import safe_open
 
-    from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize
-
     from beam_model.quant.checkpoint import read_config
+    from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     full_config, quant = read_config(path)
     if quant is not None:
         raise ValueError(f"tensor parallelism shards BF16 checkpoints; {path} is {quant.format}")
-    tp = TensorParallel(group, rank, world_size)
-    model = BeamForCausalLM(shard_config(full_config, world_size), dtype)
+    model = _rank_model(full_config, rank, world_size, dtype, group, expert_parallel)
 
     expected = {n: tuple(t.shape) for n, t in checkpoint_tensors(BeamForCausalLM(full_config, dtype)).items()}
     files = checked_files(path, expected)
@@ -211,7 +285,12 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in names:
-                dim = split_dim(name)
+                owner = expert_owner(name, full_config.n_routed_experts, world_size) if expert_parallel else None
+                if owner is not None:  # one expert, whole, on the rank that holds it
+                    if owner[0] == rank:
+                        _target(params, owner[1]).copy_(f.get_tensor(name))
+                    continue
+                dim = split_dim(name, expert_parallel)
                 if dim is None or world_size == 1:
                     t = f.get_tensor(name)
                 else:
@@ -219,6 +298,5 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
                     index = (slice(None),) * dim + (slice(rank * n, (rank + 1) * n),)
                     t = f.get_slice(name)[index]
                 _target(params, name).copy_(t)
-    model.tp = tp
     model.set_variants(variants)
     return model

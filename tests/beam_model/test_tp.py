@@ -1,4 +1,5 @@
-"""Tensor parallelism: shard_config shapes, and 2 gloo ranks on the CPU against the unsharded model."""
+"""Tensor and expert parallelism: shard_config shapes, and 2 gloo ranks on the CPU against the unsharded
+model."""
 
 import dataclasses
 
@@ -47,15 +48,15 @@ def _prefill_decode(model, prompts, decode_ids):
     return torch.stack(out)
 
 
-def _worker(rank, world, init_file, out_dir, ckpt):
+def _worker(rank, world, init_file, out_dir, ckpt, expert_parallel=False):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         forward_ids, prompts, decode_ids = _inputs()
         full = _full_model()
-        model = shard_model(full, rank, world, dist.group.WORLD)
+        model = shard_model(full, rank, world, dist.group.WORLD, expert_parallel=expert_parallel)
         del full
-        loaded = load_shard(ckpt, rank, world, dist.group.WORLD, dtype=torch.float32)
+        loaded = load_shard(ckpt, rank, world, dist.group.WORLD, dtype=torch.float32, expert_parallel=expert_parallel)
         ours, theirs = dict(model.named_parameters()), dict(loaded.named_parameters())
         result = {
             "forward": model(forward_ids),
@@ -72,16 +73,21 @@ def _rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def test_two_ranks_match_unsharded(tmp_path):
+def _run_ranks(tmp_path, expert_parallel):
+    """Each rank's results (forward, prefill + decode logits, parameter shapes), and the full model."""
     full = _full_model()
     ckpt = tmp_path / "ckpt"
     full.save_pretrained(str(ckpt))
-    mp.spawn(_worker, args=(WORLD, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(WORLD, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt), expert_parallel),
+             nprocs=WORLD, join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)], full
+
+
+def _check_against_full(results, full):
 
     forward_ids, prompts, decode_ids = _inputs()
     ref_forward = full(forward_ids)
     ref_decode = _prefill_decode(full, prompts, decode_ids)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     for r, res in enumerate(results):
         assert res["forward"].shape == ref_forward.shape
         assert res["decode"].shape == ref_decode.shape
@@ -93,6 +99,11 @@ def test_two_ranks_match_unsharded(tmp_path):
     # the gathered logits are the same bits on every rank
     assert torch.equal(results[0]["forward"], results[1]["forward"])
     assert torch.equal(results[0]["decode"], results[1]["decode"])
+
+
+def test_two_ranks_match_unsharded(tmp_path):
+    results, full = _run_ranks(tmp_path, expert_parallel=False)
+    _check_against_full(results, full)
     # one rank's shapes: attention heads split by 2, router replicated, vocab halved
     shapes = results[0]["shapes"]
     c = full.config
@@ -103,6 +114,38 @@ def test_two_ranks_match_unsharded(tmp_path):
                                                              c.moe_intermediate_size // 2)
     assert shapes["model.layers.6.mlp.gate.weight"] == (c.n_routed_experts, c.hidden_size)
     assert shapes["lm_head.weight"] == (c.vocab_size // 2, c.hidden_size)
+
+
+def test_two_expert_parallel_ranks_match_unsharded(tmp_path):
+    """Each rank holds half the experts whole; attention, dense layers, embedding and head stay split."""
+    results, full = _run_ranks(tmp_path, expert_parallel=True)
+    _check_against_full(results, full)
+    shapes, c = results[0]["shapes"], full.config
+    assert shapes["model.layers.6.mlp.experts.down_proj"] == (c.n_routed_experts // 2, c.hidden_size,
+                                                             c.moe_intermediate_size)
+    assert shapes["model.layers.6.mlp.gate.weight"] == (c.n_routed_experts, c.hidden_size)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (c.q_width // 2, c.hidden_size)
+    assert shapes["model.layers.0.mlp.down_proj.weight"] == (c.hidden_size, c.intermediate_size // 2)
+
+
+def test_local_experts_keep_only_the_ranks_pairs():
+    from beam_model.tp import TensorParallel
+
+    ids = torch.tensor([[0, 5, 8], [9, 14, 3], [7, 8, 1]])
+    weights = torch.tensor([[0.5, 1.5, 1.0], [1.0, 2.0, 3.0], [0.25, 0.75, 1.0]])
+    local_ids, local_w = TensorParallel(None, 0, 1, experts=(8, 8)).local_experts(ids, weights)
+    # another rank's pairs weigh 0 and take the lowest local ids their token leaves free: ids stay distinct
+    assert local_ids.tolist() == [[1, 2, 0], [1, 6, 0], [1, 0, 2]]
+    assert local_w.tolist() == [[0.0, 0.0, 1.0], [1.0, 2.0, 0.0], [0.0, 0.75, 0.0]]
+    assert TensorParallel(None, 0, 1).local_experts(ids, weights) == (ids, weights)
+
+
+def test_expert_parallelism_needs_the_experts_to_divide():
+    c = BeamConfig.from_preset("beam-tiny")
+    with pytest.raises(ValueError, match=f"n_routed_experts={c.n_routed_experts} not divisible by 3"):
+        shard_config(dataclasses.replace(c, num_attention_heads=6, num_key_value_heads=3, intermediate_size=96,
+                                         vocab_size=288 * 3), 3, expert_parallel=True)
+    assert shard_config(c, 2, expert_parallel=True).moe_intermediate_size == c.moe_intermediate_size
 
 
 def test_world_of_one_is_the_full_model():

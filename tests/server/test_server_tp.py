@@ -1,7 +1,7 @@
-"""`workbench serve --tp 2` on the CPU (gloo): two processes, each with half of every layer of beam-tiny,
-rank 0 serving. Its greedy completions are the single-process engine's; streamed and not agree; requests
-at once all finish; a rank killed while serving ends the server with exit code 1 and the rank named,
-the request in flight getting an error rather than a hang."""
+"""`workbench serve --tp 2` on the CPU (gloo): two processes, each with half of every layer of beam-tiny
+(`--ep`: half of the experts, whole), rank 0 serving. Its greedy completions are the single-process
+engine's; streamed and not agree; requests at once all finish; a rank killed while serving ends the
+server with exit code 1 and the rank named, the request in flight getting an error rather than a hang."""
 
 import os
 import signal
@@ -104,3 +104,24 @@ def test_a_model_that_does_not_divide_is_refused_before_any_rank_starts(capsys):
     assert main(["serve", "--tp", "3", "--preset", MODEL, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "cannot shard the config over 3 ranks" in err and "num_attention_heads=4" in err
+
+
+def test_expert_parallel_ranks_serve_the_single_process_engines_completions():
+    """`--tp 2 --ep`: each rank holds half the experts whole; greedy text is the single process's."""
+    srv = ServerProcess("--tp", "2", "--ep", scripted=False, num_pages=64)
+    try:
+        tok = ByteTokenizer()
+        engine = Engine(BeamForCausalLM.from_preset(MODEL, dtype=torch.float32, seed=0), tok, num_pages=64)
+        expected = engine.generate([tok.encode(p) for p in PROMPTS], SamplingParams(max_tokens=8, temperature=0.0))
+        for prompt, ids in zip(PROMPTS, expected):
+            assert _greedy(srv.client(), prompt).choices[0].text == tok.decode(ids), prompt
+        assert "TP2 EP" in srv.log()
+    finally:
+        assert srv.stop() in (0, -signal.SIGTERM), srv.log()
+
+
+def test_expert_parallelism_needs_ranks(capsys):
+    from workbench.cli import main
+
+    assert main(["serve", "--ep", "--preset", MODEL, "--device", "cpu"]) == 2
+    assert "--ep splits the experts over the --tp ranks" in capsys.readouterr().err

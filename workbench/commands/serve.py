@@ -48,6 +48,9 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor parallelism: N processes, each with its slice of every layer (one GPU each on "
                         "CUDA; gloo on the CPU); rank 0 serves (default: %(default)s)")
+    p.add_argument("--ep", "--enable-expert-parallel", dest="ep", action="store_true",
+                   help="with --tp N: the MoE layers split by whole experts over the N ranks (E/N each) instead of "
+                        "each expert's slice; attention, dense layers, embedding and head stay tensor-parallel")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--fake-model-script", help=argparse.SUPPRESS)  # test-only, see server/engine/testing.py
 
@@ -102,6 +105,8 @@ def run(args) -> int:
     choose_model(args, lock)
     if args.tp < 1:
         raise ValueError(f"--tp must be at least 1, got {args.tp}")
+    if args.ep and args.tp < 2:
+        raise ValueError("--ep splits the experts over the --tp ranks: give --tp 2 or more")
     if args.tp > 1 and (args.weights or "bf16") != "bf16":
         raise ValueError(f"--tp {args.tp} shards BF16 weights only; --weights {args.weights} runs on one rank")
     ranks = _Ranks(args, device) if args.tp > 1 else None
@@ -130,7 +135,8 @@ def run(args) -> int:
     if lock is not None:
         for line in lock_warnings(lock, engine.max_num_seqs):
             print(f"warning: {line}", file=sys.stderr, flush=True)
-    print(f"serving {name} on http://{args.host}:{args.port} ({device}{f', TP{args.tp}' if ranks else ''}, "
+    parallel = f", TP{args.tp}{' EP' if args.ep else ''}" if ranks else ""
+    print(f"serving {name} on http://{args.host}:{args.port} ({device}{parallel}, "
           f"{engine.num_pages} KV pages, context {engine.max_model_len}, "
           f"variants {model.ops.selection if lock else 'reference'})", flush=True)
     try:

@@ -30,6 +30,7 @@ class RankSpec:
     preset: str | None
     seed: int
     dtype: str
+    expert_parallel: bool = False  # the MoE layers split by whole experts (beam_model/tp.py)
 
 
 def device_for(spec: RankSpec, rank: int) -> torch.device:
@@ -49,17 +50,15 @@ def join(spec: RankSpec, rank: int):
 def load_rank_model(spec: RankSpec, rank: int):
     """This rank's shard, on its device, bound to the reference variants (rank 0's plan rebinds them)."""
     from beam_model.model import BeamForCausalLM
-    from beam_model.quant.checkpoint import read_config
     from beam_model.tp import load_shard, shard_model
     from workbench.dtypes import dtype_of
 
     dtype, device = dtype_of(spec.dtype), device_for(spec, rank)
     if spec.model:
-        if read_config(spec.model)[1] is not None:
-            raise ValueError(f"{spec.model} is quantized; --tp serves BF16 checkpoints and presets only")
-        return load_shard(spec.model, rank, spec.world, dist.group.WORLD, dtype=dtype, device=device)
+        return load_shard(spec.model, rank, spec.world, dist.group.WORLD, dtype=dtype, device=device,
+                          expert_parallel=spec.expert_parallel)
     full = BeamForCausalLM.from_preset(spec.preset, seed=spec.seed, dtype=dtype, device=device)
-    return shard_model(full, rank, spec.world, dist.group.WORLD)
+    return shard_model(full, rank, spec.world, dist.group.WORLD, expert_parallel=spec.expert_parallel)
 
 
 def rank_main(rank: int, spec: RankSpec) -> None:
@@ -87,11 +86,14 @@ def start(args, world: int, device: torch.device, dtype: str):
     from beam_model.quant.checkpoint import read_config
     from beam_model.tp import shard_config
 
-    shard_config(read_config(args.model)[0] if args.model else BeamConfig.from_preset(args.preset), world)  # divides?
+    config, quant = read_config(args.model) if args.model else (BeamConfig.from_preset(args.preset), None)
+    if quant is not None:
+        raise ValueError(f"{args.model} is {quant.format}; --tp shards BF16 checkpoints and presets only")
+    shard_config(config, world, args.ep)  # divides?
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"--tp {world} needs {world} GPUs; {torch.cuda.device_count()} are visible")
     rendezvous = os.path.join(tempfile.mkdtemp(prefix="beam-tp-"), "rendezvous")
-    spec = RankSpec(world, f"file://{rendezvous}", device.type, args.model, args.preset, args.seed, dtype)
+    spec = RankSpec(world, f"file://{rendezvous}", device.type, args.model, args.preset, args.seed, dtype, args.ep)
     ctx = mp.get_context("spawn")
     procs = {}
     for rank in range(1, world):

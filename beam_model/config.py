@@ -215,6 +215,13 @@ PRESETS: dict[str, dict] = {
         n_routed_experts=64, num_experts_per_tok=8, n_group=8, topk_group=4,
         max_position_embeddings=131072,
     ),
+    # The trained default (`workbench train`, models/beam-mini): every structural feature at a size that
+    # trains in minutes on one GPU; the vocabulary is its tokenizer's. Layers 5 and 7 are full attention.
+    "beam-mini": dict(
+        vocab_size=8192, hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, sliding_window=128, first_k_dense_replace=1, intermediate_size=768, moe_intermediate_size=128,
+        n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, max_position_embeddings=4096,
+    ),
     # CPU tests: every structural feature, tiny widths. Layers 5 and 6 are full attention.
     "beam-tiny": dict(
         vocab_size=288, hidden_size=64, num_hidden_layers=7, num_attention_heads=4,

@@ -61,6 +61,14 @@ def test_a_preset_or_a_lock_chooses_before_the_embedded_model(embedded):
     args = _args()
     common.choose_model(args, _lock(preset="elsewhere", config_hash="0" * 16))
     assert args.model is None and args.preset == common.FALLBACK_PRESET
+    # a lock made on the embedded model's config serves it (its checkpoint says its weights' format) ...
+    args = _args(weights=None)
+    common.choose_model(args, _lock(preset="beam-tiny", config_hash=made_here, weights="fp8"))
+    assert args.model == embedded and args.weights is None
+    # ... and a preset the lock was made on takes the lock's weights
+    args = _args(weights=None)
+    common.choose_model(args, _lock(preset="beam-small", config_hash="x", weights="nvfp4"))
+    assert args.preset == "beam-small" and args.weights == "nvfp4"
 
 
 def test_without_an_embedded_model_the_fallback_preset_runs(tmp_path, monkeypatch):

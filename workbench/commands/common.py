@@ -65,25 +65,21 @@ def embedded_model() -> str | None:
 
 
 def choose_model(args, lock=None) -> None:
-    """Fill in args.model or args.preset when neither was given: the preset a lock was made on, else the
-    embedded trained model where present (and, with a lock, only where the lock was made on its config),
-    else FALLBACK_PRESET."""
+    """Fill in args.model or args.preset when neither was given: the embedded trained model where present
+    (with a lock, only where the lock was made on its config), else the preset a lock was made on, else
+    FALLBACK_PRESET. A preset's --weights, when not given, are the lock's where the lock was made on it."""
     from beam_model.config import PRESETS, BeamConfig
 
     locked = (lock.model or {}) if lock is not None else {}
+    if not (args.model or args.preset):
+        folder = embedded_model()
+        if folder and (not locked.get("config_hash")
+                       or BeamConfig.from_pretrained(folder).config_hash() == locked["config_hash"]):
+            args.model = folder
+        else:
+            args.preset = locked["preset"] if locked.get("preset") in PRESETS else FALLBACK_PRESET
     if getattr(args, "weights", "bf16") is None and not args.model:
-        args.weights = locked.get("weights", "bf16") if locked.get("preset") in (args.preset, None) else "bf16"
-    if args.model or args.preset:
-        return
-    if locked.get("preset") in PRESETS:
-        args.preset = locked["preset"]
-        return
-    folder = embedded_model()
-    if folder and (not locked.get("config_hash")
-                   or BeamConfig.from_pretrained(folder).config_hash() == locked["config_hash"]):
-        args.model = folder
-    else:
-        args.preset = FALLBACK_PRESET
+        args.weights = locked.get("weights", "bf16") if locked.get("preset") == args.preset else "bf16"
 
 
 def load_model(args, variants: dict | None = None):

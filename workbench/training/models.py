@@ -21,14 +21,9 @@ import torch
 from beam_model.config import PRESETS, BeamConfig
 from beam_model.weights import _set_param
 
-CONFIGS: dict[str, dict] = {
-    "beam-mini": dict(
-        hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        sliding_window=128, first_k_dense_replace=1, intermediate_size=768, moe_intermediate_size=128,
-        n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, max_position_embeddings=4096,
-    ),
-    "beam-tiny": {k: v for k, v in PRESETS["beam-tiny"].items() if k != "vocab_size"},
-}
+# The presets it trains (beam_model/config.py), less their vocabulary: the tokenizer's
+CONFIGS: dict[str, dict] = {name: {k: v for k, v in PRESETS[name].items() if k != "vocab_size"}
+                            for name in ("beam-mini", "beam-tiny")}
 
 
 def training_config(name: str, vocab_size: int) -> BeamConfig:

@@ -54,8 +54,10 @@ def _cpu_standard(point: str) -> list[Workload]:
 
 # Beyond the standard workloads, on the CPU: where variants or configs first run as themselves.
 LARGER = {
-    # 18 tokens: 72 routed pairs, past the 64 the GEMV path takes (experts:grouped_mm, experts:triton_rounded)
-    "experts": [Workload(TINY, batch=2, tokens_per_seq=9, context=9)],
+    # 18 tokens: 72 routed pairs, past the 64 the GEMV path takes (experts:grouped_mm, experts:triton_rounded);
+    # decode on quantized weights (variants that read only those formats: experts:triton_quantized)
+    "experts": [Workload(TINY, batch=2, tokens_per_seq=9, context=9)]
+    + [Workload(TINY, context=20, weights=fmt) for fmt in ("nvfp4", "fp8")],
     # 98 tokens: past the 96 up to which route:triton_cublas's GEMM plans all run route:triton's default
     "route": [Workload(TINY, batch=2, tokens_per_seq=49, context=49)],
 }
@@ -95,7 +97,8 @@ GPU_EXTRA = {
     + _prefill((1, 2048, 2048), (1, 8192, 8192), (8, 2048, 2048), (2, 2048, 8192)),
     "attn_out": _decode(8, 64) + _prefill(PROMPT),
     "route": _decode(8, 64, 128, 512) + _prefill(PROMPT),  # route:triton's three GEMM regimes
-    "experts": _decode(8, 64) + _prefill(PROMPT, (1, 2048, 2048)),
+    "experts": _decode(8, 64) + _prefill(PROMPT, (1, 2048, 2048))
+    + [wl.with_(weights=fmt) for fmt in ("fp8", "nvfp4") for wl in _decode(1, 8)],  # quantized experts' decode
     "dense_mlp": _decode(8, 64),
     "head": _decode(8, 64),
     "sample": _decode(8, 64),

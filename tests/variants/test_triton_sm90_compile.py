@@ -238,3 +238,48 @@ def test_attention_out_merged_configs_do_not_spill():
     assert len(usage) >= 6
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u
+
+
+QUANTIZED = r'''
+import json
+from workbench.sm90 import compile_sm90, resource_usage
+from workbench.variants.experts.triton_quantized import CONFIGS
+from workbench.variants.kernels import moe_quantized as mq
+
+H, F = 5120, 320  # beam-501b-tp8's rank: hidden, ff
+out = []
+for fmt in ("fp8", "nvfp4"):
+    nvfp4 = fmt == "nvfp4"
+    w, s = ("*u8", "*fp8e4nv") if nvfp4 else ("*fp8e4nv", "*fp32")
+    per_byte, blocks_h, blocks_f = (2, H // 16, F // 16) if nvfp4 else (1, 1, 1)  # inputs a byte, scales a row
+    for c in CONFIGS:
+        gate_up = compile_sm90(mq.gate_up_quantized_kernel, dict(
+            x_ptr="*bf16", ids_ptr="*i64", wg_ptr=w, wu_ptr=w, sg_ptr=s, su_ptr=s, sg2_ptr="*fp32", su2_ptr="*fp32",
+            act_ptr="*bf16", HIDDEN="i32", FF="i32", stride_we="i32", stride_wf="i32", stride_se="i32",
+            stride_sf="i32"), dict(TOP_K=8, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], NVFP4=nvfp4, PDL=True),
+            ints=dict(HIDDEN=H, FF=F, stride_we=F * H // per_byte, stride_wf=H // per_byte, stride_se=F * blocks_h,
+                      stride_sf=blocks_h), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        down = compile_sm90(mq.down_quantized_kernel, dict(
+            act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr=w, sd_ptr=s, sd2_ptr="*fp32", y_ptr="*bf16",
+            HIDDEN="i32", FF="i32", stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
+            TOP_K=8, K_P2=8, BLOCK_N=c["DOWN_BLOCK_N"], BLOCK_K=c["DOWN_BLOCK_K"], NVFP4=nvfp4, PDL=True),
+            ints=dict(HIDDEN=H, FF=F, stride_we=H * F // per_byte, stride_wh=F // per_byte, stride_se=H * blocks_f,
+                      stride_sh=blocks_f), num_warps=c.get("DOWN_WARPS", c["num_warps"]), num_stages=c["num_stages"])
+        for name, k in (("gate_up", gate_up), ("down", down)):
+            ptx = k.asm["ptx"]
+            out.append(dict(fmt=fmt, kernel=name, config=c, e4m3_cvt="e4m3x2" in ptx,
+                            waits="griddepcontrol.wait" in ptx, **resource_usage(k)))
+print(json.dumps(out))
+'''
+
+
+def test_quantized_experts_configs_do_not_spill_and_convert_e4m3_natively():
+    """Every experts:triton_quantized config, both kernels in both formats, with PDL, at the TP8 rank's decode
+    sizes for sm_90: no spills, the E4M3 weights (FP8) and block scales (NVFP4) converted by the hardware's
+    cvt from e4m3x2, not emulated, and a grid dependency wait."""
+    usage = _compiled(QUANTIZED)
+    from workbench.variants.experts.triton_quantized import CONFIGS
+
+    assert len(usage) == 2 * 2 * len(CONFIGS)
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u

@@ -1,0 +1,91 @@
+"""`experts:triton_quantized`: the decode GEMV on FP8 / NVFP4 expert weights. The op gate at every config in both
+formats (beam-tiny decode of one and of three sequences), only the selected experts read, the workloads it
+declines, and faults of the NVFP4 layout (nibbles swapped, scale_2 dropped) rejected by the gate. CPU: the
+kernels run interpreted (tests/conftest.py); their sm_90 compilation is checked in test_triton_sm90_compile.py."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from beam_model.quant.tensors import Fp8Weight, Nvfp4Weight  # noqa: E402
+from workbench import gates, registry  # noqa: E402
+from workbench.points import Workload, spec  # noqa: E402
+from workbench.variants.experts.triton_quantized import CONFIGS  # noqa: E402
+
+VARIANT = registry.get("experts", "triton_quantized")
+FORMATS = ("fp8", "nvfp4")
+
+
+def _decode(batch: int, fmt: str) -> Workload:
+    return Workload(batch=batch, context=20, weights=fmt)
+
+
+@pytest.mark.parametrize("batch", [3, 1])  # a case a batch: xdist spreads them
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("index", range(len(CONFIGS)))
+def test_op_gate_at_every_config(index, fmt, batch):
+    report = gates.op_gate(VARIANT, [_decode(batch, fmt)], seeds=(0, 1), config=CONFIGS[index])
+    assert report.passed, report.first_failure()
+
+
+E4M3_NAN = 0x7F  # float8_e4m3fn's NaN (S.1111.111), set through a uint8 view: fp8 tensors take no fills
+
+
+def _poisoned(w, experts):
+    """Copies of the quantized weights with NaN in `experts`' scales (and FP8 values): no kernel may read them."""
+    out = {}
+    for k, v in w.items():
+        if isinstance(v, Fp8Weight):
+            v = Fp8Weight(v.weight.clone(), v.scale.clone())
+            v.weight.view(torch.uint8)[experts] = E4M3_NAN
+            v.scale[experts] = float("nan")
+        else:
+            v = Nvfp4Weight(v.weight, v.scale.clone(), v.scale_2.clone())
+            v.scale.view(torch.uint8)[experts] = E4M3_NAN
+            v.scale_2[experts] = float("nan")
+        out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_reads_only_the_selected_experts_bitwise_alike(fmt):
+    x, ids, weights, w = spec("experts").make_inputs(_decode(1, fmt), "cpu", 0).args
+    unselected = torch.ones(w["gate_proj"].shape[0], dtype=torch.bool)
+    unselected[ids[0]] = False
+    clean = VARIANT.fn(x, ids, weights, w)
+    assert torch.equal(VARIANT.fn(x, ids, weights, _poisoned(w, unselected)).view(torch.int16), clean.view(torch.int16))
+
+
+def test_declines_bf16_weights_and_prefill_sizes():
+    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS
+
+    top_k = _decode(1, "fp8").config.num_experts_per_tok
+    assert VARIANT.unsupported(_decode(1, "bf16"), "cpu") == \
+        "experts:triton_quantized reads fp8/nvfp4 weights, not bf16"
+    for fmt in FORMATS:
+        assert VARIANT.unsupported(_decode(GEMV_MAX_PAIRS // top_k, fmt), "cpu") is None
+        assert "routed pairs" in VARIANT.unsupported(_decode(GEMV_MAX_PAIRS // top_k + 1, fmt), "cpu")
+    x, ids, weights, w = spec("experts").make_inputs(_decode(1, "bf16"), "cpu", 0).args
+    with pytest.raises(ValueError, match="fp8 or nvfp4"):
+        VARIANT.fn(x, ids, weights, w)
+
+
+def _nibbles_swapped(w):
+    return Nvfp4Weight((w.weight << 4) | (w.weight >> 4), w.scale, w.scale_2)
+
+
+def _scale_2_dropped(w):
+    return Nvfp4Weight(w.weight, w.scale, torch.ones_like(w.scale_2))
+
+
+@pytest.mark.parametrize("fault", [_nibbles_swapped, _scale_2_dropped])
+def test_planted_nvfp4_fault_is_rejected(fault):
+    """The kernels fed weights read the wrong way (as a kernel that swapped the nibbles or forgot scale_2 would
+    read them): the gate's accuracy check fails."""
+    def experts(x, ids, weights, w):
+        return VARIANT.fn(x, ids, weights, {k: fault(v) for k, v in w.items()})
+
+    planted = registry.Variant("experts", f"planted{fault.__name__}", "triton", experts, formats=("nvfp4",))
+    report = gates.op_gate(planted, [_decode(1, "nvfp4")], seeds=(0,))
+    assert not report.passed and "accuracy" in {c.name for c in report.failures}, report.first_failure()

@@ -1,0 +1,49 @@
+"""`experts:triton_quantized`: the decode GEMV of `kernels/moe_quantized.py` on expert weights stored as FP8 or
+NVFP4, dequantized in registers (weight-only: the GEMMs' math in FP32, the activation and output in the model
+dtype). Reads only those formats (docs/decisions.md #42), and only decode sizes are offered to it (up to
+`moe.GEMV_MAX_PAIRS` routed pairs); past them it still computes the contract with the same kernels.
+
+The kernels are imported on the first call: this module must import without triton, and under the CPU
+interpreter TRITON_INTERPRET must be set before they are defined.
+"""
+
+from workbench.registry import register
+
+FORMATS = ("fp8", "nvfp4")
+
+# BLOCK_N ff rows x BLOCK_K hidden inputs per gate/up step (NVFP4: BLOCK_K / 2 bytes a row); DOWN_BLOCK_N
+# hidden rows x DOWN_BLOCK_K ff inputs per down step, for all top_k experts at once; DOWN_WARPS (default
+# num_warps) for the down kernel. The first is the default. None spills registers on sm_90 at
+# beam-501b-tp8's decode sizes (tests/variants/test_triton_sm90_compile.py).
+CONFIGS = [
+    dict(BLOCK_N=8, BLOCK_K=512, DOWN_BLOCK_N=16, DOWN_BLOCK_K=64, num_warps=4, num_stages=1),
+    dict(BLOCK_N=4, BLOCK_K=1024, DOWN_BLOCK_N=8, DOWN_BLOCK_K=128, num_warps=4, num_stages=1),
+    dict(BLOCK_N=8, BLOCK_K=256, DOWN_BLOCK_N=4, DOWN_BLOCK_K=64, num_warps=2, num_stages=1),
+]
+
+
+def _supports(wl):
+    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use
+
+    # the registry lets every variant take BF16 weights; this one reads only the quantized formats
+    if wl.weights not in FORMATS:
+        return f"experts:triton_quantized reads {'/'.join(FORMATS)} weights, not {wl.weights}"
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"experts:triton_quantized computes in bf16, fp16 or fp32, not {wl.dtype}"
+    if wl.tokens * wl.config.num_experts_per_tok > GEMV_MAX_PAIRS:
+        return f"a decode GEMV: past {GEMV_MAX_PAIRS} routed pairs each pair re-reads its expert's weights"
+    return True
+
+
+def _at(config=None):
+    config = config or CONFIGS[0]
+
+    def experts_triton_quantized(x, ids, weights, w):
+        from workbench.variants.kernels.moe_quantized import quantized_experts  # kernels: imported on use
+
+        return quantized_experts(x, ids, weights, w, config)
+    return experts_triton_quantized
+
+
+register("experts", "triton_quantized", "triton", supports=_supports, configs=CONFIGS, configure=_at, pdl=True,
+         formats=FORMATS)(_at())

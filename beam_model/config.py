@@ -187,7 +187,7 @@ class BeamConfig:
     @classmethod
     def from_pretrained(cls, path: str) -> "BeamConfig":
         """The architecture of a checkpoint folder. Its weights' format, `quantization_config`, is not
-        architecture: `beam_model.quant.checkpoint.read_config` reads both."""
+        architecture: `beam_model.quant.scheme.read_config` reads both."""
         d = read_config_json(path)
         d.pop(QUANTIZATION_CONFIG, None)
         return cls.from_dict(d)

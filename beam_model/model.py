@@ -154,7 +154,7 @@ class BeamForCausalLM(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str, *, dtype=torch.bfloat16, device=None, variants=None):
         """A checkpoint folder, BF16 or quantized (its config.json's `quantization_config`)."""
-        from beam_model.quant.checkpoint import read_config
+        from beam_model.quant.scheme import read_config
         from beam_model.weights import load_checkpoint
 
         config, quant = read_config(path)

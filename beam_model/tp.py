@@ -270,7 +270,7 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     own slices; nothing is communicated."""
     from safetensors import safe_open
 
-    from beam_model.quant.checkpoint import read_config
+    from beam_model.quant.scheme import read_config
     from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize
 
     device = torch.device(device) if device is not None else torch.device("cpu")

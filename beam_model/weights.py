@@ -185,16 +185,29 @@ def tensor_layout(files: dict[str, str]) -> dict[str, tuple[tuple[int, ...], str
     return layout
 
 
-def checked_files(path: str, expected: dict[str, tuple[int, ...]]) -> dict[str, str]:
-    """Tensor name -> file of a checkpoint whose names and shapes are exactly `expected`; else a
-    CheckpointError naming every missing, unexpected or mis-shaped tensor (before any data is read)."""
+_SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.uint8: "U8", torch.float32: "F32",
+                       torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def checked_files(path: str, expected: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype] | None = None,
+                  what: str = "checkpoint") -> dict[str, str]:
+    """Tensor name -> file of a checkpoint whose names and shapes are exactly `expected` (and the dtypes of
+    the tensors `dtypes` names); else a CheckpointError naming every missing, unexpected, mis-shaped or
+    mis-typed tensor (before any data is read)."""
     files = _checkpoint_files(path)
-    found = {name: shape for name, (shape, _) in tensor_layout(files).items()}
+    found = tensor_layout(files)
     problems = name_problems(expected, found)
-    problems += [f"tensor {n} has shape {list(found[n])}, expected {list(s)}"
-                 for n, s in expected.items() if n in found and found[n] != s]
+    for name, shape in expected.items():
+        if name not in found:
+            continue
+        got_shape, got_dtype = found[name]
+        if got_shape != shape:
+            problems.append(f"tensor {name} has shape {list(got_shape)}, expected {list(shape)}")
+        want = _SAFETENSORS_DTYPES.get((dtypes or {}).get(name))
+        if want and got_dtype != want:
+            problems.append(f"tensor {name} is {got_dtype}, expected {want}")
     if problems:
-        raise CheckpointError(f"checkpoint {path} does not match the config: " + "; ".join(problems))
+        raise CheckpointError(f"{what} {path} does not match the config: " + "; ".join(problems))
     return files
 
 
@@ -228,12 +241,12 @@ def by_file(files: dict[str, str]) -> dict[str, list[str]]:
 def load_checkpoint(model, path: str, *, device=None) -> None:
     """Fill a meta-device model from a checkpoint folder, after checking every name and shape."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if model.quant is not None:
-        from beam_model.quant.checkpoint import checked_quantized_files
-
-        files = checked_quantized_files(path, model.quant, model.config)
-    else:
-        files = checked_files(path, {name: tuple(t.shape) for name, t in checkpoint_tensors(model).items()})
+    tensors = checkpoint_tensors(model)
+    # a quantized projection's codes and scales are read as they are: their dtypes must be the format's
+    stored = {n: t.dtype for n, t in tensors.items() if t.dtype in (torch.float8_e4m3fn, torch.uint8)
+              or n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))}
+    files = checked_files(path, {n: tuple(t.shape) for n, t in tensors.items()}, stored,
+                          f"{model.weights} checkpoint" if model.quant is not None else "checkpoint")
     params = materialize(model, device)
     for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device=str(device)) as f:

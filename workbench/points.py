@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from beam_model.config import BeamConfig
-from workbench.registry import POINTS, variants
+from workbench.registry import POINTS, quantized_by, variants
 
 # Points whose inputs depend on the layer kind (window, RoPE or NoPE, cache group); the others see the
 # same shapes and values in sliding-window and full-attention layers.
@@ -146,10 +146,6 @@ class PointSpec:
             call = call.with_weights({k: quantize(v, workload.weights) if k in keys else v for k, v in w.items()})
         return call
 
-    def weight_formats(self) -> tuple[str, ...]:
-        """The formats in which this point's weights differ from BF16."""
-        return tuple(self.quantized)
-
 
 _SPECS: dict[str, PointSpec] = {}
 
@@ -158,6 +154,7 @@ def declare(spec: PointSpec) -> PointSpec:
     if spec.name not in POINTS:
         raise KeyError(f"unknown fusion point {spec.name!r}")
     _SPECS[spec.name] = spec
+    quantized_by(spec.name, tuple(spec.quantized))  # what the variants' `formats` are checked against
     return spec
 
 

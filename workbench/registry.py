@@ -110,14 +110,12 @@ class Variant:
             f"{self.qualname} does not support {workload.label()}"
 
     def unsupported_weights(self, fmt: str) -> str | None:
-        """Why this variant cannot read its point's weights stored as `fmt`, or None."""
-        if fmt == "bf16" or fmt in self.formats:
+        """Why this variant cannot read its point's weights where a model's are stored as `fmt` (a format
+        that leaves this point's projections alone leaves them in BF16), or None."""
+        stored = fmt if fmt in _QUANTIZED.get(self.point, ()) else "bf16"
+        if stored in self.formats:
             return None
-        from workbench.points import spec  # deferred: the point specs import this module
-
-        if fmt not in spec(self.point).quantized:
-            return None  # the format leaves this point's weights in BF16
-        return f"{self.qualname} reads {'/'.join(self.formats)} weights, not {fmt}"
+        return f"{self.qualname} reads {'/'.join(self.formats)} weights, not {stored}"
 
     def unsupported_config(self, config: dict | None, workload) -> str | None:
         """Why tuning config `config` is not worth timing at `workload` (e.g. it would run another
@@ -151,6 +149,7 @@ class Variant:
 
 
 _VARIANTS: dict[str, dict[str, Variant]] = {p: {} for p in POINTS}
+_QUANTIZED: dict[str, tuple[str, ...]] = {}  # point -> the formats that quantize its weights (its PointSpec's)
 _LOADED: set[str] = set()
 _SPLITS: dict[str, Callable] = {}  # compound -> split(ops, *args, **kwargs): its members' calls on `ops`
 
@@ -188,6 +187,14 @@ class References:
         if point not in _VARIANTS:
             raise AttributeError(point)
         return reference(point).fn
+
+
+def quantized_by(point: str, formats: tuple[str, ...]) -> None:
+    """Record which weight formats store `point`'s weights quantized (`points.declare` does, from its spec)."""
+    unknown = [f for f in formats if f not in WEIGHT_FORMATS[1:]]  # "bf16" is the unquantized format
+    if unknown:
+        raise ValueError(f"{point}: {unknown} are not quantized weight formats; those are {WEIGHT_FORMATS[1:]}")
+    _QUANTIZED[point] = tuple(formats)
 
 
 def register(point: str, name: str, backend: str, **kw) -> Callable[[Callable], Callable]:

@@ -14,8 +14,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-import torch
-
+from beam_model.config import QUANTIZATION_CONFIG, BeamConfig, read_config_json
 from beam_model.quant.formats import NVFP4_BLOCK
 
 FP8 = "FP8_PER_CHANNEL_PER_TOKEN"
@@ -77,22 +76,9 @@ class QuantScheme:
             bool(_ATTENTION.match(module) or _DENSE.match(module) or _EXPERT.match(module))
         return covered and not any(fnmatch.fnmatchcase(module, p) for p in self.exclude_modules)
 
-    def expected(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, torch.dtype]) -> dict:
-        """name -> (shape, dtype) of the quantized checkpoint, from the BF16 checkpoint's names, shapes and
-        dtypes. A scalar is shape ()."""
-        out = {}
-        for name, shape in shapes.items():
-            module = name.removesuffix(".weight")
-            if not (name.endswith(".weight") and self.quantizes(module)):
-                out[name] = (shape, dtypes[name])
-                continue
-            rows, cols = shape
-            if self.algo == FP8:
-                out[name] = (shape, torch.float8_e4m3fn)
-                out[f"{module}.weight_scale"] = ((rows, 1), torch.float32)
-            else:
-                out[name] = ((rows, cols // 2), torch.uint8)
-                out[f"{module}.weight_scale"] = ((rows, cols // NVFP4_BLOCK), torch.float8_e4m3fn)
-                out[f"{module}.weight_scale_2"] = ((), torch.float32)
-                out[f"{module}.input_scale"] = ((), torch.float32)
-        return out
+
+def read_config(path: str) -> tuple[BeamConfig, QuantScheme | None]:
+    """The model config of a checkpoint folder and its quantization scheme (None: not quantized)."""
+    d = read_config_json(path)
+    quant = d.pop(QUANTIZATION_CONFIG, None)
+    return BeamConfig.from_dict(d), None if quant is None else QuantScheme.from_config(quant)

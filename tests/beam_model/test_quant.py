@@ -13,8 +13,7 @@ from safetensors.torch import save_file
 
 from beam_model.model import BeamForCausalLM
 from beam_model.quant import formats
-from beam_model.quant.checkpoint import read_config
-from beam_model.quant.scheme import QuantConfigError, QuantScheme
+from beam_model.quant.scheme import QuantConfigError, QuantScheme, read_config
 from beam_model.weights import CheckpointError, checkpoint_tensors
 from workbench.cli import main
 

@@ -78,6 +78,9 @@ ALLOWED: dict[str, Entry] = {
     "quack": _public({"autotuner": "timing", "autotune": "timing", "testing": "timing"}, submodules=True),
     "beam_model.functional": Entry(project=True),
     "beam_model.config": Entry(project=True),
+    # quantized weights as the points receive them, and their formats' arithmetic
+    "beam_model.quant.tensors": Entry(project=True),
+    "beam_model.quant.formats": Entry(project=True),
     "workbench.registry": _only("register"),
     # kernels/ and every point package and variant module; the point's own reference is refused apart
     "workbench.variants": Entry(project=True, submodules=True, banned={"inputs": "the harness"}),
@@ -85,8 +88,8 @@ ALLOWED: dict[str, Entry] = {
 SUMMARY = ("math, itertools, functools, operator, dataclasses, typing, enum, collections, torch (nn, "
            "nn.functional, linalg, fft, special, a few torch.cuda queries), triton (jit, cdiv, ...), "
            "triton.language, numpy, flashinfer, cutlass, cutlass.cute, cuda.bindings.driver.CUstream, quack, "
-           "beam_model.functional, beam_model.config, workbench.registry.register, workbench.variants.kernels.* "
-           "and other variants' modules")
+           "beam_model.functional, beam_model.config, beam_model.quant.tensors and .formats, "
+           "workbench.registry.register, workbench.variants.kernels.* and other variants' modules")
 PROJECT = ("workbench", "beam_model", "server")  # this repository's packages, read name by name
 
 # Why a module or name is not on the allowlist (longest prefix wins), for the messages and their rule;

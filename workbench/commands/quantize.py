@@ -48,7 +48,7 @@ def _source_folder(args, cleanup: contextlib.ExitStack) -> str:
 
 
 def _run(args, src: str) -> int:
-    from beam_model.quant.checkpoint import quantize_checkpoint
+    from beam_model.quantized_checkpoint import quantize_checkpoint
 
     started = time.perf_counter()
     scheme = quantize_checkpoint(src, args.dst, args.format)

@@ -83,7 +83,7 @@ def start(args, world: int, device: torch.device, dtype: str):
     import torch.multiprocessing as mp
 
     from beam_model.config import BeamConfig
-    from beam_model.quant.checkpoint import read_config
+    from beam_model.quant.scheme import read_config
     from beam_model.tp import shard_config
 
     config, quant = read_config(args.model) if args.model else (BeamConfig.from_preset(args.preset), None)

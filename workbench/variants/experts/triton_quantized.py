@@ -25,9 +25,6 @@ CONFIGS = [
 def _supports(wl):
     from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use
 
-    # the registry lets every variant take BF16 weights; this one reads only the quantized formats
-    if wl.weights not in FORMATS:
-        return f"experts:triton_quantized reads {'/'.join(FORMATS)} weights, not {wl.weights}"
     if wl.dtype not in ("bf16", "fp16", "fp32"):
         return f"experts:triton_quantized computes in bf16, fp16 or fp32, not {wl.dtype}"
     if wl.tokens * wl.config.num_experts_per_tok > GEMV_MAX_PAIRS:

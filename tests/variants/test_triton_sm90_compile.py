@@ -283,3 +283,41 @@ def test_quantized_experts_configs_do_not_spill_and_convert_e4m3_natively():
     assert len(usage) == 2 * 2 * len(CONFIGS)
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u
+
+
+FP8_GEMV = r"""
+import json
+import importlib
+from workbench.sm90 import compile_sm90, resource_usage
+from workbench.variants.kernels import gemv_fp8
+
+H, Q, F = 5120, 768, 2560  # beam-501b-tp8's rank: hidden, q width, dense ff
+# (point, K, N, SWIGLU) of each launch the point's variant makes
+LAUNCHES = [("qkvg_proj", H, Q, False), ("dense_mlp", H, F, True), ("dense_mlp", F, H, False),
+            ("attn_out", Q, H, False)]
+out = []
+for point, k, n, swiglu in LAUNCHES:
+    for c in importlib.import_module(f"workbench.variants.{point}.triton_fp8").CONFIGS:
+        for rows in (1, gemv_fp8.MAX_ROWS):
+            block_m, block_k = gemv_fp8.tiles(c, rows, k)
+            kernel = compile_sm90(gemv_fp8.fp8_gemv_kernel, dict(
+                x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", w2_ptr="*fp8e4nv", s2_ptr="*fp32", y_ptr="*bf16",
+                M="i32", N="i32", K="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32"), dict(
+                BLOCK_M=block_m, BLOCK_N=c["BLOCK_N"], BLOCK_K=block_k, SWIGLU=swiglu,
+                PDL=True), ints=dict(M=rows, N=n, K=k, stride_xm=k, stride_wn=k, stride_sn=1),
+                num_warps=c["num_warps"], num_stages=c["num_stages"])
+            ptx = kernel.asm["ptx"]
+            out.append(dict(point=point, swiglu=swiglu, rows=rows, config=c, e4m3_cvt="e4m3x2" in ptx,
+                            waits="griddepcontrol.wait" in ptx, **resource_usage(kernel)))
+print(json.dumps(out))
+"""
+
+
+def test_fp8_gemv_configs_do_not_spill_and_convert_e4m3_natively():
+    """Every *:triton_fp8 config, each launch its variant makes, at one row and at MAX_ROWS, with PDL, at the
+    TP8 rank's sizes for sm_90: no spills, the E4M3 weights converted by the hardware's cvt from e4m3x2, not
+    emulated, and a grid dependency wait."""
+    usage = _compiled(FP8_GEMV)
+    assert len(usage) == 4 * 3 * 2
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u

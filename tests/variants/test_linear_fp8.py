@@ -1,0 +1,70 @@
+"""The weight-only FP8 GEMV variants (`kernels/gemv_fp8.py`): qkvg_proj:triton_fp8, dense_mlp:triton_fp8 and
+attn_out:triton_fp8. The op gate at every config (beam-tiny decode of one and of three sequences), the
+workloads they decline, and faults of the scale handling (scales of the wrong rows, scales skipped) rejected by
+the gate. CPU: the kernel runs interpreted (tests/conftest.py); its sm_90 compilation is checked in
+test_triton_sm90_compile.py."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from beam_model.quant.tensors import Fp8Weight  # noqa: E402
+from workbench import gates, registry  # noqa: E402
+from workbench.points import Workload  # noqa: E402
+
+POINTS = ("qkvg_proj", "dense_mlp", "attn_out")
+
+
+def _decode(batch: int, fmt: str = "fp8") -> Workload:
+    return Workload(batch=batch, context=20, weights=fmt)
+
+
+def _cases():
+    for point in POINTS:
+        v = registry.get(point, "triton_fp8")
+        for index in range(len(v.configs)):
+            for batch in (3, 1):  # a case a batch: xdist spreads them
+                yield pytest.param(point, index, batch, id=f"{point}#{index}-b{batch}")
+
+
+@pytest.mark.parametrize("point, index, batch", list(_cases()))
+def test_op_gate_at_every_config(point, index, batch):
+    v = registry.get(point, "triton_fp8")
+    report = gates.op_gate(v, [_decode(batch)], seeds=(0, 1), config=v.configs[index])
+    assert report.passed, report.first_failure()
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_declines_bf16_weights_prefill_sizes_and_non_float_dtypes(point):
+    from workbench.variants.kernels.gemv_fp8 import MAX_ROWS
+
+    v = registry.get(point, "triton_fp8")
+    assert v.unsupported(_decode(1, "bf16"), "cpu") == f"{point}:triton_fp8 reads fp8 weights, not bf16"
+    assert v.unsupported(_decode(MAX_ROWS), "cpu") is None
+    assert "rows" in v.unsupported(_decode(MAX_ROWS + 1), "cpu")
+    assert "int8" in str(v.supports(_decode(1).with_(dtype="int8")))
+
+
+def _wrong_rows(w):
+    return Fp8Weight(w.weight, w.scale.roll(1, dims=0))
+
+
+def _scale_skipped(w):
+    return Fp8Weight(w.weight, torch.ones_like(w.scale))
+
+
+@pytest.mark.parametrize("fault", [_wrong_rows, _scale_skipped])
+@pytest.mark.parametrize("point", ["qkvg_proj", "dense_mlp"])
+def test_planted_scale_fault_is_rejected(point, fault):
+    """The kernel fed each row another row's scale, or no scale (as a kernel that indexed the scales wrong or
+    skipped them would compute): the gate's accuracy check fails."""
+    v = registry.get(point, "triton_fp8")
+
+    def planted_fn(*args):
+        *acts, w = args
+        return v.fn(*acts, {k: fault(t) if isinstance(t, Fp8Weight) else t for k, t in w.items()})
+
+    planted = registry.Variant(point, f"planted{fault.__name__}", "triton", planted_fn, formats=("fp8",))
+    report = gates.op_gate(planted, [_decode(1)], seeds=(0,))
+    assert not report.passed and "accuracy" in {c.name for c in report.failures}, report.first_failure()

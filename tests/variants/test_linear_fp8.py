@@ -1,8 +1,8 @@
 """The weight-only FP8 GEMV variants (`kernels/gemv_fp8.py`): qkvg_proj:triton_fp8, dense_mlp:triton_fp8 and
-attn_out:triton_fp8. The op gate at every config (beam-tiny decode of one and of three sequences), the
-workloads they decline, and faults of the scale handling (scales of the wrong rows, scales skipped) rejected by
-the gate. CPU: the kernel runs interpreted (tests/conftest.py); its sm_90 compilation is checked in
-test_triton_sm90_compile.py."""
+attn_out:triton_fp8. The op gate at every config at beam-tiny decode of three sequences (of one:
+test_every_variant.py), the workloads they decline, and faults of the scale handling (scales of the wrong
+rows, scales skipped) rejected by the gate. CPU: the kernel runs interpreted (tests/conftest.py); its sm_90
+compilation is checked in test_triton_sm90_compile.py."""
 
 import pytest
 import torch
@@ -24,7 +24,7 @@ def _cases():
     for point in POINTS:
         v = registry.get(point, "triton_fp8")
         for index in range(len(v.configs)):
-            for batch in (3, 1):  # a case a batch: xdist spreads them
+            for batch in (3,):  # decode of one: test_every_variant.py gates every config there (LARGER)
                 yield pytest.param(point, index, batch, id=f"{point}#{index}-b{batch}")
 
 

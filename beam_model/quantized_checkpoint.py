@@ -14,8 +14,9 @@ import torch
 from safetensors import safe_open
 
 from beam_model.config import BeamConfig
-from beam_model.quant import formats
-from beam_model.quant.scheme import FP8, QuantScheme, read_config
+from beam_model.quant.layout import stored_parts
+from beam_model.quant.scheme import QuantScheme, read_config
+from beam_model.quant.tensors import quantize
 from beam_model.tokenizer import copy_tokenizer_files
 from beam_model.weights import MAX_SHARD_BYTES, ShardWriter, checked_files, checkpoint_tensors
 
@@ -45,17 +46,9 @@ def quantize_checkpoint(src: str, dst: str, fmt: str, *, max_shard_bytes: int = 
                 t, module = f.get_tensor(name), name.removesuffix(".weight")
                 if not (name.endswith(".weight") and scheme.quantizes(module)):
                     writer.add(name, t)
-                elif scheme.algo == FP8:
-                    weight, scale = formats.quantize_fp8(t)
-                    writer.add(name, weight)
-                    writer.add(f"{module}.weight_scale", scale)
-                else:
-                    weight, scale, scale_2 = formats.quantize_nvfp4(t)
-                    writer.add(name, weight)
-                    writer.add(f"{module}.weight_scale", scale)
-                    writer.add(f"{module}.weight_scale_2", scale_2)
-                    # Read only by kernels that quantize activations to FP4 (none on Hopper); uncalibrated.
-                    writer.add(f"{module}.input_scale", torch.tensor(1.0))
+                    continue
+                for part, stored in stored_parts("weight", quantize(t, scheme.format)).items():
+                    writer.add(f"{module}.{part}", stored)
     writer.close()
     config.save_pretrained(dst, scheme.to_config())
     copy_tokenizer_files(src, dst)

@@ -63,7 +63,7 @@ def quantized_parameters(model: nn.Module) -> tuple[dict[str, tuple[nn.Module, s
 
 def stored_format(owner: nn.Module, attr: str) -> str | None:
     """The format `owner.<attr>` is stored in, or None for the model dtype."""
-    return getattr(owner, _FORMATS_ATTR, {}).get(attr)
+    return owner.__dict__.get(_FORMATS_ATTR, {}).get(attr)
 
 
 def logical_shape(owner: nn.Module, attr: str) -> tuple[int, ...]:
@@ -83,16 +83,20 @@ def stored(owner: nn.Module, attr: str):
     return Nvfp4Weight(getattr(owner, attr), getattr(owner, names["scale"]), getattr(owner, names["scale_2"]))
 
 
+def stored_parts(attr: str, value) -> dict[str, torch.Tensor]:
+    """A QuantizedWeight's tensors under the names a projection stored as `attr` gives them (a checkpoint's
+    module has attr "weight": `weight`, `weight_scale`, ...)."""
+    names = scale_names(attr, value.format)
+    parts = {attr: value.weight, names["scale"]: value.scale}
+    if value.format == "nvfp4":
+        parts[names["scale_2"]] = value.scale_2
+        # Read only by kernels that quantize activations to FP4 (none on Hopper); uncalibrated.
+        parts[names["input_scale"]] = torch.ones_like(value.scale_2)
+    return parts
+
+
 def assign(owner: nn.Module, attr: str, value) -> None:
     """Set a projection's stored tensors from a tensor (model dtype) or a QuantizedWeight of its format."""
-    fmt = stored_format(owner, attr)
-    if fmt is None:
-        setattr(owner, attr, nn.Parameter(value, requires_grad=False))
-        return
-    names = scale_names(attr, fmt)
-    parts = {attr: value.weight, names["scale"]: value.scale}
-    if fmt == "nvfp4":
-        parts[names["scale_2"]] = value.scale_2
-        parts[names["input_scale"]] = torch.ones_like(value.scale_2)  # uncalibrated: no Hopper kernel reads it
+    parts = {attr: value} if stored_format(owner, attr) is None else stored_parts(attr, value)
     for name, t in parts.items():
         setattr(owner, name, nn.Parameter(t, requires_grad=False))

@@ -123,12 +123,10 @@ _ONE_EXPERT = re.compile(r"(" + _L + r"mlp\.experts\.)(\d+)(\.(gate_proj|up_proj
 
 def split_dim(name: str, expert_parallel: bool = False) -> int | None:
     """The dimension along which parameter / checkpoint tensor `name` is split, None if replicated (under
-    expert parallelism an experts stack splits by expert, and one expert's tensor belongs to one rank
-    whole: `expert_owner`)."""
+    expert parallelism an experts stack splits by expert; one expert's checkpoint tensor belongs to one
+    rank whole, as `expert_owner` says)."""
     if expert_parallel and _STACKED_EXPERTS.fullmatch(name):
         return 0
-    if expert_parallel and _ONE_EXPERT.fullmatch(name):
-        return None
     for pattern, dim in _RULES:
         if pattern.fullmatch(name):
             return dim

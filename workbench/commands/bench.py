@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--layer", choices=("sliding", "full"), default="sliding",
                    help="attention kind for attention / qk_prep (default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="model dtype (default: %(default)s)")
-    add_weights_argument(p, what="the point's projections")
+    add_weights_argument(p, what="the point's projections", default="bf16")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--graph", action="store_true", default=None,
                    help="replay CUDA graphs of the call (default on CUDA)")
@@ -75,7 +75,7 @@ def command_line(args, device, graph: bool) -> str:
     parts += ["--preset", args.preset, "--batch", str(args.batch), "--context", str(args.context)]
     if args.prefill:
         parts += ["--prefill", str(args.prefill)]
-    parts += ["--layer", args.layer, "--dtype", args.dtype, "--weights", args.weights or "bf16",
+    parts += ["--layer", args.layer, "--dtype", args.dtype, "--weights", args.weights,
               "--device", str(device), "--graph" if graph else "--no-graph", "--seed", str(args.seed),
               "--warmup", str(args.warmup),
               "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps),
@@ -176,7 +176,7 @@ def run(args) -> int:
     if args.batch < 1 or tokens < 1 or args.context < tokens:
         raise ValueError("need --batch >= 1, --prefill >= 1 and --context >= the prefill tokens")
     workload = Workload(preset=args.preset, batch=args.batch, tokens_per_seq=tokens, context=args.context,
-                        layer=args.layer, dtype=args.dtype, weights=args.weights or "bf16")
+                        layer=args.layer, dtype=args.dtype, weights=args.weights)
     workload.config  # an unknown preset fails here, before any timing
     timing = dict(warmup=args.warmup, min_reps=args.min_reps, max_reps=args.max_reps,
                   target_spread=args.target_spread, max_seconds=args.max_seconds, use_graph=graph)

@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
                    help="only variants of these backends (torch, torch_compile, triton, flashinfer, cute)")
     p.add_argument("--preset", default="beam-tiny", help="shapes of this preset (default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    add_weights_argument(p, what="the points' projections")
+    add_weights_argument(p, what="the points' projections", default="bf16")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 3], metavar="B",
                    help="decode batch sizes (default: 1 3); the first runs at the long context")
     p.add_argument("--context", type=int, nargs=2, default=[1000, 150], metavar=("LONG", "SHORT"),
@@ -49,7 +49,7 @@ def workloads(args) -> list:
     """The default set: long-context decode, short decode at the other batch sizes, one prefill chunk."""
     from workbench.points import Workload
 
-    base = Workload(preset=args.preset, dtype=args.dtype, weights=args.weights or "bf16")
+    base = Workload(preset=args.preset, dtype=args.dtype, weights=args.weights)
     long_ctx, short_ctx = args.context
     out = [base.with_(batch=b, context=long_ctx if i == 0 else short_ctx) for i, b in enumerate(args.batch)]
     b, t, ctx = args.prefill
@@ -83,7 +83,7 @@ def _capture(args, points):
     if args.no_capture or BeamConfig.from_preset(args.preset).num_parameters >= 5e9:
         return {}
     model = BeamForCausalLM.from_preset(args.preset, dtype=dtype_of(args.dtype), device=args.device,
-                                        weights=args.weights or "bf16")
+                                        weights=args.weights)
     b, t = args.prefill[:2] if all(args.prefill[:2]) else (2, 24)  # the prefill's shape: fewer compiles
     ids = torch.randint(0, model.config.vocab_size, (b, t), generator=torch.Generator().manual_seed(0))
     return capture_calls(model, ids.to(args.device), points)

@@ -36,11 +36,12 @@ def add_model_arguments(p, *, default_preset: str = FALLBACK_PRESET, default_dty
     add_weights_argument(p, what="a preset's projections (a checkpoint says its own format)")
 
 
-def add_weights_argument(p, *, what: str) -> None:
-    p.add_argument("--weights", choices=WEIGHT_FORMATS, default=None,
+def add_weights_argument(p, *, what: str, default: str | None = None) -> None:
+    """--weights; `default` None: a lock's where the command takes one (`choose_model`), else bf16."""
+    p.add_argument("--weights", choices=WEIGHT_FORMATS, default=default,
                    help=f"how {what} are stored: bf16 (the model dtype), fp8 (E4M3 per output channel: attention, "
-                        "dense and expert projections) or nvfp4 (the experts, E2M1 in blocks of 16); default: a "
-                        "lock's, else bf16")
+                        "dense and expert projections) or nvfp4 (the experts, E2M1 in blocks of 16); default: "
+                        + (default or "a lock's, else bf16"))
 
 
 def resolve_device(name: str | None) -> torch.device:

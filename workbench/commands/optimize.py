@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    add_weights_argument(p, what="the projections")
+    add_weights_argument(p, what="the projections", default="bf16")
     p.add_argument("--out", default=None, help="run folder (default: runs/optimize-<target>-<preset>[-<weights>])")
     p.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="points to search")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
@@ -87,9 +87,8 @@ def run(args) -> int:
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
     dtype = resolve_dtype(args.dtype, device)
-    weights = args.weights or "bf16"
-    folder = f"runs/optimize-{args.target}-{preset}" + ("" if weights == "bf16" else f"-{weights}")
-    opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device, weights=weights,
+    folder = f"runs/optimize-{args.target}-{preset}" + ("" if args.weights == "bf16" else f"-{args.weights}")
+    opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device, weights=args.weights,
                            out_dir=args.out or folder, seed=args.seed,
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),

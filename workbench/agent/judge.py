@@ -21,8 +21,9 @@
 4. A step time below SUSPECT x the roofline floor or below ABOVE_EMPTY x the empty call's, whichever
    is higher, is flagged suspect (`suspect_floor`): not accepted without `trust`.
 5. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
-   incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band half the
-   ratios' interquartile range, within [MIN_BAND, MAX_BAND].
+   incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band how far
+   the upper end of that median's 95% confidence interval lies above it, at least MIN_BAND and with
+   no upper cap (a noisy timing is no evidence of a speed-up).
 A crash, hang or CUDA error in the worker is a rejection with the reason; never an exception here.
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import secrets
@@ -42,7 +44,7 @@ from workbench.agent import worker
 from workbench.agent.pause import Pause, adopt_orphans
 from workbench.agent.plugins import declared
 from workbench.agent.static_check import check_file
-from workbench.noise import bounded_band
+from workbench.noise import MIN_BAND
 from workbench.run_folder import write_json
 
 SUSPECT = 0.8           # a step time below this fraction of the roofline floor is not believed
@@ -157,7 +159,7 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
         verdict.stage = "recheck"
         verdict.reason = "outputs of timed calls were wrong: " + "; ".join(verdict.recheck["failed"][:3])
         return verdict
-    cand, inc, band = result["candidate_us"], result["incumbent_us"], bounded_band(result["band"])
+    cand, inc, band = result["candidate_us"], result["incumbent_us"], max(MIN_BAND, result["band"])
     empty = result.get("empty_us")
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
                       "floor_us": task.floor_us, "empty_us": empty, "record_us": task.incumbent_record_us,
@@ -331,12 +333,14 @@ def _run_batch(box, name: str, copies: int, pause) -> float:
 
 def paired_ratio(candidate_us: list[float], incumbent_us: list[float]) -> tuple[float, float]:
     """The median of the candidate's time over the incumbent's, round by round (each pair ran back to
-    back, so drift in the machine's speed cancels), and its noise: half the interquartile range."""
-    ratios = [c / i for c, i in zip(candidate_us, incumbent_us) if i > 0]
-    if len(ratios) < 4:
-        return statistics.median(ratios), 0.0
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return statistics.median(ratios), (q3 - q1) / 2
+    back, so drift in the machine's speed cancels), and its noise: how far the upper end of the median's
+    ~95% confidence interval lies above it. The interval is distribution-free (the sign test's: the
+    median lies below the k-th smallest of n ratios with binomial(n, 1/2) odds), since a loaded
+    machine's ratios are neither normal nor symmetric; with few rounds it reaches the largest ratio."""
+    ratios = sorted(c / i for c, i in zip(candidate_us, incumbent_us) if i > 0)
+    median, n = statistics.median(ratios), len(ratios)
+    upper = min(n - 1, math.ceil(n / 2 + 0.98 * math.sqrt(n)))
+    return median, ratios[upper] - median
 
 
 def larger_batch(workload, rng: random.Random):

@@ -150,17 +150,15 @@ def test_suspect_speedups_need_trust():
     assert decide(slow, task).stage == "not_faster"
 
 
-def test_a_noisy_incumbent_timing_does_not_set_the_band():
-    """The incumbent is timed before and after the candidate; on a loaded machine the two were nearly
-    2x apart and a much faster candidate was rejected as "not faster". The band is capped, as the search's."""
-    from workbench.noise import MAX_BAND
-
-    result = {"stage": "done", "candidate_us": 602.0, "incumbent_us": 4540.0, "band": 0.999,
+def test_a_wide_but_faster_interval_is_a_speed_up():
+    """On a loaded machine a much faster candidate's round-by-round ratios spread widely; what counts is
+    whether the upper end of their median's interval (ratio + band) stays below 1, not how wide it is."""
+    result = {"stage": "done", "candidate_us": 602.0, "incumbent_us": 4540.0, "band": 0.5,
               "recheck": {"checked": 4, "failed": []}}
     task = Task("boundary", "x", {"sliding": Workload(dtype="fp32")}, {"sliding": 1}, floor_us=5.0)
     v = decide(result, task)
-    assert v.accepted and v.timing["band"] == MAX_BAND
-    assert decide({**result, "candidate_us": 4540.0 * (1 - MAX_BAND) + 1}, task).stage == "not_faster"
+    assert v.accepted and v.timing["band"] == 0.5
+    assert decide({**result, "band": 0.9}, task).stage == "not_faster"  # the interval reaches past 1
 
 
 # ------------------------------------------------------------------------------ optimize --agent

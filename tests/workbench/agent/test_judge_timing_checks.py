@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from workbench.agent.judge import ABOVE_EMPTY, ALONE_SLOWER, RECORD_SLOWER, Task, decide, judge
+from workbench.agent.judge import ABOVE_EMPTY, ALONE_SLOWER, RECORD_SLOWER, Task, decide, judge, paired_ratio
 from workbench.points import Workload
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,6 +50,20 @@ def test_a_step_time_near_an_empty_calls_is_suspect():
     # The higher of the two floors binds, and the reason names it.
     roofline = decide(_done(candidate_us=12.0, empty_us=10.0), _task(floor_us=40.0))
     assert roofline.stage == "suspect" and "0.30 x the roofline floor" in roofline.reason, roofline.reason
+
+
+def test_a_speed_up_is_believed_only_past_its_confidence_interval():
+    # Twelve rounds on a loaded machine: the median ratio says 1.2x faster, but a third of the rounds
+    # had the candidate slower, so the median's interval reaches past 1 and nothing is accepted.
+    noisy = [0.6, 0.7, 0.75, 0.8, 0.82, 0.83, 0.84, 1.05, 1.1, 1.2, 1.3, 1.4]
+    ratio, noise = paired_ratio(noisy, [1.0] * 12)
+    assert ratio == pytest.approx(0.835) and ratio + noise > 1.0
+    v = decide(_done(candidate_us=100.0 * ratio, band=noise), _task())
+    assert not v.accepted and v.stage == "not_faster" and v.timing["band"] == pytest.approx(noise), v.reason
+    # The same median with every round faster is a speed-up.
+    steady = [0.8, 0.81, 0.82, 0.83, 0.83, 0.835, 0.835, 0.84, 0.84, 0.85, 0.86, 0.9]
+    ratio, noise = paired_ratio(steady, [1.0] * 12)
+    assert ratio + noise < 0.9 and decide(_done(candidate_us=100.0 * ratio, band=noise), _task()).accepted
 
 
 def test_an_incumbent_slower_than_its_record_and_than_alone_is_not_believed():

@@ -255,3 +255,54 @@ QUANT_PLANTED = {
 def quant_planted(name: str) -> Variant:
     point, factory, _, fmt = QUANT_PLANTED[name]
     return Variant(point, f"planted_{name}", "torch", factory(), formats=(fmt,))
+
+
+# ---- faults across tensor-parallel ranks: each gated by the rank gate (workbench/rank_gate.py) ----------
+
+def skips_the_all_reduce():
+    def boundary(y, h, w, *, eps, group=None):  # right on one GPU, where group is None
+        return _ref("boundary")(y, h, w, eps=eps, group=None)
+    return boundary
+
+
+def reduces_in_place():
+    def boundary(y, h, w, *, eps, group=None):  # sums into the sub-layer's output, which the contract keeps
+        if group is not None:
+            torch.distributed.all_reduce(y, group=group)
+        return _ref("boundary")(y, h, w, eps=eps, group=None)
+    return boundary
+
+
+def own_partial_first():
+    def boundary(y, h, w, *, eps, group=None):  # a one-shot all-reduce adding the peers' partials from its own
+        if group is not None:
+            parts = [torch.empty_like(y) for _ in range(torch.distributed.get_world_size(group))]
+            torch.distributed.all_gather(parts, y.contiguous(), group=group)
+            me = torch.distributed.get_rank(group)
+            y = parts[me].clone()
+            for i in range(1, len(parts)):
+                y += parts[(me + i) % len(parts)]  # three or more bf16 addends: the order changes the rounding
+        return _ref("boundary")(y, h, w, eps=eps, group=None)
+    return boundary
+
+
+def rank0_reduces_alone():
+    def boundary(y, h, w, *, eps, group=None):  # the other ranks never join rank 0's all-reduce
+        if group is not None and torch.distributed.get_rank(group) != 0:
+            group = None
+        return _ref("boundary")(y, h, w, eps=eps, group=group)
+    return boundary
+
+
+# name -> (factory, the rank gate's check that must fail, ranks it takes to show)
+RANK_PLANTED = {
+    "skips_the_all_reduce": (skips_the_all_reduce, "accuracy", 2),
+    "reduces_in_place": (reduces_in_place, "inputs unchanged", 2),
+    "own_partial_first": (own_partial_first, "ranks agree", 3),
+    "rank0_reduces_alone": (rank0_reduces_alone, "runs", 2),
+}
+
+
+def rank_planted(name: str) -> Variant:
+    """A picklable loader for the rank gate's spawned ranks: functools.partial(rank_planted, name)."""
+    return Variant("boundary", f"planted_{name}", "torch", RANK_PLANTED[name][0]())

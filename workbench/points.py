@@ -133,6 +133,9 @@ class PointSpec:
     # Weight format -> the keys of the weights dict that format stores quantized (beam_model.quant.scheme
     # says which checkpoint modules; these are the same projections as this point receives them)
     quantized: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The argument each tensor-parallel rank holds a partial sum of, which the contract all-reduces over
+    # its `group` (workbench/rank_gate.py gates that); None: the point never communicates
+    partial_sum: int | None = None
 
     def make_inputs(self, workload: Workload, device, seed: int) -> Call:
         """The point's inputs at `workload`, its weights stored in the workload's format: drawn in BF16,

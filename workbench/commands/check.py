@@ -2,10 +2,12 @@
 
 `workbench check` gates every variant of every point that can run here; `workbench check route`
 one point's; `workbench check route:triton` (or a bare variant name, on every point) one variant.
-A variant whose backend is missing, that needs CUDA on a CPU run, or whose `supports` declines a
-workload is listed as skipped with the reason, never silently passed; so is a variant quarantined on
-this device (workbench/quarantine.py) unless named as POINT:VARIANT. CI runs `--device cpu` on
-beam-tiny; a GPU run takes the real shapes, e.g. `--device cuda --preset beam-501b-tp8 --batch 1 8 64`.
+Variants of a point that all-reduces (boundary) also pass the rank gate on `--ranks` processes
+(workbench/rank_gate.py). A variant whose backend is missing, that needs CUDA on a CPU run, or whose
+`supports` declines a workload is listed as skipped with the reason, never silently passed; so is a
+variant quarantined on this device (workbench/quarantine.py) unless named as POINT:VARIANT. CI runs
+`--device cpu` on beam-tiny; a GPU run takes the real shapes, e.g. `--device cuda --preset
+beam-501b-tp8 --batch 1 8 64`.
 This command only reports: it never edits a lock file or the registry.
 """
 
@@ -35,6 +37,9 @@ def add_arguments(p) -> None:
                    help="prefill workload: B sequences of T new tokens, CTX tokens of KV after the step "
                         "(default: 2 24 100; 0 0 0: none)")
     p.add_argument("--seeds", type=int, default=3, help="fresh seeds per workload (default: 3)")
+    p.add_argument("--ranks", type=int, default=2, metavar="N",
+                   help="also gate the variants of points that all-reduce (boundary) on N tensor-parallel "
+                        "ranks, one process each (default: %(default)s; 1: not at all)")
     p.add_argument("--no-capture", action="store_true",
                    help="skip activations captured from a model forward (default: captured on presets < 5B params)")
     p.add_argument("--dir", action="append", metavar="DIR",
@@ -93,6 +98,7 @@ def gate_all(args) -> list[dict]:
     from workbench.gates import op_gate
     from workbench.points import LAYER_DEPENDENT
     from workbench.quarantine import quarantined
+    from workbench.rank_gate import all_reduces, rank_gate, registered
 
     chosen = [v for v in targets(args.target) if not args.backend or v.backend in args.backend]
     if not chosen:
@@ -122,6 +128,11 @@ def gate_all(args) -> list[dict]:
             continue
         t0 = time.perf_counter()
         report = op_gate(v, wanted, device=args.device, seeds=tuple(range(args.seeds)), captured=calls)
+        if args.ranks > 1 and all_reduces(v.point) and wanted:
+            # the first workload and the prefill chunk: one spawn of the ranks per variant
+            ranked = rank_gate(registered(v.point, v.name), [wanted[0]] + wanted[-1:] * (len(wanted) > 1),
+                               world=args.ranks, device=args.device, seeds=tuple(range(min(2, args.seeds))))
+            report.checks += ranked.checks
         rows.append({**row, "status": "pass" if report.passed else "fail", "declined": declined, "report": report,
                      "seconds": round(time.perf_counter() - t0, 2)})
     return rows

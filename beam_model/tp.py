@@ -98,39 +98,80 @@ def shard_config(config: BeamConfig, world_size: int, expert_parallel: bool = Fa
         **{f: getattr(config, f) // world_size for f in fields})
 
 
+def check_shardable(config: BeamConfig, world_size: int, expert_parallel: bool = False, quant=None) -> None:
+    """Raise a ValueError naming what does not divide over `world_size` ranks (in `quant`'s format)."""
+    _shard_layout(config, world_size, torch.bfloat16, expert_parallel, quant)
+
+
+def _shard_layout(full_config: BeamConfig, world_size: int, dtype, expert_parallel: bool, quant) -> BeamForCausalLM:
+    config = shard_config(full_config, world_size, expert_parallel)
+    try:
+        return BeamForCausalLM(config, dtype, quant)
+    except ValueError as e:  # a quantized projection's rank slice that its format cannot store
+        if quant is None:
+            raise
+        raise ValueError(f"a {quant.format} model does not shard over {world_size} ranks: {e}") from e
+
+
 def _rank_model(full_config: BeamConfig, rank: int, world_size: int, dtype, group,
-                expert_parallel: bool) -> BeamForCausalLM:
-    """A meta-device model of one rank's shapes and its `model.tp`; under expert parallelism each MoE
-    layer's stacks hold the rank's E/world_size experts."""
-    model = BeamForCausalLM(shard_config(full_config, world_size, expert_parallel), dtype)
+                expert_parallel: bool, quant=None) -> BeamForCausalLM:
+    """A meta-device model of one rank's shapes (its projections stored as `quant` says) and its
+    `model.tp`; under expert parallelism each MoE layer's stacks hold the rank's E/world_size experts."""
+    model = _shard_layout(full_config, world_size, dtype, expert_parallel, quant)
     experts = None
     if expert_parallel and world_size > 1:
         count = full_config.n_routed_experts // world_size
         experts = (rank * count, count)
         for layer in model.model.layers:
             stack = getattr(layer.mlp, "experts", None)
-            for proj in ("gate_proj", "up_proj", "down_proj") if stack is not None else ():
-                full = getattr(stack, proj)
-                setattr(stack, proj, torch.nn.Parameter(torch.empty(count, *full.shape[1:], device="meta",
+            # every tensor of a stack leads with the expert: codes, scales and per-expert global scales
+            for name, full in list(stack.named_parameters(recurse=False)) if stack is not None else ():
+                setattr(stack, name, torch.nn.Parameter(torch.empty(count, *full.shape[1:], device="meta",
                                                                     dtype=full.dtype), requires_grad=False))
     model.tp = TensorParallel(group, rank, world_size, experts)
     return model
 
 
 _STACKED_EXPERTS = re.compile(_L + r"mlp\.experts\.(gate_proj|up_proj|down_proj)")
-_ONE_EXPERT = re.compile(r"(" + _L + r"mlp\.experts\.)(\d+)(\.(gate_proj|up_proj|down_proj)\.weight)")
+_ONE_EXPERT = re.compile(r"(" + _L + r"mlp\.experts\.)(\d+)(\.(gate_proj|up_proj|down_proj)\."
+                         r"(weight|weight_scale|weight_scale_2|input_scale))")
 
 
-def split_dim(name: str, expert_parallel: bool = False) -> int | None:
+def split_dim(name: str, expert_parallel: bool = False, fmt: str | None = None) -> int | None:
     """The dimension along which parameter / checkpoint tensor `name` is split, None if replicated (under
     expert parallelism an experts stack splits by expert; one expert's checkpoint tensor belongs to one
-    rank whole, as `expert_owner` says)."""
+    rank whole, as `expert_owner` says). A quantized projection's (`fmt`) codes split as its weight would;
+    its scales follow the codes along the dimensions they have: FP8's one scale per output row is whole
+    on a row-parallel rank, NVFP4's per-16-input block scales split with the inputs, and the one global
+    scale of a projection (of each expert in a stack) splits only by expert."""
+    part = _scale_part(name)
+    if part is not None:
+        codes, role = part
+        dim = split_dim(codes, expert_parallel)
+        ndim = 3 if _STACKED_EXPERTS.fullmatch(codes) else 2  # the codes': [E,] out, in
+        if dim is None:
+            return None
+        if role == "scale":
+            return None if fmt == "fp8" and dim == ndim - 1 else dim
+        return dim if dim < ndim - 2 else None
     if expert_parallel and _STACKED_EXPERTS.fullmatch(name):
         return 0
     for pattern, dim in _RULES:
         if pattern.fullmatch(name):
             return dim
     raise KeyError(f"tensor {name!r} has no tensor-parallel rule in beam_model/tp.py")
+
+
+def _scale_part(name: str) -> tuple[str, str] | None:
+    """(name of the codes, role) of a quantized projection's scale tensor (beam_model/quant/layout.py
+    names them: a Linear's `weight_scale`, `weight_scale_2`, `input_scale`; an experts stack's
+    `<proj>_scale`, `<proj>_scale_2`, `<proj>_input_scale`); None for any other tensor."""
+    if name.endswith(".input_scale"):
+        return name[:-len("input_scale")] + "weight", "input_scale"
+    for suffix, role in (("_input_scale", "input_scale"), ("_scale_2", "scale_2"), ("_scale", "scale")):
+        if name.endswith(suffix):
+            return name[:-len(suffix)], role
+    return None
 
 
 def expert_owner(name: str, n_experts: int, world_size: int) -> tuple[int, str] | None:
@@ -145,9 +186,9 @@ def expert_owner(name: str, n_experts: int, world_size: int) -> tuple[int, str] 
 
 
 def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int,
-                 expert_parallel: bool = False) -> torch.Tensor:
+                 expert_parallel: bool = False, fmt: str | None = None) -> torch.Tensor:
     """This rank's slice of a full tensor (a view; the whole tensor when replicated)."""
-    dim = split_dim(name, expert_parallel)
+    dim = split_dim(name, expert_parallel, fmt)
     if dim is None or world_size == 1:
         return tensor
     size = tensor.shape[dim]
@@ -241,15 +282,16 @@ def shard_model(full_model: BeamForCausalLM, rank: int, world_size: int, group=N
     variant selection. `group` None means the default group when world_size > 1."""
     from beam_model.weights import _set_param
 
-    if full_model.quant is not None:
-        raise ValueError(f"tensor parallelism shards BF16 models; this one's weights are {full_model.weights}")
-    model = _rank_model(full_model.config, rank, world_size, full_model.dtype, group, expert_parallel)
+    model = _rank_model(full_model.config, rank, world_size, full_model.dtype, group, expert_parallel,
+                        full_model.quant)
+    fmt = full_model.quant.format if full_model.quant is not None else None
     full = dict(full_model.named_parameters())
     for name, p in list(model.named_parameters()):
         src = full[name]
         if src.is_meta:
             raise ValueError(f"full model parameter {name} is not materialised (meta device)")
-        t = shard_tensor(name, src, rank, world_size, expert_parallel).clone(memory_format=torch.contiguous_format)
+        t = shard_tensor(name, src, rank, world_size, expert_parallel, fmt).clone(
+            memory_format=torch.contiguous_format)
         if t.shape != p.shape:
             raise ValueError(f"{name}: slice has shape {list(t.shape)}, the shard expects {list(p.shape)}")
         _set_param(model, name, t)
@@ -269,16 +311,16 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     from safetensors import safe_open
 
     from beam_model.quant.scheme import read_config
-    from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize
+    from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize, stored_dtypes
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     full_config, quant = read_config(path)
-    if quant is not None:
-        raise ValueError(f"tensor parallelism shards BF16 checkpoints; {path} is {quant.format}")
-    model = _rank_model(full_config, rank, world_size, dtype, group, expert_parallel)
+    fmt = quant.format if quant is not None else None
+    model = _rank_model(full_config, rank, world_size, dtype, group, expert_parallel, quant)
 
-    expected = {n: tuple(t.shape) for n, t in checkpoint_tensors(BeamForCausalLM(full_config, dtype)).items()}
-    files = checked_files(path, expected)
+    full = checkpoint_tensors(BeamForCausalLM(full_config, dtype, quant))
+    expected = {n: tuple(t.shape) for n, t in full.items()}
+    files = checked_files(path, expected, stored_dtypes(full), f"{fmt} checkpoint" if fmt else "checkpoint")
     params = materialize(model, device)
     for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device="cpu") as f:
@@ -288,7 +330,7 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
                     if owner[0] == rank:
                         _target(params, owner[1]).copy_(f.get_tensor(name))
                     continue
-                dim = split_dim(name, expert_parallel)
+                dim = split_dim(name, expert_parallel, fmt)
                 if dim is None or world_size == 1:
                     t = f.get_tensor(name)
                 else:

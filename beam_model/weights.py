@@ -242,16 +242,20 @@ def load_checkpoint(model, path: str, *, device=None) -> None:
     """Fill a meta-device model from a checkpoint folder, after checking every name and shape."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     tensors = checkpoint_tensors(model)
-    # a quantized projection's codes and scales are read as they are: their dtypes must be the format's
-    stored = {n: t.dtype for n, t in tensors.items() if t.dtype in (torch.float8_e4m3fn, torch.uint8)
-              or n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))}
-    files = checked_files(path, {n: tuple(t.shape) for n, t in tensors.items()}, stored,
+    files = checked_files(path, {n: tuple(t.shape) for n, t in tensors.items()}, stored_dtypes(tensors),
                           f"{model.weights} checkpoint" if model.quant is not None else "checkpoint")
     params = materialize(model, device)
     for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device=str(device)) as f:
             for name in names:
                 _target(params, name).copy_(f.get_tensor(name))
+
+
+def stored_dtypes(tensors: dict[str, torch.Tensor]) -> dict[str, torch.dtype]:
+    """The dtypes a checkpoint must hold exactly: a quantized projection's codes and scales, which are
+    read as they are (every other tensor is cast to the model dtype)."""
+    return {n: t.dtype for n, t in tensors.items() if t.dtype in (torch.float8_e4m3fn, torch.uint8)
+            or n.endswith((".weight_scale", ".weight_scale_2", ".input_scale"))}
 
 
 def _target(params: dict[str, torch.nn.Parameter], name: str) -> torch.Tensor:

@@ -28,8 +28,8 @@ def _inputs():
     return forward_ids, prompts, decode_ids
 
 
-def _full_model():
-    return BeamForCausalLM.from_preset("beam-tiny", seed=0, dtype=torch.float32)
+def _full_model(weights="bf16"):
+    return BeamForCausalLM.from_preset("beam-tiny", seed=0, dtype=torch.float32, weights=weights)
 
 
 @torch.inference_mode()
@@ -48,12 +48,12 @@ def _prefill_decode(model, prompts, decode_ids):
     return torch.stack(out)
 
 
-def _worker(rank, world, init_file, out_dir, ckpt, expert_parallel=False):
+def _worker(rank, world, init_file, out_dir, ckpt, expert_parallel=False, weights="bf16"):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         forward_ids, prompts, decode_ids = _inputs()
-        full = _full_model()
+        full = _full_model(weights)
         model = shard_model(full, rank, world, dist.group.WORLD, expert_parallel=expert_parallel)
         del full
         loaded = load_shard(ckpt, rank, world, dist.group.WORLD, dtype=torch.float32, expert_parallel=expert_parallel)
@@ -73,12 +73,12 @@ def _rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _run_ranks(tmp_path, expert_parallel):
+def _run_ranks(tmp_path, expert_parallel, weights="bf16"):
     """Each rank's results (forward, prefill + decode logits, parameter shapes), and the full model."""
-    full = _full_model()
+    full = _full_model(weights)
     ckpt = tmp_path / "ckpt"
     full.save_pretrained(str(ckpt))
-    mp.spawn(_worker, args=(WORLD, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt), expert_parallel),
+    mp.spawn(_worker, args=(WORLD, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt), expert_parallel, weights),
              nprocs=WORLD, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)], full
 
@@ -183,3 +183,35 @@ def test_every_parameter_has_a_rule():
         split_dim(name)
     with pytest.raises(KeyError):
         split_dim("model.layers.0.self_attn.new_thing")
+
+
+@pytest.mark.parametrize("weights,expert_parallel", [("fp8", False), ("nvfp4", False), ("nvfp4", True)])
+def test_quantized_ranks_match_unsharded(tmp_path, weights, expert_parallel):
+    """A quantized model's ranks, sharded from the model and loaded from its checkpoint (each rank reading
+    its own slices of the codes and scales), against the unsharded quantized model."""
+    results, full = _run_ranks(tmp_path, expert_parallel, weights)
+    _check_against_full(results, full)
+    shapes, c = results[0]["shapes"], full.config
+    experts = c.n_routed_experts // 2 if expert_parallel else c.n_routed_experts
+    if weights == "fp8":  # one scale per output row: split with the rows, whole on a row-parallel rank
+        assert shapes["model.layers.0.self_attn.q_proj.weight_scale"] == (c.q_width // 2, 1)
+        assert shapes["model.layers.0.self_attn.o_proj.weight_scale"] == (c.hidden_size, 1)
+        assert shapes["model.layers.6.mlp.experts.down_proj_scale"] == (experts, c.hidden_size, 1)
+    else:  # two codes a byte, a scale per 16 inputs, one global scale per expert
+        ff = c.moe_intermediate_size if expert_parallel else c.moe_intermediate_size // 2
+        assert shapes["model.layers.6.mlp.experts.down_proj"] == (experts, c.hidden_size, ff // 2)
+        assert shapes["model.layers.6.mlp.experts.down_proj_scale"] == (experts, c.hidden_size, ff // 16)
+        assert shapes["model.layers.6.mlp.experts.down_proj_scale_2"] == (experts,)
+        assert shapes["model.layers.0.self_attn.q_proj.weight"] == (c.q_width // 2, c.hidden_size)  # not quantized
+
+
+def test_a_quantized_slice_its_format_cannot_store_is_refused():
+    from beam_model.quant.scheme import QuantScheme
+    from beam_model.tp import check_shardable
+
+    config = dataclasses.replace(BeamConfig.from_preset("beam-tiny"), moe_intermediate_size=48)
+    nvfp4 = QuantScheme.for_format("nvfp4")
+    with pytest.raises(ValueError, match="nvfp4 model does not shard over 2 ranks.*multiple of 16, got 24"):
+        check_shardable(config, 2, quant=nvfp4)  # each rank's down projection reads 24 inputs
+    check_shardable(config, 2, expert_parallel=True, quant=nvfp4)  # whole experts: 48 inputs
+    check_shardable(config, 2, quant=QuantScheme.for_format("fp8"))  # FP8 scales rows, not input blocks

@@ -120,6 +120,20 @@ def test_expert_parallel_ranks_serve_the_single_process_engines_completions():
         assert srv.stop() in (0, -signal.SIGTERM), srv.log()
 
 
+def test_ranks_serve_a_quantized_model():
+    """`--tp 2 --weights fp8`: each rank reads its slices of the FP8 codes and their per-row scales; greedy
+    text is the single process's on the same FP8 model."""
+    srv = ServerProcess("--tp", "2", "--weights", "fp8", scripted=False, num_pages=64)
+    try:
+        tok = ByteTokenizer()
+        model = BeamForCausalLM.from_preset(MODEL, dtype=torch.float32, seed=0, weights="fp8")
+        expected = Engine(model, tok, num_pages=64).generate([tok.encode(p) for p in PROMPTS[:1]],
+                                                             SamplingParams(max_tokens=8, temperature=0.0))
+        assert _greedy(srv.client(), PROMPTS[0]).choices[0].text == tok.decode(expected[0])
+    finally:
+        assert srv.stop() in (0, -signal.SIGTERM), srv.log()
+
+
 def test_expert_parallelism_needs_ranks(capsys):
     from workbench.cli import main
 

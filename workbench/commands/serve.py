@@ -107,8 +107,6 @@ def run(args) -> int:
         raise ValueError(f"--tp must be at least 1, got {args.tp}")
     if args.ep and args.tp < 2:
         raise ValueError("--ep splits the experts over the --tp ranks: give --tp 2 or more")
-    if args.tp > 1 and (args.weights or "bf16") != "bf16":
-        raise ValueError(f"--tp {args.tp} shards BF16 weights only; --weights {args.weights} runs on one rank")
     ranks = _Ranks(args, device) if args.tp > 1 else None
     model = ranks.model if ranks else load_model(args)
     if lock is not None:

@@ -31,6 +31,7 @@ class RankSpec:
     seed: int
     dtype: str
     expert_parallel: bool = False  # the MoE layers split by whole experts (beam_model/tp.py)
+    weights: str = "bf16"  # a preset's stored format (a checkpoint's config.json says its own)
 
 
 def device_for(spec: RankSpec, rank: int) -> torch.device:
@@ -57,7 +58,7 @@ def load_rank_model(spec: RankSpec, rank: int):
     if spec.model:
         return load_shard(spec.model, rank, spec.world, dist.group.WORLD, dtype=dtype, device=device,
                           expert_parallel=spec.expert_parallel)
-    full = BeamForCausalLM.from_preset(spec.preset, seed=spec.seed, dtype=dtype, device=device)
+    full = BeamForCausalLM.from_preset(spec.preset, seed=spec.seed, dtype=dtype, device=device, weights=spec.weights)
     return shard_model(full, rank, spec.world, dist.group.WORLD, expert_parallel=spec.expert_parallel)
 
 
@@ -83,17 +84,21 @@ def start(args, world: int, device: torch.device, dtype: str):
     import torch.multiprocessing as mp
 
     from beam_model.config import BeamConfig
-    from beam_model.quant.scheme import read_config
-    from beam_model.tp import shard_config
+    from beam_model.quant.scheme import QuantScheme, read_config
+    from beam_model.tp import check_shardable
 
-    config, quant = read_config(args.model) if args.model else (BeamConfig.from_preset(args.preset), None)
-    if quant is not None:
-        raise ValueError(f"{args.model} is {quant.format}; --tp shards BF16 checkpoints and presets only")
-    shard_config(config, world, args.ep)  # divides?
+    weights = args.weights or "bf16"
+    if args.model:
+        config, quant = read_config(args.model)
+    else:
+        config = BeamConfig.from_preset(args.preset)
+        quant = None if weights == "bf16" else QuantScheme.for_format(weights)
+    check_shardable(config, world, args.ep, quant)
     if device.type == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"--tp {world} needs {world} GPUs; {torch.cuda.device_count()} are visible")
     rendezvous = os.path.join(tempfile.mkdtemp(prefix="beam-tp-"), "rendezvous")
-    spec = RankSpec(world, f"file://{rendezvous}", device.type, args.model, args.preset, args.seed, dtype, args.ep)
+    spec = RankSpec(world, f"file://{rendezvous}", device.type, args.model, args.preset, args.seed, dtype, args.ep,
+                    weights)
     ctx = mp.get_context("spawn")
     procs = {}
     for rank in range(1, world):

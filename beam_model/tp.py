@@ -23,6 +23,9 @@ rank's slice is `tensor.chunk(world_size, dim)[rank]`):
   partial combines. Attention, the dense layers, the embedding and the head stay tensor-parallel.
 - embedding and lm_head: the rows of this rank's vocabulary block [rank*V/W, (rank+1)*V/W).
 - every norm (layer norms, final norm) is replicated.
+- a quantized projection (FP8 or NVFP4, beam_model/quant) splits its codes as its weight would, and its
+  scales along the dimensions they have (`split_dim`); NVFP4's block scales need each rank's slice of
+  the inputs to hold whole 16-element blocks (`check_shardable` says where not).
 The KV cache needs nothing special: built from the shard's config it holds this rank's kv heads.
 
 What it never does: it never initialises or destroys process groups (the caller does, and passes

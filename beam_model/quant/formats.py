@@ -58,10 +58,13 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
-    """4-bit codes -> FP32 values."""
-    grid = torch.tensor(E2M1_VALUES, device=codes.device)
-    c = codes.to(torch.int64)
-    return torch.where(c & 8 > 0, -1.0, 1.0) * grid[c & 7]
+    """4-bit codes -> FP32 values (E2M1_VALUES), computed from the code's bits rather than looked up: a
+    table would be copied from the host on every call, which a CUDA graph cannot capture."""
+    c = codes.to(torch.int32)
+    exponent, mantissa = (c >> 1) & 3, (c & 1).to(torch.float32)
+    normal = torch.exp2((exponent - 1).to(torch.float32)) * (1 + 0.5 * mantissa)
+    magnitude = torch.where(exponent == 0, 0.5 * mantissa, normal)
+    return torch.where(c & 8 > 0, -magnitude, magnitude)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,11 @@ def test_e2m1_rounds_to_nearest_ties_to_even_and_saturates(x, value):
     assert code.item() != 8  # no negative zero
 
 
+def test_every_e2m1_code_decodes_to_its_value():
+    codes = torch.arange(16, dtype=torch.uint8)
+    assert formats.e2m1_values(codes).tolist() == E2M1 + [-v for v in E2M1]
+
+
 def test_the_even_input_sits_in_the_low_nibble():
     codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
     packed = formats.pack_nibbles(codes)
@@ -307,19 +312,6 @@ def test_a_variant_that_reads_only_bf16_is_refused_on_a_quantized_model():
     with pytest.raises(ValueError, match="the model's weights are fp8; qkvg_proj:packed reads bf16 weights"):
         model.set_variants({"qkvg_proj": "packed"})
     BeamForCausalLM.from_preset("beam-tiny", weights="nvfp4").set_variants({"qkvg_proj": "packed"})  # BF16 there
-
-
-def test_tensor_parallelism_refuses_quantized_weights_by_name(tmp_path, capsys):
-    from beam_model.tp import load_shard, shard_model
-
-    model = BeamForCausalLM.from_preset("beam-tiny", weights="nvfp4")
-    with pytest.raises(ValueError, match="shards BF16 models; this one's weights are nvfp4"):
-        shard_model(model, 0, 2)
-    model.save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="is nvfp4"):
-        load_shard(str(tmp_path), 0, 2)
-    assert main(["serve", "--preset", "beam-tiny", "--weights", "fp8", "--tp", "2", "--device", "cpu"]) == 2
-    assert "--tp 2 shards BF16 weights only" in capsys.readouterr().err
 
 
 def test_serve_refuses_a_lock_made_on_other_weights():

@@ -65,6 +65,7 @@ def test_planted_scale_fault_is_rejected(point, fault):
         *acts, w = args
         return v.fn(*acts, {k: fault(t) if isinstance(t, Fp8Weight) else t for k, t in w.items()})
 
-    planted = registry.Variant(point, f"planted{fault.__name__}", "triton", planted_fn, formats=("fp8",))
+    planted = registry.Variant(point, f"planted{fault.__name__}", "triton", planted_fn, formats=("fp8",),
+                               prepare=v.prepare)  # qkvg_proj's packs the four weights first
     report = gates.op_gate(planted, [_decode(1)], seeds=(0,))
     assert not report.passed and "accuracy" in {c.name for c in report.failures}, report.first_failure()

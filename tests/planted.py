@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from workbench.registry import Variant, reference
+from workbench.variants.kernels.tensor_parallel import all_reduced
 
 
 def _ref(point):
@@ -306,3 +307,30 @@ RANK_PLANTED = {
 def rank_planted(name: str) -> Variant:
     """A picklable loader for the rank gate's spawned ranks: functools.partial(rank_planted, name)."""
     return Variant("boundary", f"planted_{name}", "torch", RANK_PLANTED[name][0]())
+
+
+# ---- faults only real activations show: gated on calls captured from the trained model on held-out text --
+
+def squares_summed_in_model_dtype():
+    def boundary(y, h, w, *, eps, group=None):  # the post-norm's sum of squares held in y's dtype
+        from beam_model.functional import rms_norm
+
+        y = all_reduced(y, group)
+        squares = (y * y).sum(-1, keepdim=True)  # FP16 saturates to inf past 65504: the row's norm becomes 0
+        post = y.float() * torch.rsqrt(squares.float() / y.shape[-1] + eps) * w["post_norm"].float()
+        a, b = w["residual"][0], w["residual"][1]
+        h_new = (a * h.float() + b * post).to(h.dtype)
+        return h_new, None if w["next_norm"] is None else rms_norm(h_new, w["next_norm"], eps).to(h.dtype)
+    return boundary
+
+
+# name -> (point, factory, the check that must catch it, the dtype it shows at). Random inputs (rows of RMS
+# ~1) pass; the trained beam-mini's sub-layer outputs reach rows whose squares sum past FP16's range.
+TEXT_PLANTED = {
+    "squares_summed_in_model_dtype": ("boundary", squares_summed_in_model_dtype, "accuracy", "fp16"),
+}
+
+
+def text_planted(name: str) -> Variant:
+    point, factory, _, _ = TEXT_PLANTED[name]
+    return Variant(point, f"planted_{name}", "torch", factory())

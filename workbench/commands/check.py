@@ -41,7 +41,8 @@ def add_arguments(p) -> None:
                    help="also gate the variants of points that all-reduce (boundary) on N tensor-parallel "
                         "ranks, one process each (default: %(default)s; 1: not at all)")
     p.add_argument("--no-capture", action="store_true",
-                   help="skip activations captured from a model forward (default: captured on presets < 5B params)")
+                   help="skip activations captured from a model forward (default: captured on presets < 5B params; "
+                        "from the trained model on held-out text where it has the preset's config, e.g. beam-mini)")
     p.add_argument("--dir", action="append", metavar="DIR",
                    help="plugin directory of variant modules (repeatable; also $BEAM_WORKBENCH_PLUGINS): "
                         "loaded and run in an isolated worker process")
@@ -78,20 +79,44 @@ def targets(target: str | None) -> list:
     return found
 
 
+# Held-out text the trained model's calls are captured on: windows long enough for its attention to peak
+# and its sub-layer outputs to reach the rows a short prompt does not (FP16 sums of squares past 65504).
+TEXT_WINDOWS = (2, 256)
+
+
 def _capture(args, points):
+    """Calls captured from a model forward (presets under 5B parameters): the embedded trained model on
+    held-out text where it has the preset's config and its weights are BF16 (peaked attention, skewed
+    routing, sub-layer outputs far larger than a random model's), else the preset's random weights on
+    random ids."""
     import torch
 
     from beam_model.config import BeamConfig
     from beam_model.model import BeamForCausalLM
+    from workbench.commands.common import embedded_model
     from workbench.gates import capture_calls
 
-    if args.no_capture or BeamConfig.from_preset(args.preset).num_parameters >= 5e9:
+    config = BeamConfig.from_preset(args.preset)
+    if args.no_capture or config.num_parameters >= 5e9:
         return {}
-    model = BeamForCausalLM.from_preset(args.preset, dtype=dtype_of(args.dtype), device=args.device,
-                                        weights=args.weights)
     b, t = args.prefill[:2] if all(args.prefill[:2]) else (2, 24)  # the prefill's shape: fewer compiles
-    ids = torch.randint(0, model.config.vocab_size, (b, t), generator=torch.Generator().manual_seed(0))
-    return capture_calls(model, ids.to(args.device), points)
+    folder = embedded_model()
+    if folder and args.weights == "bf16" and BeamConfig.from_pretrained(folder).config_hash() == config.config_hash():
+        from beam_model.tokenizer import load_tokenizer
+        from workbench.training.data import held_out_batch
+
+        model = BeamForCausalLM.from_pretrained(folder, dtype=dtype_of(args.dtype), device=args.device)
+        ids, source = held_out_batch(load_tokenizer(folder), *TEXT_WINDOWS), "text"
+    else:
+        model = BeamForCausalLM.from_preset(args.preset, dtype=dtype_of(args.dtype), device=args.device,
+                                            weights=args.weights)
+        ids = torch.randint(0, model.config.vocab_size, (b, t), generator=torch.Generator().manual_seed(0))
+        source = "random"
+    captured = capture_calls(model, ids.to(args.device), points)
+    for calls in captured.values():
+        for call in calls:
+            call.label = f"{source} {call.label or call.layer}"
+    return captured
 
 
 def gate_all(args) -> list[dict]:

@@ -55,3 +55,16 @@ def eval_windows(stream: TokenStream, seq_len: int, max_tokens: int | None = Non
     if n < 1:
         raise ValueError(f"the held-out stream has {len(stream)} tokens, fewer than a window of {seq_len + 1}")
     return torch.stack([stream.ids[i * seq_len:(i + 1) * seq_len + 1] for i in range(n)])
+
+
+def held_out_batch(tokenizer, batch: int, tokens: int) -> torch.Tensor:
+    """[batch, tokens] ids of held-out text: the held-out files in order, each followed by the end token
+    (real text a model trained here never saw; the gates capture activations on it)."""
+    from workbench.training.corpus import corpus_files, split
+
+    need, ids = batch * tokens, []
+    for f in split(corpus_files())[1]:
+        ids += tokenizer.encode(f.read(), allow_special=False) + [tokenizer.eos_token_id]
+        if len(ids) >= need:
+            return torch.tensor(ids[:need], dtype=torch.int64).view(batch, tokens)
+    raise ValueError(f"the held-out files hold {len(ids)} tokens, fewer than {batch} x {tokens}")

@@ -15,22 +15,19 @@ their own partial sum and the same other inputs. Checks per case:
 - inputs unchanged: no rank's partial sum written (an in-place all-reduce clobbers the sub-layer's
   output, which the contract keeps).
 
-The variant reaches the ranks as a picklable `load_variant()` (a registered one: `registered(point,
-name)`), since spawned processes import it afresh.
+The variant reaches the ranks (`workbench.multirank`) as a picklable `load_variant()` (a registered one:
+`registered(point, name)`), since spawned processes import it afresh.
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
-import os
-import tempfile
-import time
 
 import torch
 
 from workbench import gates
 from workbench.gates import CheckResult, GateReport
+from workbench.multirank import run_ranks
 from workbench.points import Call, map_leaves, spec
 from workbench.registry import get
 
@@ -68,11 +65,11 @@ def rank_gate(load_variant, workloads, *, world: int = DEFAULT_WORLD, device="cp
                 report.checks.append(CheckResult("inputs", label, False, detail=gates._error_text(e)))
     if not cases:
         return report
-    with tempfile.TemporaryDirectory(prefix="rank-gate-") as folder:
-        ran = _run_ranks(folder, world, device, load_variant, config, [(c[0], c[2], c[3]) for c in cases], timeout_s)
-        for i, (label, wl, call, partials) in enumerate(cases):
-            report.checks += _judge_case(point_spec, [(results[i] if i < len(results) else None, ended)
-                                                      for results, ended in ran.values()], label, wl, call, partials)
+    ranks = run_ranks(_rank_cases, world, device_type=device.type, timeout_s=timeout_s,
+                      args=(load_variant, config, [(c[0], c[2], c[3]) for c in cases]))
+    for i, (label, wl, call, partials) in enumerate(cases):
+        per_rank = [(r.value[i] if r.value is not None else None, r.error) for r in ranks]
+        report.checks += _judge_case(point_spec, per_rank, label, wl, call, partials)
     return report
 
 
@@ -92,80 +89,29 @@ def _with_partial(call: Call, k: int, partial: torch.Tensor) -> Call:
 
 # ------------------------------------------------------------------------------ the ranks
 
-def _run_ranks(folder, world, device, load_variant, config, cases, timeout_s) -> dict:
-    """Spawn the ranks and wait for them (at most `timeout_s`, then stop them). Returns {rank: (results
-    so far, how the rank ended: None if it finished)}; a result is {"outputs", "partial_unchanged"} or {"error"}."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    rendezvous = os.path.join(folder, "rendezvous")
-    procs = [ctx.Process(target=_rank_main, name=f"rank-gate-{r}", daemon=True,
-                         args=(r, world, rendezvous, device.type, load_variant, config, cases, folder, timeout_s))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    ended = {}
-    for r, p in enumerate(procs):
-        if p.is_alive():
-            p.kill()
-            p.join()
-            ended[r] = f"rank {r} did not finish within {timeout_s:g} s (waiting in a collective another rank skipped?)"
-        elif p.exitcode != 0:
-            error = os.path.join(folder, f"rank{r}.error")
-            ended[r] = open(error).read() if os.path.exists(error) else f"rank {r} exited with code {p.exitcode}"
-    out = {}
-    for r in range(world):
-        path = os.path.join(folder, f"rank{r}.pt")
-        results = torch.load(path, weights_only=False) if os.path.exists(path) else []
-        out[r] = (results, ended.get(r))
-    return out
-
-
-def _rank_main(rank, world, rendezvous, device_type, load_variant, config, cases, folder, timeout_s) -> None:
-    try:
-        _rank_cases(rank, world, rendezvous, device_type, load_variant, config, cases, folder, timeout_s)
-    except BaseException as e:  # a start-up failure (the group, loading the variant): the gate names it
-        with open(os.path.join(folder, f"rank{rank}.error"), "w") as f:
-            f.write(gates._error_text(e))
-        raise
-
-
-def _rank_cases(rank, world, rendezvous, device_type, load_variant, config, cases, folder, timeout_s) -> None:
+def _rank_cases(rank, world, device, load_variant, config, cases) -> list[dict]:
+    """On one rank (`workbench.multirank`): every case's outputs, or the error it raised."""
     import torch.distributed as dist
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    on_cuda = device_type == "cuda"
-    nccl = on_cuda and torch.cuda.device_count() >= world
-    device = torch.device("cuda", rank if nccl else 0) if on_cuda else torch.device("cpu")
-    if on_cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if nccl else "gloo", init_method=f"file://{rendezvous}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-    results, path = [], os.path.join(folder, f"rank{rank}.pt")
-    try:
-        variant = load_variant()
-        fn = variant.at(config) if config else variant.fn
-        k = spec(variant.point).partial_sum
-        for _, call, partials in cases:
-            call = map_leaves(_with_partial(call, k, partials[rank]), lambda t: t.to(device))
-            mine = call.args[k].clone()
-            try:
-                weights = variant.prepare_weights(call.args[call.weights_arg]) if call.weights_arg is not None else None
-                c = call.with_weights(weights)
-                with gates._poisoned(), torch.no_grad():
-                    outs = gates._outputs(fn(*c.args, **{**c.kwargs, "group": dist.group.WORLD}))
-                if on_cuda:
-                    torch.cuda.synchronize()
-                results.append({"outputs": [o.cpu() if isinstance(o, torch.Tensor) else o for o in outs],
-                                "partial_unchanged": gates.same_bits(call.args[k], mine)})
-            except Exception as e:  # noqa: BLE001 - the variant's fault, reported per case
-                results.append({"error": gates._error_text(e)})
-            torch.save(results, path)  # after each case: a rank stopped later keeps what it finished
-    finally:
-        dist.destroy_process_group()
+    variant = load_variant()
+    fn = variant.at(config) if config else variant.fn
+    k = spec(variant.point).partial_sum
+    results = []
+    for _, call, partials in cases:
+        call = map_leaves(_with_partial(call, k, partials[rank]), lambda t: t.to(device))
+        mine = call.args[k].clone()
+        try:
+            weights = variant.prepare_weights(call.args[call.weights_arg]) if call.weights_arg is not None else None
+            c = call.with_weights(weights)
+            with gates._poisoned(), torch.no_grad():
+                outs = gates._outputs(fn(*c.args, **{**c.kwargs, "group": dist.group.WORLD}))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            results.append({"outputs": [o.cpu() if isinstance(o, torch.Tensor) else o for o in outs],
+                            "partial_unchanged": gates.same_bits(call.args[k], mine)})
+        except Exception as e:  # noqa: BLE001 - the variant's fault, reported per case
+            results.append({"error": gates._error_text(e)})
+    return results
 
 
 # ------------------------------------------------------------------------------ the verdict
@@ -177,7 +123,7 @@ def _judge_case(point_spec, per_rank, label, wl, call, partials) -> list[CheckRe
     def check(name, passed, error=None, threshold=None, detail=""):
         checks.append(CheckResult(name, label, bool(passed), error, threshold, detail))
 
-    failed = [f"rank {r}: " + (result["error"] if result else ended or "left no result")
+    failed = [f"rank {r}: {result['error']}" if result else ended or f"rank {r} left no result"
               for r, (result, ended) in enumerate(per_rank) if not result or "error" in result]
     if failed:
         check("runs", False, detail="; ".join(failed))

@@ -31,6 +31,12 @@ def add_arguments(p) -> None:
                    help="with --in-step: also stand in for these points together (repeatable)")
     p.add_argument("--in-step-seconds", type=float, default=2.0,
                    help="with --in-step: seconds of samples per step timing (each build is timed twice)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="time the step on N tensor-parallel ranks at once instead (one process each; NCCL with a "
+                        "GPU per rank, else gloo): the preset is one rank's shapes, every boundary all-reduces "
+                        "over the N ranks, and the slowest rank's median counts (tp_step.json; no per-point "
+                        "attribution). --tp 1 runs the all-reduces over a group of one: the NCCL path at TP1")
+    p.add_argument("--reps", type=int, default=None, help="with --tp: timed steps on every rank (default: 50)")
     p.add_argument("--json", action="store_true")
 
 
@@ -61,6 +67,10 @@ def run(args) -> int:
     # As `serve`: a lock whose sources changed would profile other code than it names.
     lock = load_for_serving(args.lock, force=args.force_lock, device=device) if args.lock else None
     weights = args.weights or (lock.model.get("weights", "bf16") if lock else "bf16")
+    if args.tp is not None:
+        return _tp_step(args, preset, name_of(dtype), weights, lock, device)
+    if args.reps is not None:
+        raise ValueError("--reps times a --tp step")
     model = BeamForCausalLM.from_preset(preset, dtype=dtype, device=device, weights=weights)
     if lock:
         model.set_variants(lock.selection, lock.configs)
@@ -111,3 +121,26 @@ def _in_step(args, model, target, lock, profile, device, groups, out) -> dict:
                   graphed=graphed.graph is not None)
     write_json(os.path.join(out, "in_step.json"), result)
     return result
+
+
+def _tp_step(args, preset, dtype, weights, lock, device) -> int:
+    """`--tp N`: the step on N ranks at once (`workbench.tp_step`), written to tp_step.json."""
+    from workbench.tp_step import DEFAULT_REPS, time_tp_step
+
+    if args.in_step:
+        raise ValueError("--in-step attributes one process's step; --tp times the ranks' step as a whole")
+    result = time_tp_step(preset, args.target, args.tp, device_type=device.type, dtype=dtype, weights=weights,
+                          selection=lock.selection if lock else None, configs=lock.configs if lock else None,
+                          reps=args.reps or DEFAULT_REPS)
+    out = args.out or f"runs/profile-{args.target}-{preset}-tp{args.tp}"
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, "tp_step.json"), result)
+    if args.json:
+        print_json(result)
+        return 0
+    for r in result["per_rank"]:
+        print(f"rank {r['rank']}: median {r['median_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f}) "
+              f"over {r['reps']} steps on {r['device']}{', graphed' if r['graph'] else ''}")
+    print(f"{args.target} on {args.tp} ranks of {preset} ({result['backend']}): {result['step_ms']:.3f} ms a step "
+          f"(rank {result['slowest_rank']}, the slowest); wrote {out}/tp_step.json")
+    return 0

@@ -1,0 +1,78 @@
+"""A target step timed on N tensor-parallel ranks at once: what a TP deployment's step costs.
+
+Each rank (`workbench.multirank`: NCCL with a GPU each, else gloo) builds random weights of one rank's
+shapes (the preset is a rank's shapes, as beam-501b-tp8 is one rank of TP8), joins them into the group
+(`beam_model.tp.TensorParallel`), so the vocab-parallel embedding, every boundary's all-reduce and the
+logits' all-gather run for real, binds the build's variants and runs the target step as the server
+does (`targets.StepRunner`: a CUDA graph at decode when the group is NCCL; gloo collectives cannot be
+captured). The ranks time the same number of steps in lockstep, each step between a barrier and a
+device sync; the slowest rank's median is the step's time, since every rank waits for it at the next
+all-reduce. With one rank the boundaries still all-reduce over the group of one: the NCCL path at TP1.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from workbench.multirank import backend_for, run_ranks
+
+DEFAULT_REPS = 50
+DEFAULT_WARMUP = 5
+
+
+def time_tp_step(preset: str, target: str, world: int, *, device_type: str = "cpu", dtype: str = "bf16",
+                 weights: str = "bf16", selection: dict | None = None, configs: dict | None = None,
+                 reps: int = DEFAULT_REPS, warmup: int = DEFAULT_WARMUP, seed: int = 0,
+                 timeout_s: float = 600.0) -> dict:
+    """Each rank's step timing and the step's (the slowest rank's median). Raises a RuntimeError naming
+    every rank that failed."""
+    if world < 1 or reps < 1:
+        raise ValueError(f"a TP step needs at least one rank and one timed step, got {world} ranks, {reps} reps")
+    ranks = run_ranks(_rank_step, world, device_type=device_type, timeout_s=timeout_s,
+                      args=(preset, target, dtype, weights, selection, configs, reps, warmup, seed))
+    failed = [r.error for r in ranks if r.error]
+    if failed:
+        raise RuntimeError("the TP step failed: " + "; ".join(failed))
+    per_rank = [r.value for r in ranks]
+    slowest = max(range(world), key=lambda r: per_rank[r]["median_ms"])
+    return {"preset": preset, "target": target, "world": world, "backend": backend_for(device_type, world),
+            "dtype": dtype, "weights": weights, "variants": selection or {}, "reps": reps,
+            "step_ms": per_rank[slowest]["median_ms"], "slowest_rank": slowest, "per_rank": per_rank}
+
+
+def _rank_step(rank, world, device, preset, target, dtype, weights, selection, configs, reps, warmup, seed) -> dict:
+    import torch.distributed as dist
+
+    from beam_model.model import BeamForCausalLM
+    from beam_model.tp import TensorParallel
+    from workbench.dtypes import dtype_of
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset(preset, seed=seed + rank, dtype=dtype_of(dtype), device=device,
+                                        weights=weights)
+    model.tp = TensorParallel(dist.group.WORLD, rank, world)
+    model.set_variants(selection, configs)
+    graphed = device.type == "cuda" and dist.get_backend() == "nccl"
+    runner = StepRunner(model, for_device(get_target(target), device), seed=seed,  # one seed: the same ids
+                        use_graph=graphed and get_target(target).decode)
+    times = []
+    for i in range(warmup + reps):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        runner()
+        _sync(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
+    return {"rank": rank, "median_ms": statistics.median(times), "p10_ms": q[0], "p90_ms": q[-1], "reps": reps,
+            "graph": runner.graph is not None, "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda" else "cpu"}
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

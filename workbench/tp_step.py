@@ -7,7 +7,9 @@ logits' all-gather run for real, binds the build's variants and runs the target 
 does (`targets.StepRunner`: a CUDA graph at decode when the group is NCCL; gloo collectives cannot be
 captured). The ranks time the same number of steps in lockstep, each step between a barrier and a
 device sync; the slowest rank's median is the step's time, since every rank waits for it at the next
-all-reduce. With one rank the boundaries still all-reduce over the group of one: the NCCL path at TP1.
+all-reduce. With one rank the boundaries still all-reduce over the group of one (the NCCL path at TP1),
+and the same step without a group alternates with it: `alone` and the round-by-round `paired_ratio`
+(group over alone) say what the path costs.
 """
 
 from __future__ import annotations
@@ -53,24 +55,39 @@ def _rank_step(rank, world, device, preset, target, dtype, weights, selection, c
 
     model = BeamForCausalLM.from_preset(preset, seed=seed + rank, dtype=dtype_of(dtype), device=device,
                                         weights=weights)
-    model.tp = TensorParallel(dist.group.WORLD, rank, world)
     model.set_variants(selection, configs)
-    graphed = device.type == "cuda" and dist.get_backend() == "nccl"
-    runner = StepRunner(model, for_device(get_target(target), device), seed=seed,  # one seed: the same ids
-                        use_graph=graphed and get_target(target).decode)
-    times = []
+    use_graph = device.type == "cuda" and dist.get_backend() == "nccl" and get_target(target).decode
+    step = for_device(get_target(target), device)
+    # With one rank the same step without a group runs beside it, alternating: what the all-reduces cost
+    parallel = {"group": TensorParallel(dist.group.WORLD, rank, world)}
+    if world == 1:
+        parallel["alone"] = TensorParallel(None, 0, 1)
+    runners = {}
+    for name, tp in parallel.items():  # one seed: every rank steps the same ids
+        model.tp = tp
+        runners[name] = StepRunner(model, step, seed=seed, use_graph=use_graph)
+    times = {name: [] for name in runners}
     for i in range(warmup + reps):
-        _sync(device)
-        dist.barrier()
-        start = time.perf_counter()
-        runner()
-        _sync(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
+        for name, runner in runners.items():
+            model.tp = parallel[name]  # an eager step reads it as it runs; a graph captured it
+            _sync(device)
+            dist.barrier()
+            start = time.perf_counter()
+            runner()
+            _sync(device)
+            if i >= warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    out = {"rank": rank, **_summary(times["group"]), "reps": reps, "graph": runners["group"].graph is not None,
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    if "alone" in times:
+        out["alone"] = _summary(times["alone"])
+        out["paired_ratio"] = statistics.median(g / a for g, a in zip(times["group"], times["alone"]))
+    return out
+
+
+def _summary(times: list[float]) -> dict:
     q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
-    return {"rank": rank, "median_ms": statistics.median(times), "p10_ms": q[0], "p90_ms": q[-1], "reps": reps,
-            "graph": runner.graph is not None, "device": torch.cuda.get_device_name(device)
-            if device.type == "cuda" else "cpu"}
+    return {"median_ms": statistics.median(times), "p10_ms": q[0], "p90_ms": q[-1]}
 
 
 def _sync(device) -> None:

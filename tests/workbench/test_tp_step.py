@@ -19,6 +19,8 @@ def test_the_step_is_timed_on_every_rank(tmp_path, world, capsys):
     assert all(r["reps"] == 3 and r["median_ms"] > 0 and not r["graph"] for r in result["per_rank"])
     assert result["step_ms"] == max(r["median_ms"] for r in result["per_rank"])
     assert result["per_rank"][result["slowest_rank"]]["median_ms"] == result["step_ms"]
+    alone = result["per_rank"][0].get("alone")  # one rank: the step without a group times beside it
+    assert (alone is not None and alone["median_ms"] > 0 and result["per_rank"][0]["paired_ratio"] > 0) == (world == 1)
 
 
 def test_a_rank_that_fails_is_named():

@@ -141,6 +141,9 @@ def _tp_step(args, preset, dtype, weights, lock, device) -> int:
     for r in result["per_rank"]:
         print(f"rank {r['rank']}: median {r['median_ms']:.3f} ms (p10 {r['p10_ms']:.3f}, p90 {r['p90_ms']:.3f}) "
               f"over {r['reps']} steps on {r['device']}{', graphed' if r['graph'] else ''}")
+        if "alone" in r:
+            print(f"  without a group, alternating with it: median {r['alone']['median_ms']:.3f} ms; "
+                  f"with / without, round by round: {r['paired_ratio']:.3f}")
     print(f"{args.target} on {args.tp} ranks of {preset} ({result['backend']}): {result['step_ms']:.3f} ms a step "
           f"(rank {result['slowest_rank']}, the slowest); wrote {out}/tp_step.json")
     return 0

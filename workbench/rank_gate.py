@@ -29,15 +29,26 @@ from workbench import gates
 from workbench.gates import CheckResult, GateReport
 from workbench.multirank import run_ranks
 from workbench.points import Call, map_leaves, spec
-from workbench.registry import get
+from workbench.registry import get, variants
 
 DEFAULT_WORLD = 2
 DEFAULT_TIMEOUT_S = 120.0  # the ranks' start-up (each imports torch) and every case
 
 
 def registered(point: str, name: str):
-    """A picklable loader of a registered variant, for `rank_gate`."""
-    return functools.partial(get, point, name)
+    """A picklable loader of a registered variant, for `rank_gate`: a plugin variant's ranks load its file
+    first (the process that asks already runs plugin code: an isolated worker)."""
+    from workbench.agent.plugins import plugin_file
+
+    return functools.partial(_load_registered, point, name, plugin_file(get(point, name)))
+
+
+def _load_registered(point: str, name: str, file: str | None):
+    if file and name not in variants(point):  # a spawned rank: a fresh registry
+        from workbench.agent.plugins import load_file
+
+        load_file(file)
+    return get(point, name)
 
 
 def all_reduces(point: str) -> bool:

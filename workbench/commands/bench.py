@@ -8,6 +8,7 @@ there. Never edits variants or lock files.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 from workbench.agent import worker
@@ -62,6 +63,10 @@ def add_arguments(p) -> None:
                         "loaded and run in an isolated worker process")
     add_worker_arguments(p, what="runs plugin variants (--dir)", timeout_s=worker.DEFAULT_TIMEOUT_S,
                          mem_bytes=worker.DEFAULT_MEM_BYTES)
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="time a point that all-reduces (boundary) on N tensor-parallel ranks at once, each its own "
+                        "partial sum (NCCL with a GPU each, graphed; else gloo): per-rank medians, the slowest counts "
+                        "(bench-tp.json with --out); --min-reps timed blocks of calls a rank")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -178,6 +183,8 @@ def run(args) -> int:
     workload = Workload(preset=args.preset, batch=args.batch, tokens_per_seq=tokens, context=args.context,
                         layer=args.layer, dtype=args.dtype, weights=args.weights)
     workload.config  # an unknown preset fails here, before any timing
+    if args.tp is not None:
+        return _across_ranks(args, workload, device)
     timing = dict(warmup=args.warmup, min_reps=args.min_reps, max_reps=args.max_reps,
                   target_spread=args.target_spread, max_seconds=args.max_seconds, use_graph=graph)
     command = command_line(args, device, graph)
@@ -213,3 +220,30 @@ def run(args) -> int:
         if args.out:
             print(f"wrote {args.out}/bench.json and {args.out}/report.md")
     return 0 if rows[0]["error"] is None else 1
+
+
+def _across_ranks(args, workload, device) -> int:
+    """`--tp N`: the point on N ranks at once (`workbench.tp_bench`)."""
+    from workbench.run_folder import write_json
+    from workbench.tp_bench import bench_across_ranks
+
+    if args.configs or args.config_json or args.gate or args.kernels:
+        raise ValueError("--tp times each variant at its default config: no --configs, --config, --gate or --kernels")
+    result = bench_across_ranks(args.point, args.variants, workload, args.tp, device_type=device.type,
+                                reps=args.min_reps, seed=args.seed)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        write_json(os.path.join(args.out, "bench-tp.json"), result)
+    if args.json:
+        print_json(result)
+        return 0 if result["rows"][0]["error"] is None else 1
+    print(f"{args.point}  {result['shape']}  on {args.tp} ranks ({result['backend']}"
+          f"{', graphed' if result['rows'][0]['graph'] else ''}): us per call")
+    for row in result["rows"]:
+        if row["error"]:
+            print(f"  {row['variant']:<16} {row['error']}")
+            continue
+        ranks = " ".join(f"{t:.2f}" for t in row["per_rank_us"])
+        print(f"  {row['variant']:<16} slowest {row['median_us']:.2f}  (ranks {ranks})  "
+              f"{row['speedup_vs_reference']:.2f}x the reference")
+    return 0 if result["rows"][0]["error"] is None else 1

@@ -22,8 +22,8 @@
    is higher, is flagged suspect (`suspect_floor`): not accepted without `trust`.
 5. Accepted only if faster than the incumbent beyond the noise band: the candidate's step time is the
    incumbent's times the median of their round-by-round ratios (`paired_ratio`), the band how far
-   the upper end of that median's 95% confidence interval lies above it, at least MIN_BAND and with
-   no upper cap (a noisy timing is no evidence of a speed-up).
+   the upper end of that median's 95% confidence interval lies above it, at least MIN_BAND (CPU_MIN_BAND
+   on the CPU) and with no upper cap (a noisy timing is no evidence of a speed-up).
 A crash, hang or CUDA error in the worker is a rejection with the reason; never an exception here.
 """
 
@@ -59,6 +59,10 @@ ABOVE_EMPTY = 1.5
 # by the candidate four fifths of the time, 6.3-7.9 and 5.0-6.3. A 2x slowdown is within this noise.
 RECORD_SLOWER = 2.5
 ALONE_SLOWER = 2.0
+# The least gain believed on the CPU. Two sandboxes doing the same work on a loaded 2-core machine differ
+# by several percent for a whole judgement, consistently enough to pass the interval test: the red
+# team's clock-patching cheat, which runs the incumbent's own work, was accepted at 1.04x in CI.
+CPU_MIN_BAND = 0.10
 EMPTY = "judge_empty"   # the empty call's variant name, in its own sandbox
 RECHECK_SAMPLES = 2     # candidate outputs re-checked against the reference after each timed round
 COPIES = 8              # input copies a timed round runs, each refilled with fresh values every round
@@ -159,7 +163,8 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
         verdict.stage = "recheck"
         verdict.reason = "outputs of timed calls were wrong: " + "; ".join(verdict.recheck["failed"][:3])
         return verdict
-    cand, inc, band = result["candidate_us"], result["incumbent_us"], max(MIN_BAND, result["band"])
+    least = CPU_MIN_BAND if task.device == "cpu" else MIN_BAND
+    cand, inc, band = result["candidate_us"], result["incumbent_us"], max(least, result["band"])
     empty = result.get("empty_us")
     verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
                       "floor_us": task.floor_us, "empty_us": empty, "record_us": task.incumbent_record_us,

@@ -17,7 +17,16 @@ import sys
 
 import pytest
 
-from workbench.agent.judge import ABOVE_EMPTY, ALONE_SLOWER, RECORD_SLOWER, Task, decide, judge, paired_ratio
+from workbench.agent.judge import (
+    ABOVE_EMPTY,
+    ALONE_SLOWER,
+    CPU_MIN_BAND,
+    RECORD_SLOWER,
+    Task,
+    decide,
+    judge,
+    paired_ratio,
+)
 from workbench.points import Workload
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +73,16 @@ def test_a_speed_up_is_believed_only_past_its_confidence_interval():
     steady = [0.8, 0.81, 0.82, 0.83, 0.83, 0.835, 0.835, 0.84, 0.84, 0.85, 0.86, 0.9]
     ratio, noise = paired_ratio(steady, [1.0] * 12)
     assert ratio + noise < 0.9 and decide(_done(candidate_us=100.0 * ratio, band=noise), _task()).accepted
+
+
+def test_a_few_percent_is_no_speed_up_on_the_cpu():
+    """Two sandboxes doing the same work on a loaded CPU differ by a few percent for a whole judgement:
+    on the CPU a gain is believed only past CPU_MIN_BAND, on a GPU past MIN_BAND."""
+    steady = _done(candidate_us=95.0, band=0.01)  # 1.05x, every round alike
+    v = decide(steady, _task())
+    assert not v.accepted and v.stage == "not_faster" and v.timing["band"] == CPU_MIN_BAND, v.reason
+    assert decide(steady, _task(device="cuda")).accepted
+    assert decide(_done(candidate_us=85.0, band=0.01), _task()).accepted
 
 
 def test_an_incumbent_slower_than_its_record_and_than_alone_is_not_believed():

@@ -8,6 +8,7 @@ interpreter TRITON_INTERPRET must be set before they are defined.
 """
 
 from workbench.registry import register
+from workbench.variants.kernels.moe_decode import decode_supports
 
 FORMATS = ("fp8", "nvfp4")
 
@@ -22,16 +23,6 @@ CONFIGS = [
 ]
 
 
-def _supports(wl):
-    from workbench.variants.kernels.moe import GEMV_MAX_PAIRS  # kernels: imported on use
-
-    if wl.dtype not in ("bf16", "fp16", "fp32"):
-        return f"experts:triton_quantized computes in bf16, fp16 or fp32, not {wl.dtype}"
-    if wl.tokens * wl.config.num_experts_per_tok > GEMV_MAX_PAIRS:
-        return f"a decode GEMV: past {GEMV_MAX_PAIRS} routed pairs each pair re-reads its expert's weights"
-    return True
-
-
 def _at(config=None):
     config = config or CONFIGS[0]
 
@@ -42,5 +33,6 @@ def _at(config=None):
     return experts_triton_quantized
 
 
-register("experts", "triton_quantized", "triton", supports=_supports, configs=CONFIGS, configure=_at, pdl=True,
-         formats=FORMATS)(_at())
+register("experts", "triton_quantized", "triton",
+         supports=decode_supports("triton_quantized", "each pair re-reads its expert's weights (a decode GEMV)"),
+         configs=CONFIGS, configure=_at, pdl=True, formats=FORMATS)(_at())

@@ -63,6 +63,21 @@ def run_ranks(fn, world: int, *, device_type: str = "cpu", args: tuple = (), tim
         return results
 
 
+def lockstep_seconds(run, device) -> float:
+    """Inside a rank: `run()` timed from a barrier every rank passes to the device's idle end, so the
+    ranks time the same work together (a rank ahead would otherwise time its wait for the others)."""
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    start = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
 def _rank_main(fn, rank, world, device_type, args, folder, timeout_s) -> None:
     import torch.distributed as dist
 

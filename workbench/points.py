@@ -150,6 +150,17 @@ class PointSpec:
         return call
 
 
+    def rank_inputs(self, workload: Workload, device, seed: int, rank: int) -> Call:
+        """The inputs tensor-parallel `rank` sees: those of `seed`, its own partial sum (`partial_sum`)
+        drawn from seed + 1000 * rank, so every rank holds the same other inputs."""
+        call = self.make_inputs(workload, device, seed)
+        if rank == 0:
+            return call
+        args = list(call.args)
+        args[self.partial_sum] = self.make_inputs(workload, device, seed + 1000 * rank).args[self.partial_sum]
+        return Call(tuple(args), call.kwargs, call.weights_arg)
+
+
 _SPECS: dict[str, PointSpec] = {}
 
 

@@ -85,11 +85,10 @@ def rank_gate(load_variant, workloads, *, world: int = DEFAULT_WORLD, device="cp
 
 
 def _case(point_spec, wl, seed: int, world: int) -> tuple[Call, list[torch.Tensor]]:
-    """One case's shared inputs (on the CPU) and each rank's partial sum: rank r's drawn from its own seed."""
+    """One case's shared inputs (on the CPU) and each rank's partial sum (`PointSpec.rank_inputs`)."""
     call = point_spec.make_inputs(wl, "cpu", seed)
     k = point_spec.partial_sum
-    partials = [call.args[k]] + [point_spec.make_inputs(wl, "cpu", seed + 1000 * r).args[k] for r in range(1, world)]
-    return call, partials
+    return call, [call.args[k]] + [point_spec.rank_inputs(wl, "cpu", seed, r).args[k] for r in range(1, world)]
 
 
 def _with_partial(call: Call, k: int, partial: torch.Tensor) -> Call:

@@ -12,13 +12,12 @@ its slowest rank's median, since the next all-reduce waits for that rank.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
 from workbench import registry
-from workbench.multirank import backend_for, run_ranks
-from workbench.points import Call, spec
+from workbench.multirank import backend_for, lockstep_seconds, run_ranks
+from workbench.points import spec
 
 DEFAULT_REPS = 50
 DEFAULT_INNER = 20
@@ -60,12 +59,7 @@ def bench_across_ranks(point: str, variant_names: list[str] | None, workload, wo
 def _rank_bench(rank, world, device, point, names, workload, reps, inner, warmup, seed) -> dict:
     import torch.distributed as dist
 
-    point_spec = spec(point)
-    k = point_spec.partial_sum
-    call = point_spec.make_inputs(workload, device, seed)
-    args = list(call.args)
-    args[k] = point_spec.make_inputs(workload, device, seed + 1000 * rank).args[k]  # this rank's partial sum
-    call = Call(tuple(args), call.kwargs, call.weights_arg)
+    call = spec(point).rank_inputs(workload, device, seed, rank)
     graphed = device.type == "cuda" and dist.get_backend() == "nccl"
     out = {}
     for name in names:
@@ -87,8 +81,6 @@ def _rank_bench(rank, world, device, point, names, workload, reps, inner, warmup
 
 
 def _median_us(fn, device, graphed: bool, reps: int, inner: int, warmup: int) -> float:
-    import torch.distributed as dist
-
     def block():
         for _ in range(inner):
             fn()
@@ -104,15 +96,5 @@ def _median_us(fn, device, graphed: bool, reps: int, inner: int, warmup: int) ->
         with torch.cuda.graph(graph):
             block()
         run = graph.replay
-    times = []
-    for i in range(warmup + reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier()
-        start = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e6 / inner)
-    return statistics.median(times)
+    times = [lockstep_seconds(run, device) * 1e6 / inner for _ in range(warmup + reps)]
+    return statistics.median(times[warmup:])

@@ -15,11 +15,11 @@ and the same step without a group alternates with it: `alone` and the round-by-r
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from workbench.multirank import backend_for, run_ranks
+from workbench.multirank import backend_for, lockstep_seconds, run_ranks
+from workbench.timing import summarize
 
 DEFAULT_REPS = 50
 DEFAULT_WARMUP = 5
@@ -70,13 +70,9 @@ def _rank_step(rank, world, device, preset, target, dtype, weights, selection, c
     for i in range(warmup + reps):
         for name, runner in runners.items():
             model.tp = parallel[name]  # an eager step reads it as it runs; a graph captured it
-            _sync(device)
-            dist.barrier()
-            start = time.perf_counter()
-            runner()
-            _sync(device)
+            ms = lockstep_seconds(runner, device) * 1e3
             if i >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
+                times[name].append(ms)
     out = {"rank": rank, **_summary(times["group"]), "reps": reps, "graph": runners["group"].graph is not None,
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     if "alone" in times:
@@ -86,10 +82,5 @@ def _rank_step(rank, world, device, preset, target, dtype, weights, selection, c
 
 
 def _summary(times: list[float]) -> dict:
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
-    return {"median_ms": statistics.median(times), "p10_ms": q[0], "p90_ms": q[-1]}
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    median, p10, p90, _ = summarize(times)
+    return {"median_ms": median, "p10_ms": p10, "p90_ms": p90}

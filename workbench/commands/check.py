@@ -99,7 +99,6 @@ def _capture(args, points):
     config = BeamConfig.from_preset(args.preset)
     if args.no_capture or config.num_parameters >= 5e9:
         return {}
-    b, t = args.prefill[:2] if all(args.prefill[:2]) else (2, 24)  # the prefill's shape: fewer compiles
     folder = embedded_model()
     if folder and args.weights == "bf16" and BeamConfig.from_pretrained(folder).config_hash() == config.config_hash():
         from beam_model.tokenizer import load_tokenizer
@@ -110,6 +109,7 @@ def _capture(args, points):
     else:
         model = BeamForCausalLM.from_preset(args.preset, dtype=dtype_of(args.dtype), device=args.device,
                                             weights=args.weights)
+        b, t = args.prefill[:2] if all(args.prefill[:2]) else (2, 24)  # the prefill's shape: fewer compiles
         ids = torch.randint(0, model.config.vocab_size, (b, t), generator=torch.Generator().manual_seed(0))
         source = "random"
     captured = capture_calls(model, ids.to(args.device), points)

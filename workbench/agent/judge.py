@@ -166,7 +166,8 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
     least = CPU_MIN_BAND if task.device == "cpu" else MIN_BAND
     cand, inc, band = result["candidate_us"], result["incumbent_us"], max(least, result["band"])
     empty = result.get("empty_us")
-    verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band, "speedup": inc / cand,
+    verdict.timing = {"candidate_us": cand, "incumbent_us": inc, "band": band,
+                      "speedup": inc / cand if cand > 0 else math.inf,
                       "floor_us": task.floor_us, "empty_us": empty, "record_us": task.incumbent_record_us,
                       "incumbent_alone_us": result.get("incumbent_alone_us"),
                       "empty_alone_us": result.get("empty_alone_us"), "per_kind": result.get("per_kind")}
@@ -190,7 +191,8 @@ def decide(result: dict | None, task: Task, ran: worker.Exit | None = None, seed
                           f"{inc:.3g} us (band {band:.1%})")
         return verdict
     verdict.accepted, verdict.stage = True, "accepted"
-    verdict.reason = f"{inc / cand:.2f}x faster than {task.incumbent} ({cand:.3g} us vs {inc:.3g} us per step)"
+    verdict.reason = (f"{verdict.timing['speedup']:.2f}x faster than {task.incumbent} ({cand:.3g} us vs "
+                      f"{inc:.3g} us per step)")
     return verdict
 
 
@@ -201,6 +203,8 @@ def suspect_floor(cand_us: float, floor_us: float | None, empty_us: float | None
     floors = [(SUSPECT * floor_us, SUSPECT, "the roofline floor", floor_us)] if floor_us else []
     floors += [(ABOVE_EMPTY * empty_us, ABOVE_EMPTY, "an empty call's time (outputs copied, no work)",
                 empty_us)] if empty_us else []
+    if cand_us <= 0:
+        return "no time at all per step is not believed"
     if not floors:
         return None
     bound, factor, what, us = max(floors)
@@ -259,8 +263,11 @@ def _shared(call):
 def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timing: dict) -> tuple[dict, dict]:
     """Each sandbox's time per call at `workload`, the runs interleaved in a random order per round, on
     COPIES input copies whose activations get fresh values before every round, with a random sample of
-    the candidate's outputs (`boxes["candidate"]`) re-checked against the reference after each round.
-    Returns ({name: {"median_us", "rounds", "copies"}}, {"checked", "failed"})."""
+    the candidate's outputs (`boxes["candidate"]`) re-checked against the reference after each round,
+    less what the timing path costs: the least of the empty round trips the trusted boxes make before
+    each of their rounds (many, so a loaded moment does not set it; never the candidate's, which could
+    slow its own to shrink its times). Returns ({name: {"median_us", "rounds", "copies", "round_us"}},
+    {"checked", "failed"})."""
     import time
 
     import torch
@@ -284,6 +291,7 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
         box.prepare_batch(name, calls, slots)
         per_box[name] = slots
     times = {name: [] for name in boxes}
+    trips: list[float] = []  # the trusted boxes' empty round trips, one before each of their batches
     failed, checked, rounds = [], 0, 0
     warmup, min_rounds = int(timing.get("warmup", 2)), int(timing.get("min_reps", 10))
     budget, started = float(timing.get("max_seconds", 2.0)), time.monotonic()
@@ -299,9 +307,10 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
             order = list(boxes)
             rng.shuffle(order)
             for name in order:
-                seconds = _run_batch(boxes[name], name, copies, pause)
+                seconds, trip = _run_batch(boxes[name], name, copies, pause)
+                trips += [] if trip is None else [trip]
                 if rounds >= warmup:
-                    times[name].append(seconds / copies)
+                    times[name].append(seconds)
             rounds += 1
             if "candidate" not in per_box:
                 continue
@@ -316,24 +325,28 @@ def sandboxed_timing(boxes: dict, workload, *, device, rng: random.Random, timin
                             failed.append(f"{cname} {detail} error {err} > {thr}")
                 except Exception as e:  # noqa: BLE001 - wrong shapes or types in a timed output
                     failed.append(gates._error_text(e))
-    medians = {name: {"median_us": statistics.median(t) * 1e6, "rounds": len(t), "copies": copies,
-                      "round_us": [x * 1e6 for x in t]} for name, t in times.items()}
+    path_s = min(trips) if trips else 0.0
+    per_call = {name: [max(x - path_s, 0.0) / copies * 1e6 for x in t] for name, t in times.items()}
+    medians = {name: {"median_us": statistics.median(t), "rounds": len(t), "copies": copies, "round_us": t}
+               for name, t in per_call.items()}
     return medians, {"checked": checked, "failed": list(dict.fromkeys(failed))}
 
 
-def _run_batch(box, name: str, copies: int, pause) -> float:
-    """`box`'s round: the candidate's processes run only during their own (`pause`, None when no
-    candidate is timed); a trusted box is continued first, in case the candidate stopped it."""
-    if pause is None:
-        return box.run_batch(name, list(range(copies)))
-    if name != "candidate":
+def _run_batch(box, name: str, copies: int, pause) -> tuple[float, float | None]:
+    """`box`'s round: the seconds of its batch's round trip, and for a trusted box (any but the
+    candidate) an empty round trip's just before it. The candidate's processes run only during its own
+    round (`pause`, None when no candidate is timed); a trusted box is continued first, in case the
+    candidate stopped it."""
+    if name == "candidate":
+        pause.resume()
+        try:
+            return box.run_batch(name, list(range(copies))), None
+        finally:
+            pause.stop()
+    if pause is not None:
         pause.release(box.pid)
-        return box.run_batch(name, list(range(copies)))
-    pause.resume()
-    try:
-        return box.run_batch(name, list(range(copies)))
-    finally:
-        pause.stop()
+    trip = box.empty_round_trip()
+    return box.run_batch(name, list(range(copies))), trip
 
 
 def paired_ratio(candidate_us: list[float], incumbent_us: list[float]) -> tuple[float, float]:

@@ -13,9 +13,11 @@ checks from real calls is caught by the difference. Outputs must be plain `torch
 
 Timing (`prepare_batch`, `run_batch`): the judge places a batch of input copies and as many output
 slots in shared memory; a run calls the variant on each copy, copies each output into its slot, waits
-for the device, and answers. The judge times the round trip (less an empty one), refills the copies'
-values in place before every run (a cache keyed by value or address never pays), and re-checks a
-random sample of the slots against the reference after the run: which ones, the sandbox cannot know.
+for the device, and answers. The judge times the round trip, less the least empty round trip of the
+trusted sandboxes (`empty_round_trip`; a candidate could slow its own empty ones to shrink its times),
+refills the copies' values in place before every run (a cache keyed by value or address never pays),
+and re-checks a random sample of the slots against the reference after the run: which ones, the
+sandbox cannot know.
 """
 
 from __future__ import annotations
@@ -115,7 +117,6 @@ class Sandbox(Child):
                  device: str = "cpu", threads: int | None = None, static_check: bool = True):
         self.point, self.name, self.device, self.file = point, name, torch.device(device), file
         self._rng = random.Random()
-        self._empty_s: float | None = None
         super().__init__(_serve, (point, name, file, config, device, threads or torch.get_num_threads(),
                                   static_check), f"sandbox {point}:{name}")
 
@@ -156,11 +157,13 @@ class Sandbox(Child):
         self._ask("batch", key, [(c.args, _generators_as_states(c.kwargs)) for c in calls], slots)
 
     def run_batch(self, key: str, order: list[int]) -> float:
-        """Seconds for the sandbox to run the batch's calls in `order` (outputs into their slots, device
-        synchronised), less an empty round trip."""
-        if self._empty_s is None:
-            self._empty_s = min(self._round_trip("run", key, []) for _ in range(5))
-        return max(self._round_trip("run", key, order) - self._empty_s, 0.0)
+        """Seconds of the round trip in which the sandbox runs the batch's calls in `order` (outputs into
+        their slots, device synchronised)."""
+        return self._round_trip("run", key, order)
+
+    def empty_round_trip(self) -> float:
+        """Seconds of a round trip that runs nothing: what the timing path itself costs."""
+        return self._round_trip("run", "", [])
 
 
 def _not_plain(outs: list) -> str | None:

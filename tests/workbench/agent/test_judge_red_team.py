@@ -50,6 +50,21 @@ CHEATS = {
     mods["time"].perf_counter_ns = lambda: 0
     return _slow(y, h, w, eps)
 ''', ""),
+    # Class 2: slow its own empty round trips (the timing path's cost, subtracted from every round) by
+    # wrapping the pipe's receive, so its rounds would seem to cost nothing.
+    "slows_its_empty_round_trips": ('''    mods = torch.sys.modules
+    conn = mods["multiprocessing.connection"].Connection
+    if not getattr(conn, "wrapped", False):
+        recv = conn.recv
+
+        def slow_when_empty(self):
+            msg = recv(self)
+            if isinstance(msg, tuple) and msg[:1] == ("run",) and not msg[2]:
+                mods["time"].sleep(0.004)
+            return msg
+        conn.recv, conn.wrapped = slow_when_empty, True
+    return _slow(y, h, w, eps)
+''', ""),
     # Class 2: replace the reference, so the op gate compares the candidate with itself.
     "replaces_the_reference": ('''    mods = torch.sys.modules
     found = mods["workbench.registry"]._VARIANTS["boundary"]
@@ -102,6 +117,7 @@ EXPECTED = {  # cheat -> (stage, text in the reason)
     "patches_the_clock": ("not_faster", "not faster"),
     "replaces_the_reference": ("gate", "accuracy"),
     "rewrites_the_result": ("not_faster", "not faster"),
+    "slows_its_empty_round_trips": ("not_faster", "not faster"),
     "right_only_when_poisoned": ("gate", "poisoned"),
     "lazy_output": ("gate", "plain torch.Tensor"),
     # refilled inputs make it miss every timed call, or, where a timed copy repeats, its hits cost no more

@@ -61,6 +61,11 @@ def test_a_step_time_near_an_empty_calls_is_suspect():
     assert roofline.stage == "suspect" and "0.30 x the roofline floor" in roofline.reason, roofline.reason
 
 
+def test_no_time_at_all_is_suspect_not_a_crash():
+    v = decide(_done(candidate_us=0.0), _task())
+    assert v.stage == "suspect" and "no time at all" in v.reason and v.timing["speedup"] == float("inf"), v.reason
+
+
 def test_a_speed_up_is_believed_only_past_its_confidence_interval():
     # Twelve rounds on a loaded machine: the median ratio says 1.2x faster, but a third of the rounds
     # had the candidate slower, so the median's interval reaches past 1 and nothing is accepted.

@@ -249,13 +249,17 @@ class BeamForCausalLM(nn.Module):
             ids, weights = self.tp.local_experts(ids, weights)
         return ops.experts(x, ids, weights, p["experts"])
 
-    def hidden_states(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata) -> torch.Tensor:
-        """Run every layer over the step's tokens [N]; returns the final residual stream [N, hidden]."""
+    def hidden_states(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata, *,
+                      taps: tuple[int, ...] = ()):
+        """Run every layer over the step's tokens [N]; returns the final residual stream [N, hidden], and
+        with `taps` (layer indices) also those layers' output streams concatenated [N, len(taps) * hidden]
+        (what a drafter reads): a pair."""
         c, ops = self.config, self.ops
         eps = c.rms_norm_eps
         group = self.tp.group if self.tp else None
         h = self.embed(input_ids)
         x = rms_norm(h, self.model.layers[0].input_layernorm.weight, eps).to(h.dtype)
+        tapped = []
         for layer in self.model.layers:
             with self.annotate(f"layer.{layer.index}", layer) if self.annotate else nullcontext():
                 meta = step.groups[FULL if layer.kind == FULL else SLIDING]
@@ -263,7 +267,9 @@ class BeamForCausalLM(nn.Module):
                 h, x = ops.boundary(y, h, layer.prepared["boundary_attn"], eps=eps, group=group)
                 y = self._mlp(layer, x)
                 h, x = ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=eps, group=group)
-        return h
+            if layer.index in taps:
+                tapped.append(h)
+        return (h, torch.cat(tapped, -1)) if taps else h
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp:  # vocab-parallel embedding
@@ -284,12 +290,16 @@ class BeamForCausalLM(nn.Module):
                 for meta in step.groups.values():
                     replan(meta)
 
-    def step(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata, *, all_logits: bool = False):
+    def step(self, input_ids: torch.Tensor, cache: PagedKVCache, step: StepMetadata, *, all_logits: bool = False,
+             taps: tuple[int, ...] = ()):
         """One engine step over a ragged batch of new tokens [N] (prefill chunks and/or decode tokens).
 
-        Returns FP32 logits at each sequence's last new token [B, vocab], or at every token [N, vocab]."""
-        h = self.hidden_states(input_ids, cache, step)
-        return self.logits(h if all_logits else h[step.last_token_index])
+        Returns FP32 logits at each sequence's last new token [B, vocab], or at every token [N, vocab];
+        with `taps`, a pair: those and the tapped layers' streams at every token (`hidden_states`)."""
+        h = self.hidden_states(input_ids, cache, step, taps=taps)
+        h, tapped = h if taps else (h, None)
+        logits = self.logits(h if all_logits else h[step.last_token_index])
+        return (logits, tapped) if taps else logits
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

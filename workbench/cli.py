@@ -25,6 +25,7 @@ COMMANDS = {
     "tui": "workbench.commands.tui",
     "tokenizer": "workbench.commands.tokenizer",
     "train": "workbench.commands.train",
+    "train-drafter": "workbench.commands.train_drafter",
     "quantize": "workbench.commands.quantize",
 }
 

@@ -1,7 +1,8 @@
 """Optimization targets: one engine step of a given shape, run exactly as the server would run it.
 
 A target is a batch shape (`decode-b1`: one sequence decoding one token over 4K tokens of
-context; `prefill-8x2k`: eight 2048-token prompts). `StepRunner` builds the step once for a model
+context; `prefill-8x2k`: eight 2048-token prompts; `verify-b1`: a speculative decoding step, the last
+token and 15 drafts verified over 4K tokens of context, logits at all 16). `StepRunner` builds the step once for a model
 (the KV cache pre-filled with random history, so no prompt has to be run through the model), then
 `runner()` runs it: decode replays a CUDA graph on GPU (as the server's decode does), prefill runs
 eagerly. Rebinding variants (`rebind`) re-captures without rebuilding the model, which matters for
@@ -24,6 +25,7 @@ class Target:
     batch: int
     tokens_per_seq: int  # 1 = decode
     context: int         # KV tokens per sequence before the step
+    all_logits: bool = False  # logits at every new token (a verify step), not only at the last
 
     @property
     def decode(self) -> bool:
@@ -33,7 +35,7 @@ class Target:
         """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer, or after
         the last one ("model": head and sample, on each sequence's last new token), the projections
         stored as `weights`."""
-        rows = 1 if layer_kind == "model" else self.tokens_per_seq
+        rows = 1 if layer_kind == "model" and not self.all_logits else self.tokens_per_seq
         return Workload(preset=preset, batch=self.batch, tokens_per_seq=rows,
                         context=self.context + self.tokens_per_seq,
                         layer="full" if layer_kind == "full" else "sliding", dtype=dtype, weights=weights)
@@ -44,6 +46,9 @@ TARGETS = {
     "decode-b8": Target("decode-b8", 8, 1, 4096),
     "decode-b64": Target("decode-b64", 64, 1, 4096),
     "prefill-8x2k": Target("prefill-8x2k", 8, 2048, 0),
+    # Speculative decoding's verify step (engine/speculative.py): a DFlash block of 16 tokens
+    "verify-b1": Target("verify-b1", 1, 16, 4096, all_logits=True),
+    "verify-b8": Target("verify-b8", 8, 16, 4096, all_logits=True),
 }
 # Shapes the CPU default runs at: beam-tiny keeps every structural feature at toy sizes.
 CPU_CONTEXT = 96
@@ -61,7 +66,7 @@ def for_device(target: Target, device: torch.device) -> Target:
     if device.type == "cuda":
         return target
     tokens = 1 if target.decode else min(target.tokens_per_seq, CPU_PREFILL)
-    return Target(target.name, min(target.batch, 8), tokens, min(target.context, CPU_CONTEXT))
+    return Target(target.name, min(target.batch, 8), tokens, min(target.context, CPU_CONTEXT), target.all_logits)
 
 
 class StepRunner:
@@ -84,15 +89,16 @@ class StepRunner:
                 storage.normal_(generator=gen)
         self.step = self.cache.prepare_step(list(range(b)), [t] * b)
         self.input_ids = torch.randint(0, model.config.vocab_size, (b * t,), device=device, generator=gen)
-        self.sampling = dict(temperature=torch.zeros(b, device=device), top_k=torch.zeros(b, dtype=torch.long,
-                             device=device), top_p=torch.ones(b, device=device))
+        rows = b * t if target.all_logits else b
+        self.sampling = dict(temperature=torch.zeros(rows, device=device), top_k=torch.zeros(rows, dtype=torch.long,
+                             device=device), top_p=torch.ones(rows, device=device))
         self.graph = None
         self.output = None
         self._step = self._eager
         self._capture()
 
     def _eager(self) -> torch.Tensor:
-        logits = self.model.step(self.input_ids, self.cache, self.step)
+        logits = self.model.step(self.input_ids, self.cache, self.step, all_logits=self.target.all_logits)
         return self.model.ops.sample(logits, **self.sampling)
 
     @torch.inference_mode()

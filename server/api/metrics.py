@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
@@ -51,6 +51,29 @@ class _EngineCollector:
                                 value=s["prefix_hit_tokens"] / q if q else 0.0)
         yield CounterMetricFamily("beam_preemptions", "Sequences preempted for lack of KV pages",
                                   value=s["preemptions"])
+        spec = s.get("speculative")
+        if spec is not None:
+            yield from _speculative(spec)
+
+
+def _speculative(spec: dict):
+    """The drafter's counters: verify steps, drafted and kept tokens, tokens per verify step, and the
+    histogram of drafts kept per verify step (acceptance length - 1)."""
+    yield CounterMetricFamily("beam_spec_decode_verify_steps", "Decode steps that verified drafts",
+                              value=spec["verify_steps"])
+    yield CounterMetricFamily("beam_spec_decode_draft_tokens", "Draft tokens verified", value=spec["drafted"])
+    yield CounterMetricFamily("beam_spec_decode_accepted_tokens", "Draft tokens kept", value=spec["accepted"])
+    steps = spec["verify_steps"]
+    yield GaugeMetricFamily("beam_spec_decode_mean_acceptance_length",
+                            "Tokens per verify step (kept drafts + the target's own token) since start",
+                            value=1.0 + spec["accepted"] / steps if steps else 0.0)
+    counts, buckets, total = spec["histogram"], [], 0
+    for kept, n in enumerate(counts):
+        total += n
+        buckets.append((str(kept), total))
+    buckets.append(("+Inf", total))
+    yield HistogramMetricFamily("beam_spec_decode_kept_drafts", "Drafts kept per verify step", buckets=buckets,
+                                sum_value=spec["accepted"])
 
 
 class Metrics:

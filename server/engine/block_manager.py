@@ -139,6 +139,14 @@ class BlockManager:
                 pool.release(p)
                 pages[i] = -1
 
+    def trim(self, seq) -> None:
+        """Release `seq`'s pages past its progress: those only drafts it did not keep wrote to."""
+        keep = math.ceil(seq.num_computed / self.page_size)
+        for g in GROUPS:
+            pages = seq.pages[g]
+            while len(pages) > keep:
+                self.pools[g].release(pages.pop())
+
     def commit(self, seq) -> None:
         """After a step: hash the pages it completed and offer them to the prefix cache."""
         ps = self.page_size

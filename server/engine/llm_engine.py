@@ -10,6 +10,7 @@ called from two threads at once (`AsyncEngine` owns it from one thread).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from server.engine.output import RequestOutput
 from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import Sequence
+from server.engine.speculative import Speculator, limit_drafts
 
 log = logging.getLogger("beam.engine")
 
@@ -59,7 +61,12 @@ class Engine:
                  gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  prefix_caching: bool = True, cuda_graphs: bool | None = None, seed: int = 0,
-                 logits_hook=None, on_runner_plan=None):
+                 logits_hook=None, on_runner_plan=None, drafter=None, num_speculative_tokens: int | None = None,
+                 adaptive_verification: bool = False):
+        """`drafter`: a `beam_model.drafter.BeamDrafter` attached to `model`: decode steps verify its
+        drafts (`num_speculative_tokens` a step, default its block's; with `adaptive_verification`, as
+        many as its confidence and the measured step cost say are worth it) and it proposes the next
+        ones (engine/speculative.py)."""
         if variants is not None or variant_configs is not None:
             model.set_variants(variants, variant_configs)  # a lock's selection and tuning configs
         cuda = model.device.type == "cuda"
@@ -87,6 +94,11 @@ class Engine:
         if on_runner_plan is not None:
             on_runner_plan(self.runner_plan)
         self.runner = ModelRunner(model, **self.runner_plan, logits_hook=logits_hook)
+        self.speculator = None
+        if drafter is not None:
+            k = num_speculative_tokens or drafter.config.block_size - 1
+            self.speculator = Speculator(self.runner, drafter, k, adaptive=adaptive_verification)
+            self.scheduler.drafts_for = lambda seq, budget: limit_drafts(seq, budget, self.max_model_len)
         self.eos_token_id = tokenizer.eos_token_id
         self._grammars_lock = threading.Lock()
         self.requests: dict[str, Sequence] = {}
@@ -215,20 +227,21 @@ class Engine:
                 else:
                     q.generator.set_state(state)
             samples = [self._run_alone(q, n, outputs) for q, n in zip(batch.seqs, batch.num_tokens)]
-        for seq, n, sample in zip(batch.seqs, batch.num_tokens, samples):
+        for seq, (computed, tokens) in zip(batch.seqs, samples):
             if seq.finished:  # failed alone
                 continue
-            seq.num_computed += n
+            seq.num_computed += computed
             self.block_manager.commit(seq)
-            if sample is not None:
-                outputs.append(self._append(seq, sample))
+            self.block_manager.trim(seq)  # the pages of drafts not kept
+            if tokens:
+                outputs.append(self._append(seq, tokens))
         return outputs
 
     def _run(self, kind: str, seqs: list, counts: list[int]) -> list:
         """One model step, timed, observed and logged when slow."""
         first_use.take()  # what compiled between steps is no step's
         started = time.perf_counter()
-        samples = self.runner.run(seqs, counts)
+        samples = self._model_step(seqs, counts)
         seconds = time.perf_counter() - started
         self.last_first_uses = first_use.take()
         if seconds > self.slow_step_seconds:  # a first-seen shape compiling, most often: say which
@@ -243,24 +256,46 @@ class Engine:
                                self.runner.last_device_seconds, masks.last_seconds if masks.last_constrained else None)
         return samples
 
+    def _model_step(self, seqs: list, counts: list[int]) -> list[tuple[int, list]]:
+        """Per sequence, the positions the step computed and its new tokens (none mid-prompt)."""
+        if self.speculator is not None:
+            return self.speculator.run(seqs, counts)
+        return [(n, [] if t is None else [t]) for n, t in zip(counts, self.runner.run(seqs, counts))]
+
     def _run_alone(self, seq: Sequence, n: int, outputs: list):
-        """`seq`'s part of a failed step on its own: its sample, or None (and it is failed) if it fails."""
+        """`seq`'s part of a failed step on its own (`_model_step`'s), or (0, []) if it fails (and it is
+        failed)."""
         try:
-            return self.runner.run([seq], [n])[0]
+            return self._model_step([seq], [n])[0]
         except Exception as e:  # noqa: BLE001 - this request's own failure
             log.exception("request %s fails on its own too; failing it", seq.request_id)
             self._fail(seq, e, outputs)
-            return None
+            return 0, []
 
     def _fail(self, seq: Sequence, error: Exception, outputs: list) -> None:
         self._finish(seq, "error", f"model step failed: {type(error).__name__}: {error}")
         outputs.append(self._output(seq, [], "", None))
 
-    def _append(self, seq: Sequence, sample) -> RequestOutput:
+    def _append(self, seq: Sequence, samples: list) -> RequestOutput:
+        """A step's new tokens of `seq` (several where drafts were kept), up to the one that ends it."""
+        ids, text, logprobs = [], "", []
+        for sample in samples:
+            piece = self._append_one(seq, sample)
+            if seq.error:
+                return self._output(seq, [], "", None)
+            ids.append(sample.token_id)
+            text += piece
+            logprobs.append(sample)
+            if seq.finished:
+                break
+        return self._output(seq, ids, text, logprobs if seq.params.logprobs else None)
+
+    def _append_one(self, seq: Sequence, sample) -> str:
+        """One new token of `seq`: the text it releases (finishing `seq` where it ends it)."""
         tid, p = sample.token_id, seq.params
         if seq.matcher is not None and not seq.matcher.accept(tid):  # drawn under its mask: a sampler's fault
             self._finish(seq, "error", f"token {tid} breaks the output's grammar (the sampler ignored its mask)")
-            return self._output(seq, [], "", None)
+            return ""
         seq.token_ids.append(tid)
         stop_token = (tid == self.eos_token_id and not p.ignore_eos) or tid in p.stop_token_ids
         text = "" if stop_token else seq.detokenizer.add(tid)  # a stop token's text is never shown
@@ -272,7 +307,7 @@ class Engine:
         if reason:
             text += seq.detokenizer.flush()
             self._finish(seq, reason)
-        return self._output(seq, [tid], text, [sample] if p.logprobs else None)
+        return text
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         self.requests.pop(seq.request_id, None)
@@ -337,6 +372,7 @@ class Engine:
             "pages_total": {g: bm.capacity(g) for g in GROUPS},
             "prefix_queried_tokens": s.prefix_queried_tokens, "prefix_hit_tokens": s.prefix_hit_tokens,
             "preemptions": s.num_preemptions, "steps": self.num_steps,
+            "speculative": dataclasses.asdict(self.speculator.stats) if self.speculator else None,
         }
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:

@@ -16,7 +16,7 @@ class TokenLogprob:
 @dataclass
 class RequestOutput:
     request_id: str
-    token_ids: list[int]               # generated this step (0 or 1 today)
+    token_ids: list[int]               # generated this step (several where a drafter's drafts were kept)
     text: str                          # text released this step (stop strings never appear)
     logprobs: list[TokenLogprob] | None
     finished: bool

@@ -35,6 +35,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
+        # (sequence, the step's token budget left) -> how many drafts a decoding sequence feeds after its
+        # last token (the engine sets it when a drafter is loaded: engine/speculative.py)
+        self.drafts_for = lambda seq, budget: 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -73,6 +76,9 @@ class Scheduler:
                 continue
             n = min(seq.num_pending, budget)
             self.bm.release_window(seq)
+            if seq.num_pending == 1:  # drafts only where the pool has room for them as it is
+                drafts = self.drafts_for(seq, budget)
+                n += drafts if drafts and self.bm.can_allocate(seq, n + drafts) else 0
             while not self.bm.can_allocate(seq, n):
                 victim = next((v for v in reversed(self.running) if v is not seq and v not in batch.seqs), None)
                 if victim is None:

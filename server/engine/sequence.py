@@ -41,6 +41,7 @@ class Sequence:
         self.page_hashes: list[bytes] = []  # hash chain of this sequence's full pages, in order
         self.generator = None               # per-request torch.Generator (seeded requests only)
         self.matcher = None                 # its grammar's matcher (structured outputs only): engine/grammar.py
+        self.draft = None                   # its drafter state (with a drafter only): engine/speculative.py
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.arrival_time = time.monotonic()

@@ -68,6 +68,24 @@ def test_head_and_sample_are_timed_on_each_prompts_last_token():
     assert full.tokens == 8 and full.context == 2048
 
 
+def test_a_verify_step_runs_head_and_sample_on_every_token():
+    """verify-b1 (speculative decoding's step): 16 tokens of one sequence, logits and a draw at each."""
+    from beam_model import BeamForCausalLM
+    from workbench.search import Search
+    from workbench.targets import StepRunner
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    target = for_device(get_target("verify-b1"), model.device)
+    assert (target.batch, target.tokens_per_seq, target.all_logits) == (1, 16, True)
+    runner = StepRunner(model, target)
+    assert runner().shape == (16,)
+    search = Search(runner, calls={"head": {"model": 1}, "experts": {"sliding": 5}}, out_dir="unused")
+    (head,) = search.workloads("head").values()
+    (experts,) = search.workloads("experts").values()
+    assert head.tokens == experts.tokens == 16
+    assert get_target("verify-b8").workload("beam-501b-tp8", "bf16", "model").tokens == 128
+
+
 def _noisy_search(tmp_path, reference_us: list[float]):
     """A boundary search on beam-tiny whose reference times read `reference_us` in turn and whose only
     candidate (Triton, gate passed) times 100 us: what the search decides from those timings."""

@@ -51,6 +51,13 @@ def add_arguments(p) -> None:
     p.add_argument("--ep", "--enable-expert-parallel", dest="ep", action="store_true",
                    help="with --tp N: the MoE layers split by whole experts over the N ranks (E/N each) instead of "
                         "each expert's slice; attention, dense layers, embedding and head stay tensor-parallel")
+    p.add_argument("--draft-model", metavar="DIR", help="a DFlash drafter folder for the model (`workbench "
+                   "train-drafter`): decode steps verify its drafts (speculative decoding)")
+    p.add_argument("--num-speculative-tokens", type=int, metavar="K",
+                   help="drafts verified per decode step (default: the drafter's block size - 1)")
+    p.add_argument("--adaptive-verification", action="store_true",
+                   help="verify only as many drafts as the drafter's confidence and the measured step cost say "
+                   "are worth it")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--fake-model-script", help=argparse.SUPPRESS)  # test-only, see server/engine/testing.py
 
@@ -122,7 +129,9 @@ def run(args) -> int:
                     gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
                     max_num_batched_tokens=args.max_num_batched_tokens, prefix_caching=not args.no_prefix_caching,
                     cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook,
-                    on_runner_plan=ranks.send_plan if ranks else None)
+                    on_runner_plan=ranks.send_plan if ranks else None, drafter=_drafter(args, model),
+                    num_speculative_tokens=args.num_speculative_tokens,
+                    adaptive_verification=args.adaptive_verification)
     if ranks:
         ranks.leader.attach(engine.runner)
     if device.type == "cuda" and not args.no_warm_up:
@@ -145,6 +154,19 @@ def run(args) -> int:
         if ranks:
             ranks.close()
     return 1 if ranks and ranks.watch.died else code
+
+
+def _drafter(args, model):
+    """The --draft-model drafter attached to `model`, or None."""
+    if (args.num_speculative_tokens is not None or args.adaptive_verification) and not args.draft_model:
+        raise ValueError("--num-speculative-tokens and --adaptive-verification need --draft-model")
+    if not args.draft_model:
+        return None
+    if args.tp > 1:
+        raise ValueError("--draft-model runs on one GPU today; it cannot be combined with --tp")
+    from beam_model.drafter import BeamDrafter
+
+    return BeamDrafter.from_pretrained(args.draft_model, model)
 
 
 class _Ranks:

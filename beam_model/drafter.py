@@ -1,0 +1,182 @@
+"""The DFlash block drafter: one forward pass proposes a block of tokens after the last accepted one.
+
+Its input is a block [last accepted token, mask, ..., mask] at positions p .. p + B - 1 and its context:
+the target's hidden states at a few of its layers (`DrafterConfig.target_layer_ids`) for the positions
+before p, concatenated, projected (`fc`) and normalised (`hidden_norm`): one feature vector per
+position. Every draft layer attends from the block to [its own K/V of the context features; the
+block's K/V], non-causally inside the block, the context limited to the layer's window. The layers
+are Beam's sliding-window layers with a dense MLP (gated attention, sandwich norms, depth-scaled
+residuals) and run through the same fusion points as the target (`qkvg_proj`, `attn_out`, `boundary`,
+`dense_mlp`, `head`); the block attention itself is plain PyTorch. The mask positions' logits come
+from the target's LM head (shared, frozen) after the drafter's own final norm; the token embedding
+is the target's too, the mask a learned vector of the drafter's own (Beam's vocabulary has no mask
+token).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from beam_model.drafter_config import DrafterConfig
+from beam_model.functional import apply_rope, linear, residual_coefficients, rms_norm, rope_cos_sin
+from beam_model.model import Attention, DenseMLP, Linear, Norm, _param
+from workbench.registry import bind
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = Norm(c.hidden_size)
+        self.post_attention_layernorm = Norm(c.hidden_size)
+        self.pre_feedforward_layernorm = Norm(c.hidden_size)
+        self.post_feedforward_layernorm = Norm(c.hidden_size)
+        self.self_attn = Attention(c)
+        self.mlp = DenseMLP(c)
+        self.prepared: dict = {}
+
+
+class BeamDrafter(nn.Module):
+    def __init__(self, config: DrafterConfig, dtype=torch.bfloat16):
+        super().__init__()
+        self.config, self.dtype = config, dtype
+        c = config.layer_config()
+        with torch.device("meta"):
+            self.fc = Linear(config.hidden_size, config.feature_width)
+            self.hidden_norm = Norm(config.hidden_size)
+            self.mask_embedding = _param(config.hidden_size)
+            self.layers = nn.ModuleList(DraftLayer(c) for _ in range(config.num_hidden_layers))
+            self.norm = Norm(config.hidden_size)
+        for p in self.parameters():
+            p.data = torch.empty(p.shape, device="meta", dtype=dtype)
+        self._shared: list = []  # the target whose embedding and LM head it shares (`attach`); not a submodule
+        self.ops = None
+
+    # ---- construction ---------------------------------------------------------------------------
+    def attach(self, target) -> None:
+        """Share `target`'s embedding and LM head; ValueError if the drafter was made for another model."""
+        self.config.check_target(target.config)
+        self._shared = [target]
+
+    @property
+    def target(self):
+        """The target model it drafts for (its weights are the target's, never the drafter's)."""
+        return self._shared[0] if self._shared else None
+
+    @classmethod
+    def from_pretrained(cls, path: str, target, *, dtype=None, device=None, variants=None) -> "BeamDrafter":
+        """A drafter folder for `target` (its dtype and device unless given)."""
+        from safetensors import safe_open
+
+        from beam_model.weights import checked_files, materialize
+
+        drafter = cls(DrafterConfig.from_pretrained(path), dtype or target.dtype)
+        drafter.attach(target)
+        device = torch.device(device) if device is not None else target.device
+        expected = {n: tuple(p.shape) for n, p in drafter.named_parameters()}
+        files = checked_files(path, expected, what="drafter checkpoint")
+        params = materialize(drafter, device)
+        with torch.no_grad():
+            for file in sorted(set(files.values())):
+                with safe_open(file, framework="pt", device=str(device)) as f:
+                    for name in (n for n, fl in files.items() if fl == file):
+                        params[name].data.copy_(f.get_tensor(name))
+        drafter.set_variants(variants)
+        return drafter
+
+    def save_pretrained(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        self.config.save_pretrained(path)
+        save_file({n: p.detach().contiguous().cpu() for n, p in self.named_parameters()},
+                  os.path.join(path, WEIGHTS_FILE))
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    def set_variants(self, selection: dict[str, str] | None = None, configs: dict | None = None) -> None:
+        """Bind the fusion points' variants and prepare each layer's weights (as the target does)."""
+        self.ops = ops = bind(selection, configs)
+        for i, layer in enumerate(self.layers):
+            a, mlp = layer.self_attn, layer.mlp
+            next_norm = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else None
+            layer.prepared = {
+                "qkvg_proj": ops.prepare("qkvg_proj", {k: getattr(a, k).weight
+                                                       for k in ("q_proj", "k_proj", "v_proj", "gate_proj")}),
+                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj.weight)),
+                "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
+                                                             next_norm=layer.pre_feedforward_layernorm.weight,
+                                                             residual=self._residual(2 * i + 1))),
+                "dense_mlp": ops.prepare("dense_mlp", {k: getattr(mlp, k).weight
+                                                       for k in ("gate_proj", "up_proj", "down_proj")}),
+                "boundary_mlp": ops.prepare("boundary", dict(post_norm=layer.post_feedforward_layernorm.weight,
+                                                            next_norm=next_norm, residual=self._residual(2 * i + 2))),
+            }
+
+    def _residual(self, k: int) -> torch.Tensor:
+        return torch.tensor(residual_coefficients(k), dtype=torch.float32, device=self.device)
+
+    # ---- compute --------------------------------------------------------------------------------
+    def context_features(self, tapped: torch.Tensor) -> torch.Tensor:
+        """The target's tapped hidden states [N, feature_width] -> context features [N, hidden]."""
+        x = linear(tapped.to(self.dtype), self.fc.weight)
+        return rms_norm(x, self.hidden_norm.weight, self.config.rms_norm_eps).to(self.dtype)
+
+    def block_logits(self, first_ids: torch.Tensor, starts: torch.Tensor, context: torch.Tensor,
+                     context_valid: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+        """FP32 logits [S, B - 1, vocab] of the mask positions of S blocks.
+
+        first_ids [S]: each block's first token (the last accepted one), at position starts[s];
+        context [S, C, hidden]: context features of positions starts[s] - C .. starts[s] - 1 (right-
+        aligned); context_valid [S, C] bool: which of those exist (a sequence shorter than C)."""
+        cfg = self.config
+        b = block_size or cfg.block_size
+        s, c_len = context.shape[:2]
+        h_dim, dev = cfg.hidden_size, context.device
+        emb = self.target.embed(first_ids).to(self.dtype)
+        h = torch.cat([emb[:, None, :], self.mask_embedding.to(self.dtype).expand(s, b - 1, h_dim)], 1)
+        h = h.reshape(s * b, h_dim)
+        offsets = torch.arange(b, device=dev)
+        block_pos = (starts[:, None] + offsets[None, :]).reshape(-1)
+        ctx_pos = (starts[:, None] - c_len + torch.arange(c_len, device=dev)[None, :]).clamp(min=0).reshape(-1)
+        rope = (rope_cos_sin(block_pos, cfg.head_dim, cfg.rope_theta),
+                rope_cos_sin(ctx_pos, cfg.head_dim, cfg.rope_theta))
+        # keys: the context (where valid) then the whole block, seen by every block position
+        valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool, device=dev)], 1)
+        ctx = context.reshape(s * c_len, h_dim).to(self.dtype)
+        x = rms_norm(h, self.layers[0].input_layernorm.weight, cfg.rms_norm_eps).to(self.dtype)
+        for layer in self.layers:
+            y = self._attention(layer, x, ctx, rope, valid, s, b, c_len)
+            h, x = self.ops.boundary(y, h, layer.prepared["boundary_attn"], eps=cfg.rms_norm_eps)
+            y = self.ops.dense_mlp(x, layer.prepared["dense_mlp"])
+            h, x = self.ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=cfg.rms_norm_eps)
+        masks = h.view(s, b, h_dim)[:, 1:].reshape(s * (b - 1), h_dim)
+        head = {"norm": self.norm.weight, "lm_head": self.target.lm_head.weight}
+        logits = self.ops.head(masks, head, eps=cfg.rms_norm_eps, softcap=cfg.final_logit_softcapping)
+        return logits.float().view(s, b - 1, -1)
+
+    def _attention(self, layer: DraftLayer, x, ctx, rope, valid, s: int, b: int, c_len: int):
+        cfg, a = self.config, layer.self_attn
+        heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q, k, v, g = self.ops.qkvg_proj(x, layer.prepared["qkvg_proj"])
+        kc, vc = linear(ctx, a.k_proj.weight), linear(ctx, a.v_proj.weight)
+        (bcos, bsin), (ccos, csin) = rope
+        eps = cfg.rms_norm_eps
+        q = apply_rope(rms_norm(q.view(-1, heads, d), a.q_norm.weight, eps), bcos, bsin)
+        k = apply_rope(rms_norm(k.view(-1, kv_heads, d), a.k_norm.weight, eps), bcos, bsin)
+        kc = apply_rope(rms_norm(kc.view(-1, kv_heads, d), a.k_norm.weight, eps), ccos, csin)
+        # [S, kv_heads, C + B, d] keys and values; queries [S, heads, B, d]
+        keys = torch.cat([kc.view(s, c_len, kv_heads, d), k.view(s, b, kv_heads, d)], 1).transpose(1, 2)
+        values = torch.cat([vc.view(s, c_len, kv_heads, d), v.view(s, b, kv_heads, d)], 1).transpose(1, 2).float()
+        q = q.view(s, b, heads, d).transpose(1, 2)
+        rep = heads // kv_heads
+        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+        scores = (q @ keys.transpose(-1, -2)) * d ** -0.5
+        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+        out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(s * b, heads, d).to(self.dtype)
+        return self.ops.attn_out(out, g, layer.prepared["attn_out"])

@@ -1,0 +1,83 @@
+"""The DFlash drafter's config and checkpoint: the layers it reads, a round trip through safetensors, and
+refusals that name the problem (a missing tensor, another target, a config that is not a drafter's);
+and `workbench train-drafter`'s training step on beam-tiny."""
+
+import json
+
+import pytest
+import torch
+
+from beam_model.drafter import BeamDrafter
+from beam_model.drafter_config import DrafterConfig, proportional_taps
+from beam_model.model import BeamForCausalLM
+from beam_model.weights import CheckpointError
+from workbench.training.drafter import DrafterOptions, DrafterTrainer, converted, initial_drafter
+
+
+@pytest.fixture(scope="module")
+def target():
+    return BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+
+
+def test_taps_sit_at_beams_relative_depths():
+    assert proportional_taps(52) == [1, 13, 25, 37, 49]
+    assert proportional_taps(8) == [0, 2, 4, 6, 7]
+    assert proportional_taps(2) == [0, 1]
+    with pytest.raises(ValueError, match="increasing order"):
+        DrafterConfig(target_layer_ids=[3, 1], target_config_hash="x", vocab_size=8, hidden_size=8)
+
+
+def test_a_drafter_round_trips_and_proposes_the_same_logits(target, tmp_path):
+    drafter = initial_drafter(DrafterConfig.for_target(target.config, num_hidden_layers=1, block_size=4), target,
+                              seed=0, device="cpu")
+    drafter.save_pretrained(str(tmp_path))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert "fc.weight" in saved and not [n for n in saved if n.startswith("target")]  # the target's are not its
+    again = BeamDrafter.from_pretrained(str(tmp_path), target)
+    c = drafter.config
+    context = torch.randn(2, c.sliding_window, c.hidden_size)
+    valid = torch.ones(2, c.sliding_window, dtype=torch.bool)
+    valid[1, :5] = False
+    args = (torch.tensor([3, 7]), torch.tensor([c.sliding_window, 11]), context, valid)
+    with torch.no_grad():
+        assert torch.equal(drafter.block_logits(*args), again.block_logits(*args))
+        assert drafter.block_logits(*args).shape == (2, 3, target.config.vocab_size)
+
+
+def test_a_broken_drafter_checkpoint_is_refused_by_name(target, tmp_path):
+    drafter = initial_drafter(DrafterConfig.for_target(target.config, num_hidden_layers=1), target, seed=0,
+                              device="cpu")
+    drafter.save_pretrained(str(tmp_path))
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    del tensors["layers.0.mlp.up_proj.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing tensors: layers.0.mlp.up_proj.weight"):
+        BeamDrafter.from_pretrained(str(tmp_path), target)
+    other = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=1)  # same shapes: same config
+    mini = BeamForCausalLM(DrafterConfig.for_target(target.config).layer_config())  # another architecture
+    assert other.config.config_hash() == target.config.config_hash()
+    with pytest.raises(ValueError, match="trained for the target with config hash"):
+        BeamDrafter.from_pretrained(str(tmp_path), mini)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "beam"}))
+    with pytest.raises(ValueError, match="not a DFlash drafter"):
+        DrafterConfig.from_pretrained(str(tmp_path))
+
+
+def test_training_steps_move_the_drafter_towards_the_target(target):
+    from workbench.training.data import TokenStream
+
+    ids = torch.arange(4000) % 97  # a periodic stream the target's own next-token choices follow
+    stream = TokenStream(ids, torch.ones(target.config.vocab_size, dtype=torch.int64), 1, 4000)
+    opts = DrafterOptions(layers=1, block_size=4, steps=6, batch=2, seq_len=48, anchors=4, warmup=1, lr=3e-3)
+    trainer = DrafterTrainer(opts, target, stream)
+    before = {n: p.detach().clone() for n, p in trainer.drafter.named_parameters()}
+    drafter = trainer.run()
+    losses = [h[1] for h in trainer.history]
+    assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    assert [n for n, p in drafter.named_parameters() if torch.equal(before[n], p)] == []
+    assert converted(drafter, torch.bfloat16).fc.weight.dtype == torch.bfloat16

@@ -1,0 +1,157 @@
+"""Speculative decoding with a DFlash drafter in the engine: whatever the drafts, greedy output is the
+target's own token for token (under continuous batching, across pages, with rejected drafts rolled
+back); sampled output follows the target's distribution (rejection sampling); a trained drafter's drafts
+are kept. beam-tiny (random, FP32) for the engine's paths; the committed beam-mini and its drafter for
+real acceptance.
+"""
+
+import os
+import random
+
+import pytest
+import torch
+
+from beam_model.config import FULL, SLIDING
+from beam_model.drafter_config import DrafterConfig
+from beam_model.model import BeamForCausalLM
+from server.engine import Engine, SamplingParams
+from server.engine.block_manager import BlockManager
+from server.engine.speculative import DraftState, Speculator, accept
+from tests.server.test_server_engine import FullVocabTokenizer, prompts, seq
+from workbench.training.drafter import initial_drafter
+from workbench.variants.sample import contract_probs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MINI, MINI_DRAFTER = os.path.join(ROOT, "models", "beam-mini"), os.path.join(ROOT, "models", "beam-mini-drafter")
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    drafter = initial_drafter(DrafterConfig.for_target(model.config, num_hidden_layers=1, block_size=8), model,
+                              seed=0, device="cpu")
+    return model, drafter
+
+
+def test_greedy_output_is_the_targets_whatever_the_drafts(tiny, monkeypatch):
+    """Drafts that are the target's true continuation with one token spoiled at a random place (or none):
+    every verify step keeps a different number of them, and the output is still the target's."""
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([5, 70, 130, 9], seed=3)
+    plain = Engine(model, tok, num_pages=64).generate(ps, GREEDY)
+    truth = {tuple(p): out for p, out in zip(ps, plain)}
+    rng = random.Random(0)
+
+    def oracle(self, items):
+        for s, _, _ in items:
+            done = s.num_output_tokens
+            ids = (truth[tuple(s.token_ids[:s.num_prompt_tokens])][done:done + self.k] + [0] * self.k)[:self.k]
+            spoil = rng.randrange(self.k + 2)
+            if spoil < self.k:
+                ids[spoil] = (ids[spoil] + 1) % 256
+            s.draft.ids, s.draft.probs, s.draft.confidence = ids, None, [1.0] * self.k
+
+    monkeypatch.setattr(Speculator, "_propose", oracle)
+    engine = Engine(model, tok, num_pages=64, max_num_batched_tokens=64, drafter=drafter, num_speculative_tokens=7)
+    assert engine.generate(ps, GREEDY) == plain
+    stats = engine.speculator.stats
+    assert stats.accepted > 0 and sum(1 for n in stats.histogram if n) >= 4, stats
+    assert engine.block_manager.used(FULL) == 0 and engine.block_manager.used(SLIDING) == 0
+
+
+def test_a_random_drafter_changes_nothing(tiny):
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([12, 40], seed=5)
+    plain = Engine(model, tok, num_pages=32).generate(ps, GREEDY)
+    engine = Engine(model, tok, num_pages=32, drafter=drafter, num_speculative_tokens=3)
+    assert engine.generate(ps, GREEDY) == plain and engine.speculator.stats.verify_steps > 0
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 3, 1.0)])
+def test_rejection_sampling_follows_the_targets_distribution(temperature, top_k, top_p):
+    """The first token a verify step emits (a kept draft, or the token drawn at the rejection) is
+    distributed as the target's distribution, for a drafter whose distribution differs from it."""
+    gen = torch.Generator().manual_seed(0)
+    target = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0], [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]])
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    q = torch.tensor([[0.05, 0.5, 0.2, 0.2, 0.04, 0.01]], dtype=torch.float64)
+    p = contract_probs(target[:1], torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))[0]
+    n, counts = 20000, torch.zeros(6)
+    drafts = torch.multinomial(q[0].float(), n, replacement=True, generator=gen).tolist()
+    for d in drafts:
+        kept, bonus = accept(target, [d], params, q, gen)
+        counts[d if kept else bonus] += 1
+    expected = p.float() * n
+    live = expected > 0
+    assert counts[~live].sum() == 0  # nothing outside the target's top-k / top-p
+    chi2 = float(((counts[live] - expected[live]) ** 2 / expected[live]).sum())
+    assert chi2 < 40.0, (chi2, counts.tolist(), expected.tolist())  # df <= 5: ~1e-7 for a right sampler
+
+
+def test_a_drafter_context_keeps_positions_in_order():
+    d = DraftState()
+    d.extend(0, torch.arange(10.0)[:, None], window=6)
+    assert d.end == 10 and d.context[:, 0].tolist() == [4, 5, 6, 7, 8, 9]
+    d.extend(8, torch.tensor([[80.0], [90.0], [100.0]]), window=6)  # positions 8, 9 computed again
+    assert d.end == 11 and d.context[:, 0].tolist() == [5, 6, 7, 80, 90, 100]
+    d.extend(20, torch.tensor([[1.0]]), window=6)  # a gap (prefix-cached positions): start afresh
+    assert d.end == 21 and d.context[:, 0].tolist() == [1]
+
+
+def test_pages_of_rejected_drafts_go_back():
+    bm = BlockManager({FULL: 8, SLIDING: 8}, page_size=64, window=16)
+    s = seq(list(range(60)))
+    bm.allocate(s, 60 + 10)  # the last token and drafts reach into a second page
+    assert len(s.pages[FULL]) == 2 and bm.used(FULL) == 2
+    s.num_computed = 63  # two drafts kept: the second page holds only rejected ones
+    bm.trim(s)
+    assert len(s.pages[FULL]) == len(s.pages[SLIDING]) == 1 and bm.used(FULL) == 1
+
+
+def test_speculative_tokens_must_fit_the_block(tiny):
+    model, drafter = tiny
+    with pytest.raises(ValueError, match="num_speculative_tokens must be in 1..7"):
+        Engine(model, FullVocabTokenizer(), num_pages=16, drafter=drafter, num_speculative_tokens=8)
+
+
+@pytest.mark.skipif(not os.path.isdir(MINI_DRAFTER), reason="no committed beam-mini drafter")
+def test_the_trained_drafter_is_accepted_and_changes_no_greedy_token():
+    from beam_model.drafter import BeamDrafter
+    from beam_model.tokenizer import load_tokenizer
+    from server.engine.acceptance import held_out_prompts
+
+    target = BeamForCausalLM.from_pretrained(MINI, dtype=torch.float32)
+    drafter = BeamDrafter.from_pretrained(MINI_DRAFTER, target)
+    tok = load_tokenizer(MINI)
+    asked = held_out_prompts(tok, 3, 48)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    plain = Engine(target, tok, num_pages=16).generate(asked, params)
+    engine = Engine(target, tok, num_pages=16, drafter=drafter)
+    assert engine.generate(asked, params) == plain
+    assert engine.speculator.stats.mean_acceptance_length > 1.5, engine.speculator.stats
+
+
+def test_adaptive_verification_verifies_what_pays():
+    from server.engine.speculative import VerifyCost, verified_drafts
+
+    sure, unsure = [0.99] * 6, [0.9, 0.05, 0.9, 0.9]
+    # a step costs 1 + 0.01 a token: a sure draft pays; a 5% draft (and those after it) does not
+    assert verified_drafts([sure, unsure], 2, 2, (1.0, 0.01)) == [6, 1]
+    assert verified_drafts([sure, unsure], 2, 2, (1.0, 0.0)) == [6, 4]   # free tokens: verify all
+    assert verified_drafts([sure], 1, 1, (0.0, 1.0)) == [0]              # pure per-token cost: none pays
+    cost = VerifyCost()
+    assert cost.coefficients() == (1.0, 1.0 / VerifyCost.PRIOR_TOKENS)
+    for tokens in (1, 8, 16, 1, 8, 16, 4, 2):
+        cost.record(tokens, 0.5 + 0.25 * tokens)
+    a, b = cost.coefficients()
+    assert abs(a - 0.5) < 1e-9 and abs(b - 0.25) < 1e-9
+
+
+def test_adaptive_verification_keeps_greedy_output(tiny):
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([12, 40, 75], seed=8)
+    plain = Engine(model, tok, num_pages=32).generate(ps, GREEDY)
+    engine = Engine(model, tok, num_pages=32, drafter=drafter, num_speculative_tokens=5, adaptive_verification=True)
+    assert engine.generate(ps, GREEDY) == plain
+    assert len(engine.speculator.cost.samples) > 0

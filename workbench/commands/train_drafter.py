@@ -1,0 +1,132 @@
+"""Train a DFlash drafter for a target checkpoint (beam-mini by default) by distillation; measure its acceptance."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+
+from workbench.commands.common import EMBEDDED_MODEL
+
+
+def add_arguments(p) -> None:
+    from workbench.training.drafter import DrafterOptions
+
+    d = DrafterOptions()
+    p.add_argument("out_dir", metavar="OUT_DIR", help="drafter folder to write (config.json, model.safetensors, "
+                   "training.json, acceptance.json)")
+    p.add_argument("--target", default=EMBEDDED_MODEL, metavar="DIR",
+                   help="the target checkpoint, whose training split it distils on (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.layers, help="draft layers (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=d.block_size,
+                   help="the last accepted token and block-size - 1 drafts (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch", type=int, default=d.batch, help="windows per step (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per window (default: %(default)s)")
+    p.add_argument("--anchors", type=int, default=d.anchors, help="blocks per window (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--prompts", type=int, default=16, help="held-out prompts the acceptance is measured on")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens generated per prompt when measuring")
+    p.add_argument("--measure", action="store_true",
+                   help="train nothing: measure OUT_DIR's drafter again (acceptance.json)")
+
+
+def run(args) -> int:
+    import torch
+
+    from workbench.commands.common import resolve_device
+
+    device = str(resolve_device(args.device))
+    if not args.measure:
+        _train(args, device)
+    from server.engine.acceptance import measure_acceptance
+
+    figures = measure_acceptance(args.target, args.out_dir, prompts=args.prompts, max_tokens=args.max_tokens,
+                                 device=device)
+    figures["command"] = "workbench " + " ".join(sys.argv[1:])
+    figures["torch"] = torch.__version__
+    with open(os.path.join(args.out_dir, "acceptance.json"), "w") as f:
+        json.dump(figures, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(args.out_dir, "training.json")) as f:
+        training = json.load(f)
+    with open(os.path.join(args.out_dir, "README.md"), "w") as f:
+        f.write(card(training, figures))
+    for mode, m in figures["modes"].items():
+        print(f"{mode}: {m['mean_acceptance_length']:.2f} tokens per verify step over {m['verify_steps']} steps")
+    return 0
+
+
+def card(training: dict, acceptance: dict) -> str:
+    """The drafter folder's README.md, from its training.json and acceptance.json."""
+    o, last = training["options"], training["history"][-1]
+    lines = [
+        f"# {os.path.basename(os.path.normpath(acceptance['drafter']))}", "",
+        f"A DFlash drafter for `{os.path.basename(os.path.normpath(training['target']))}`: {o['layers']} draft "
+        f"layers, blocks of {o['block_size']} ({training['parameters']} parameters of its own; the target's "
+        "embedding and LM head are shared), distilled on the target's training split. Made with:", "",
+        f"    {training['command']}", "",
+        f"on {training['device']} in {training['train_seconds']} s (torch {training['torch']}); at the last step "
+        f"the drafter's most likely token was the target's for {last[2][0]:.1%} of first drafts "
+        f"({sum(last[2]) / len(last[2]):.1%} over the block).", "",
+        "## Acceptance on held-out text", "",
+        f"{acceptance['prompts']} prompts of {acceptance['prompt_tokens']} tokens from the held-out files, each "
+        f"served alone for {acceptance['max_tokens']} tokens through the engine, "
+        f"{acceptance['num_speculative_tokens']} drafts a verify step, {acceptance['dtype']} on "
+        f"{acceptance['device']}, with and without the drafter in the same process:", "",
+        "| sampling | tokens per verify step | verify steps | tokens/s without | tokens/s with | speed-up |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for mode, m in acceptance["modes"].items():
+        lines.append(f"| {mode} | {m['mean_acceptance_length']:.2f} | {m['verify_steps']} | "
+                     f"{m['tokens_per_second_plain']:.1f} | {m['tokens_per_second_drafter']:.1f} | "
+                     f"{m['speedup']:.2f}x |")
+    greedy = next((m for m in acceptance["modes"].values() if "equal_to_plain" in m), None)
+    if greedy:
+        lines += ["", f"Greedy outputs equal to those without the drafter: {greedy['equal_to_plain']}."]
+    lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
+    return "\n".join(lines)
+
+
+def _train(args, device: str) -> None:
+    import torch
+
+    from beam_model.tokenizer import load_tokenizer
+    from workbench.training.corpus import corpus_files, split
+    from workbench.training.data import encode_files
+    from workbench.training.drafter import DrafterOptions, DrafterTrainer, converted, frozen_target
+
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(args.target)
+    train_files, _ = split(corpus_files())
+    stream = encode_files(tokenizer, [f.read() for f in train_files])
+    target = frozen_target(args.target, device)
+    opts = DrafterOptions(layers=args.layers, block_size=args.block_size, steps=args.steps, batch=args.batch,
+                          seq_len=args.seq_len, anchors=args.anchors, lr=args.lr,
+                          warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed, device=device)
+    trainer = DrafterTrainer(opts, target, stream)
+    every = max(1, opts.steps // 50)
+    print(f"training a {opts.layers}-layer drafter reading layers {trainer.drafter.config.target_layer_ids} of "
+          f"{args.target} on {len(stream)} tokens; {device}", file=sys.stderr)
+
+    def line(step, loss, agree, seconds):
+        if step % every == 0 or step == opts.steps:
+            print(f"step {step}/{opts.steps} loss {loss:.4f} top-1 agreement: first draft {agree[0]:.3f}, "
+                  f"mean {sum(agree) / len(agree):.3f} {seconds:.0f} s", file=sys.stderr, flush=True)
+
+    drafter = trainer.run(line)
+    converted(drafter, torch.bfloat16).save_pretrained(args.out_dir)
+    with open(os.path.join(args.out_dir, "training.json"), "w") as f:
+        json.dump({"command": "workbench " + " ".join(sys.argv[1:]), "target": args.target,
+                   "options": dataclasses.asdict(opts), "train_seconds": round(time.perf_counter() - started, 1),
+                   "device": f"{platform.machine()} ({os.cpu_count()} cores)" if device == "cpu"
+                   else torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "parameters": sum(p.numel() for p in drafter.parameters()),
+                   "history": trainer.history}, f, indent=1)
+        f.write("\n")

@@ -1,0 +1,179 @@
+"""`workbench train-drafter`: a DFlash drafter distilled from its target on the target's training split.
+
+Each step runs the frozen target over random windows (its reference points, no gradients) for its
+tapped layers' hidden states and its logits, picks `anchors` block starts p per window, and trains the
+drafter to predict, at each mask position p + i of the block [x_p, mask, ...], the target's own
+distribution for that position (soft cross-entropy against the target's softmax at p + i - 1), with
+the context features of the positions before p (at most the drafter's window). Position i's loss is
+weighted exp(-(i - 1) / (B / 2)): an early draft's miss ends the accepted prefix, a late one's rarely
+matters. AdamW (decay on matrices), linear warm-up and a cosine schedule (`train.learning_rate`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from workbench.training.data import TokenStream, random_windows
+
+
+@dataclass
+class DrafterOptions:
+    layers: int = 2
+    block_size: int = 16
+    steps: int = 400
+    batch: int = 8             # windows per step
+    seq_len: int = 256
+    anchors: int = 16          # blocks per window
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 30
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+
+
+def position_weights(block_size: int, device=None) -> torch.Tensor:
+    """The loss weight of each mask position 1 .. B - 1."""
+    i = torch.arange(block_size - 1, dtype=torch.float32, device=device)
+    return torch.exp(-i / (block_size / 2))
+
+
+def initial_drafter(config, target, *, seed: int, device):
+    """An FP32 drafter for `target`: projections N(0, 1/fan_in), the mask vector N(0, 1), norms 1, gate
+    biases 0 (the target's own initial rules, `models.initial_model`)."""
+    from beam_model.drafter import BeamDrafter
+    from beam_model.weights import _set_param
+
+    drafter = BeamDrafter(config, dtype=torch.float32)
+    drafter.attach(target)
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in list(drafter.named_parameters()):
+        if name.endswith("norm.weight"):
+            value = torch.ones(p.shape)
+        elif name.endswith("gate_bias"):
+            value = torch.zeros(p.shape)
+        else:
+            std = 1.0 if name == "mask_embedding" else 1.0 / math.sqrt(p.shape[-1])
+            value = torch.randn(p.shape, generator=gen) * std
+        _set_param(drafter, name, value.to(device))
+        drafter.get_parameter(name).requires_grad_(True)
+    drafter.set_variants()
+    return drafter
+
+
+@torch.no_grad()
+def target_outputs(target, windows: torch.Tensor, taps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's tapped streams [b, T, features] and FP32 logits [b, T, vocab] over `windows` [b, T]."""
+    from beam_model.kv_cache import PagedKVCache
+
+    b, t = windows.shape
+    cache = PagedKVCache.for_sequences(target.config, [t] * b, dtype=target.dtype, device=target.device)
+    for s in range(b):
+        cache.add(s)
+    step = cache.prepare_step(list(range(b)), [t] * b)
+    logits, tapped = target.step(windows.flatten(), cache, step, all_logits=True, taps=tuple(taps))
+    return tapped.view(b, t, -1), logits.float().view(b, t, -1)
+
+
+def anchor_blocks(windows: torch.Tensor, n: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
+    """[b, n] block starts p per window, each with a full block of targets inside it (p <= T - B + 1)."""
+    b, t = windows.shape
+    if t < block_size + 1:
+        raise ValueError(f"windows of {t} tokens hold no block of {block_size}")
+    return torch.randint(1, t - block_size + 2, (b, n), generator=generator)
+
+
+def block_loss(drafter, windows, tapped, logits, starts) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weighted soft cross-entropy of the drafter's blocks at `starts` [b, n], and per mask position
+    [B - 1] the fraction whose most likely draft is the target's most likely token."""
+    cfg = drafter.config
+    bsz, t = windows.shape
+    blk, c_len = cfg.block_size, cfg.sliding_window
+    feats = drafter.context_features(tapped.reshape(bsz * t, -1)).view(bsz, t, -1)
+    padded = F.pad(feats, (0, 0, c_len, 0))                              # position q at index q + c_len
+    rows = torch.arange(bsz, device=windows.device)[:, None].expand_as(starts).reshape(-1)
+    p = starts.reshape(-1)
+    idx = p[:, None] + torch.arange(c_len, device=p.device)[None, :]   # positions p - C .. p - 1
+    context = padded[rows[:, None], idx]
+    valid = torch.arange(c_len, device=p.device)[None, :] >= (c_len - p)[:, None]
+    draft = drafter.block_logits(windows[rows, p], p, context, valid)   # [S, B - 1, V]
+    want = logits[rows[:, None], p[:, None] + torch.arange(blk - 1, device=p.device)[None, :]]
+    soft = -(want.softmax(-1) * draft.log_softmax(-1)).sum(-1)          # [S, B - 1]
+    w = position_weights(blk, draft.device)
+    loss = (soft * w).sum(-1).mean() / w.sum()
+    agree = (draft.argmax(-1) == want.argmax(-1)).float().mean(0)
+    return loss, agree
+
+
+class DrafterTrainer:
+    def __init__(self, opts: DrafterOptions, target, train: TokenStream):
+        from beam_model.drafter_config import DrafterConfig
+
+        self.opts, self.target, self.stream = opts, target, train
+        torch.manual_seed(opts.seed)
+        config = DrafterConfig.for_target(target.config, num_hidden_layers=opts.layers, block_size=opts.block_size)
+        self.drafter = initial_drafter(config, target, seed=opts.seed, device=target.device)
+        decay, rest = [], []
+        for n, p in self.drafter.named_parameters():
+            (decay if p.dim() >= 2 else rest).append(p)
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": opts.weight_decay},
+                                            {"params": rest, "weight_decay": 0.0}], lr=opts.lr, betas=opts.betas)
+        self.generator = torch.Generator().manual_seed(opts.seed)
+        self.history: list = []  # [step, loss, top-1 agreement per mask position, lr]
+
+    def step(self, i: int) -> tuple[float, list[float]]:
+        from workbench.training.train import learning_rate
+
+        opts, drafter = self.opts, self.drafter
+        lr = learning_rate(opts, i)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        w = random_windows(self.stream, opts.batch, opts.seq_len - 1, self.generator).to(drafter.device)
+        tapped, logits = target_outputs(self.target, w, drafter.config.target_layer_ids)
+        drafter.set_variants()  # each step's graph starts from the parameters
+        loss, agree = block_loss(drafter, w, tapped, logits,
+                                 anchor_blocks(w, opts.anchors, opts.block_size, self.generator).to(w.device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(drafter.parameters()), opts.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        agree = [round(a, 4) for a in agree.tolist()]
+        self.history.append([i + 1, round(loss.item(), 5), agree, lr])
+        return loss.item(), agree
+
+    def run(self, on_step=None):
+        started = time.perf_counter()
+        for i in range(self.opts.steps):
+            loss, agree = self.step(i)
+            if on_step:
+                on_step(i + 1, loss, agree, time.perf_counter() - started)
+        self.drafter.set_variants()
+        return self.drafter
+
+
+def frozen_target(path: str, device) -> torch.nn.Module:
+    """The target checkpoint in FP32 for distillation, bound to its reference points."""
+    from beam_model.model import BeamForCausalLM
+
+    return BeamForCausalLM.from_pretrained(path, dtype=torch.float32, device=device)
+
+
+
+def converted(drafter, dtype: torch.dtype):
+    """A copy of `drafter` in `dtype` (its checkpoint's), sharing the same target."""
+    from beam_model.drafter import BeamDrafter
+    from beam_model.weights import _set_param
+
+    out = BeamDrafter(drafter.config, dtype=dtype)
+    out.attach(drafter.target)
+    for name, p in drafter.named_parameters():
+        _set_param(out, name, p.detach().to(dtype).clone())
+    out.set_variants()
+    return out

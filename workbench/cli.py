@@ -26,6 +26,7 @@ COMMANDS = {
     "tokenizer": "workbench.commands.tokenizer",
     "train": "workbench.commands.train",
     "train-drafter": "workbench.commands.train_drafter",
+    "verify-cost": "workbench.commands.verify_cost",
     "quantize": "workbench.commands.quantize",
 }
 

@@ -1,0 +1,28 @@
+"""`workbench verify-cost`'s parts: routing rewritten to a shared fraction of experts (distinct ids, no
+host sync), the step curve at batch 1, and the speed-up projection."""
+
+import torch
+
+from workbench.verify_cost import projected_speedup, shared_routing, verify_curve
+
+
+def test_shared_routing_keeps_a_fraction_of_the_first_tokens_experts():
+    ids = torch.stack([torch.randperm(16)[:8] for _ in range(5)])
+    weights = torch.rand(5, 8)
+    out, w = shared_routing(lambda x, wt, **kw: (ids, weights), 0.35)(None, None)
+    assert w is weights and out.shape == ids.shape
+    assert all(len(set(row.tolist())) == 8 for row in out)  # still 8 distinct experts a token
+    first3 = set(ids[0, :3].tolist())
+    assert all(first3 <= set(row.tolist()) for row in out)
+    assert all(set(out[t, 3:].tolist()) <= set(ids[t].tolist()) for t in range(5))  # the rest its own
+
+
+def test_the_curve_and_the_projection():
+    from beam_model import BeamForCausalLM
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    route = model.ops.route
+    curve = verify_curve(model, [1, 3], context=32, overlap=0.5, budget_s=0.01)
+    assert set(curve) == {1, 3} and all(r["median_us"] > 0 for r in curve.values())
+    assert model.ops.route is route  # the rewritten routing is undone
+    assert projected_speedup({1: 10.0, 4: 15.0}, 5.0, 3.0, 3) == 3.0 * 10.0 / 20.0

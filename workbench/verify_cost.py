@@ -1,0 +1,72 @@
+"""What speculative decoding's verify step costs against the one-token decode step, and what it buys.
+
+The target's step at batch 1 over `context` tokens of history is timed for n = 1, 2, ... new tokens
+with logits at each (the verify step of the last token and n - 1 drafts), graphed on CUDA as the
+server's decode is. At batch 1 the step is bound by the weights it reads, and the experts it reads
+grow with the experts its n tokens route to: with random token ids they route nearly independently;
+`overlap` rewrites the route point's choices so every token of the block shares that fraction of its
+experts with the others (held-out text on beam-mini: consecutive tokens share ~35% of their experts,
+`models/beam-mini/README.md`). From the curve, the speed-up of a drafter whose verify steps yield L
+tokens on average with K drafts: L * t(1) / (t(K + 1) + t_draft), t_draft its own block step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench import timing
+from workbench.targets import StepRunner, Target
+
+
+def shared_routing(route, share: float):
+    """`route` whose expert ids are rewritten so every token keeps round(share * k) experts of the step's
+    first token and its own for the rest (ids stay distinct per token; no host sync, so a graph captures
+    it). The weights are the route's own, slot for slot."""
+
+    def wrapped(x, w, **kw):
+        ids, weights = route(x, w, **kw)
+        k = ids.shape[-1]
+        m = round(share * k)
+        if m == 0 or ids.shape[0] < 2:
+            return ids, weights
+        common = ids[:1, :m].expand(ids.shape[0], m)
+        member = torch.isin(ids, ids[0, :m])
+        own = ids.gather(1, member.to(torch.int8).argsort(dim=1, stable=True))[:, :k - m]
+        return torch.cat([common, own], 1), weights
+
+    return wrapped
+
+
+def verify_curve(model, tokens: list[int], *, context: int, overlap: float | None = None,
+                 budget_s: float = 2.0) -> dict[int, dict]:
+    """{n: time_fn's result} for the step of n new tokens at batch 1 (logits at each)."""
+    graph, route = model.device.type == "cuda", model.ops.route
+    if overlap is not None:
+        model.ops.route = shared_routing(route, overlap)
+    try:
+        return {n: timing.time_fn(StepRunner(model, Target(f"verify-{n}", 1, n, context, all_logits=n > 1),
+                                             use_graph=graph), device=model.device, budget_s=budget_s)
+                for n in tokens}
+    finally:
+        model.ops.route = route
+
+
+def draft_step_us(drafter, *, budget_s: float = 2.0) -> dict:
+    """time_fn's result for the drafter proposing one block at batch 1 over a full context window."""
+    c, dev = drafter.config, drafter.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    context = torch.randn(1, c.sliding_window, c.hidden_size, generator=gen, device=dev).to(drafter.dtype)
+    valid = torch.ones(1, c.sliding_window, dtype=torch.bool, device=dev)
+    first, starts = torch.tensor([1], device=dev), torch.tensor([4096], device=dev)
+
+    @torch.inference_mode()
+    def step():
+        return drafter.block_logits(first, starts, context, valid).argmax(-1)
+
+    return timing.time_fn(step, device=dev, budget_s=budget_s)
+
+
+def projected_speedup(curve_us: dict[int, float], draft_us: float, acceptance: float, drafts: int) -> float:
+    """Decode tokens per second with the drafter over without it: `acceptance` tokens per verify step of
+    `drafts` drafts (plus the bonus token), each verify step followed by a draft step."""
+    return acceptance * curve_us[1] / (curve_us[drafts + 1] + draft_us)

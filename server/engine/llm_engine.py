@@ -32,11 +32,11 @@ log = logging.getLogger("beam.engine")
 
 
 def step_kind(seqs: list, counts: list[int]) -> str:
-    """What a step feeds: `decode` (every sequence one token after its prompt), `prefill` (prompt
-    tokens only) or `mixed`."""
+    """What a step feeds: `decode` (every sequence one token after its prompt), `verify` (every sequence
+    past its prompt, some with drafts after their last token), `prefill` (prompt tokens only) or `mixed`."""
     decoding = [s.num_computed >= s.num_prompt_tokens for s in seqs]
-    if all(decoding) and all(n == 1 for n in counts):
-        return "decode"
+    if all(decoding):
+        return "decode" if all(n == 1 for n in counts) else "verify"
     return "prefill" if not any(decoding) else "mixed"
 
 
@@ -89,7 +89,8 @@ class Engine:
         # (`on_runner_plan`, before this one captures its graphs, whose collectives they must meet)
         self.runner_plan = dict(num_pages=self.num_pages, page_size=self.page_size, max_num_seqs=self.max_num_seqs,
                                 vocab_limit=min(self.vocab_size, tokenizer.vocab_size),
-                                cuda_graphs=cuda if cuda_graphs is None else cuda_graphs,
+                                # a drafter's verify steps run eagerly (its graph is not built yet)
+                                cuda_graphs=(cuda if cuda_graphs is None else cuda_graphs) and drafter is None,
                                 graph_max_len=min(self.max_model_len, GRAPH_MAX_LEN), seed=seed)
         if on_runner_plan is not None:
             on_runner_plan(self.runner_plan)

@@ -58,6 +58,11 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(tiny, monkeypatch):
     stats = engine.speculator.stats
     assert stats.accepted > 0 and sum(1 for n in stats.histogram if n) >= 4, stats
     assert engine.block_manager.used(FULL) == 0 and engine.block_manager.used(SLIDING) == 0
+    # a prompt that starts with another's cached pages: its drafter context begins after them
+    again = ps[2][:128] + [7, 8, 9]
+    truth[tuple(again)] = Engine(model, tok, num_pages=64).generate([again], GREEDY)[0]
+    assert engine.generate([again], GREEDY) == [truth[tuple(again)]]
+    assert engine.scheduler.prefix_hit_tokens >= 64
 
 
 def test_a_random_drafter_changes_nothing(tiny):
@@ -87,6 +92,15 @@ def test_rejection_sampling_follows_the_targets_distribution(temperature, top_k,
     assert counts[~live].sum() == 0  # nothing outside the target's top-k / top-p
     chi2 = float(((counts[live] - expected[live]) ** 2 / expected[live]).sum())
     assert chi2 < 40.0, (chi2, counts.tolist(), expected.tolist())  # df <= 5: ~1e-7 for a right sampler
+
+
+def test_a_seeded_sampled_request_is_reproducible(tiny):
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([20], seed=9)
+    params = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=11, ignore_eos=True)
+    runs = [Engine(model, tok, num_pages=16, drafter=drafter, num_speculative_tokens=4).generate(ps, params)
+            for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0][0]) == 24
 
 
 def test_a_drafter_context_keeps_positions_in_order():

@@ -22,6 +22,9 @@ from workbench.agent.static_check import check_source
 from workbench.cli import main
 from workbench.points import Workload
 
+# `agent_run` is made once, on one xdist worker
+pytestmark = pytest.mark.xdist_group("agent_run")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = f"{sys.executable} {os.path.join(HERE, 'scripted.py')}"
 sys.path.insert(0, HERE)

@@ -4,8 +4,9 @@ Prompts are the first `prompt_tokens` tokens of the first held-out files of the 
 neither model trained on). Each prompt is served alone (one user), with and without the drafter, in
 two modes: greedy, and temperature 1.0 with top-p 0.95 (seeded). Reported per mode: the mean
 acceptance length (tokens per verify step: kept drafts plus the bonus token), its histogram, the
-wall time and tokens per second with and without the drafter (same process, alternating per prompt),
-and for greedy how many outputs equal the drafter-less ones token for token.
+wall time and tokens per second without the drafter, with it verifying every draft and with adaptive
+verification (same process, the three taking turns to go first), and for greedy how many outputs equal
+the drafter-less ones token for token.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from server.engine.sampling_params import SamplingParams
 from server.engine.speculative import SpecStats
 
 MODES = {"greedy": dict(temperature=0.0), "temperature_1_top_p_0.95": dict(temperature=1.0, top_p=0.95)}
+VERIFICATION = {"fixed": False, "adaptive": True}  # every draft verified, or as many as pay
 
 
 def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
@@ -47,39 +49,39 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
     drafter = BeamDrafter.from_pretrained(drafter_dir, target, dtype=dtype)
     asked = held_out_prompts(tokenizer, prompts, prompt_tokens)
     pages = (prompt_tokens + max_tokens + drafter.config.block_size) // 16 + 4
-    plain = Engine(target, tokenizer, num_pages=pages, max_num_seqs=1, cuda_graphs=False)
-    spec = Engine(target, tokenizer, num_pages=pages, max_num_seqs=1, cuda_graphs=False, drafter=drafter,
-                  num_speculative_tokens=num_speculative_tokens)
-    k = spec.speculator.k
-    for engine in (plain, spec):  # first-use costs outside the timings
+    common = dict(num_pages=pages, max_num_seqs=1, cuda_graphs=False)
+    engines = {"plain": Engine(target, tokenizer, **common)}
+    for name, adaptive in VERIFICATION.items():
+        engines[name] = Engine(target, tokenizer, **common, drafter=drafter,
+                               num_speculative_tokens=num_speculative_tokens, adaptive_verification=adaptive)
+    k = engines["fixed"].speculator.k
+    for engine in engines.values():  # first-use costs outside the timings
         engine.generate([asked[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     modes = {}
     for mode, sampling in MODES.items():
-        spec.speculator.stats = SpecStats()
-        seconds = {"plain": 0.0, "drafter": 0.0}
-        tokens, equal = 0, 0
+        seconds, outputs = {name: 0.0 for name in engines}, {name: [] for name in engines}
+        for name in VERIFICATION:
+            engines[name].speculator.stats = SpecStats()
         for i, prompt in enumerate(asked):
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **sampling)
-            started = time.perf_counter()
-            base = plain.generate([prompt], params)[0]
-            seconds["plain"] += time.perf_counter() - started
-            started = time.perf_counter()
-            drafted = spec.generate([prompt], params)[0]
-            seconds["drafter"] += time.perf_counter() - started
-            tokens += len(drafted)
-            equal += drafted == base
-        stats = spec.speculator.stats
-        modes[mode] = {
-            "sampling": sampling, "mean_acceptance_length": stats.mean_acceptance_length,
-            "verify_steps": stats.verify_steps, "drafted": stats.drafted, "accepted": stats.accepted,
-            "kept_drafts_histogram": stats.histogram, "tokens": tokens,
-            "seconds_plain": round(seconds["plain"], 3), "seconds_drafter": round(seconds["drafter"], 3),
-            "tokens_per_second_plain": tokens / seconds["plain"],
-            "tokens_per_second_drafter": tokens / seconds["drafter"],
-            "speedup": seconds["plain"] / seconds["drafter"],
-        }
-        if sampling["temperature"] == 0.0:
-            modes[mode]["equal_to_plain"] = f"{equal}/{len(asked)}"
+            order = list(engines)[i % len(engines):] + list(engines)[:i % len(engines)]  # no engine always first
+            for name in order:
+                started = time.perf_counter()
+                outputs[name].append(engines[name].generate([prompt], params)[0])
+                seconds[name] += time.perf_counter() - started
+        tokens = sum(len(o) for o in outputs["plain"])
+        modes[mode] = {"sampling": sampling, "tokens": tokens, "seconds_plain": round(seconds["plain"], 3),
+                       "tokens_per_second_plain": tokens / seconds["plain"]}
+        for name in VERIFICATION:
+            stats = engines[name].speculator.stats
+            modes[mode][name] = {
+                "mean_acceptance_length": stats.mean_acceptance_length, "verify_steps": stats.verify_steps,
+                "drafted": stats.drafted, "accepted": stats.accepted, "kept_drafts_histogram": stats.histogram,
+                "seconds": round(seconds[name], 3), "tokens_per_second": tokens / seconds[name],
+                "speedup": seconds["plain"] / seconds[name]}
+            if sampling["temperature"] == 0.0:
+                same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
+                modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"
     return {"target": target_dir, "drafter": drafter_dir, "device": device, "dtype": str(dtype).removeprefix("torch."),
             "num_speculative_tokens": k, "prompts": len(asked), "prompt_tokens": prompt_tokens,
             "max_tokens": max_tokens, "modes": modes}

@@ -59,7 +59,10 @@ def run(args) -> int:
     with open(os.path.join(args.out_dir, "README.md"), "w") as f:
         f.write(card(training, figures))
     for mode, m in figures["modes"].items():
-        print(f"{mode}: {m['mean_acceptance_length']:.2f} tokens per verify step over {m['verify_steps']} steps")
+        for name in ("fixed", "adaptive"):
+            v = m[name]
+            print(f"{mode}, {name} verification: {v['mean_acceptance_length']:.2f} tokens per verify step, "
+                  f"{v['speedup']:.2f}x the tokens per second without the drafter")
     return 0
 
 
@@ -79,17 +82,22 @@ def card(training: dict, acceptance: dict) -> str:
         f"{acceptance['prompts']} prompts of {acceptance['prompt_tokens']} tokens from the held-out files, each "
         f"served alone for {acceptance['max_tokens']} tokens through the engine, "
         f"{acceptance['num_speculative_tokens']} drafts a verify step, {acceptance['dtype']} on "
-        f"{acceptance['device']}, with and without the drafter in the same process:", "",
-        "| sampling | tokens per verify step | verify steps | tokens/s without | tokens/s with | speed-up |",
+        f"{acceptance['device']}, without the drafter, with it verifying every draft (fixed) and as many as pay "
+        "(adaptive), in the same process:", "",
+        "| sampling | verification | tokens per verify step | verify steps | tokens/s | speed-up |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for mode, m in acceptance["modes"].items():
-        lines.append(f"| {mode} | {m['mean_acceptance_length']:.2f} | {m['verify_steps']} | "
-                     f"{m['tokens_per_second_plain']:.1f} | {m['tokens_per_second_drafter']:.1f} | "
-                     f"{m['speedup']:.2f}x |")
-    greedy = next((m for m in acceptance["modes"].values() if "equal_to_plain" in m), None)
-    if greedy:
-        lines += ["", f"Greedy outputs equal to those without the drafter: {greedy['equal_to_plain']}."]
+        lines.append(f"| {mode} | none | | | {m['tokens_per_second_plain']:.1f} | 1.00x |")
+        for name in ("fixed", "adaptive"):
+            v = m[name]
+            length = f"{v['mean_acceptance_length']:.2f}" if v["verify_steps"] else "-"
+            lines.append(f"| {mode} | {name} | {length} | {v['verify_steps']} | "
+                         f"{v['tokens_per_second']:.1f} | {v['speedup']:.2f}x |")
+    equal = [f"{name} {m[name]['equal_to_plain']}" for m in acceptance["modes"].values()
+             for name in ("fixed", "adaptive") if "equal_to_plain" in m[name]]
+    if equal:
+        lines += ["", "Greedy outputs equal to those without the drafter: " + ", ".join(equal) + "."]
     lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
     return "\n".join(lines)
 

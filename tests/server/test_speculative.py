@@ -103,6 +103,28 @@ def test_a_seeded_sampled_request_is_reproducible(tiny):
     assert runs[0] == runs[1] and len(runs[0][0]) == 24
 
 
+def test_sampled_tokens_after_a_verify_step_follow_the_targets_distribution(tiny):
+    """Many copies of one prompt, each its first two tokens drawn at temperature 0.7 and top-k 3, with the
+    (random) drafter and without: the second token comes out of a verify step (its draft kept or
+    rejected), and the pairs' counts agree between the two engines (a two-sample chi-square)."""
+    model, drafter = tiny
+    tok, (prompt,) = FullVocabTokenizer(), prompts([6], seed=4)
+    n = 3000
+    params = SamplingParams(max_tokens=3, temperature=0.7, top_k=3, ignore_eos=True)
+    common = dict(num_pages=8 * 64, max_num_seqs=1024, max_num_batched_tokens=4096, prefix_caching=False)
+    plain = Engine(model, tok, **common, seed=1).generate([prompt] * n, params)
+    engine = Engine(model, tok, **common, seed=2, drafter=drafter, num_speculative_tokens=1)
+    drafted = engine.generate([prompt] * n, params)
+    assert engine.speculator.stats.verify_steps >= n
+    pairs = sorted({tuple(o[:2]) for o in plain + drafted})
+    a = torch.tensor([sum(tuple(o[:2]) == pr for o in plain) for pr in pairs], dtype=torch.float64)
+    b = torch.tensor([sum(tuple(o[:2]) == pr for o in drafted) for pr in pairs], dtype=torch.float64)
+    keep = (a + b) >= 10
+    chi2 = float((((a - b) ** 2) / (a + b))[keep].sum())
+    df = int(keep.sum()) - 1
+    assert 2 <= df <= 8 and chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df, a.tolist(), b.tolist())
+
+
 def test_a_drafter_context_keeps_positions_in_order():
     d = DraftState()
     d.extend(0, torch.arange(10.0)[:, None], window=6)

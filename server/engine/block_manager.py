@@ -148,9 +148,11 @@ class BlockManager:
                 self.pools[g].release(pages.pop())
 
     def commit(self, seq) -> None:
-        """After a step: hash the pages it completed and offer them to the prefix cache."""
+        """After a step: hash the pages it completed and offer them to the prefix cache. A page is hashed
+        once its tokens are all in `seq.token_ids` too: a verify step computes kept drafts before the engine
+        appends them."""
         ps = self.page_size
-        while len(seq.page_hashes) < seq.num_computed // ps:
+        while len(seq.page_hashes) < min(seq.num_computed, seq.num_tokens) // ps:
             i = len(seq.page_hashes)
             h = page_hash(seq.page_hashes[-1] if i else b"", seq.token_ids[i * ps:(i + 1) * ps])
             seq.page_hashes.append(h)

@@ -39,14 +39,16 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(tiny, monkeypatch):
     every verify step keeps a different number of them, and the output is still the target's."""
     model, drafter = tiny
     tok, ps = FullVocabTokenizer(), prompts([5, 70, 130, 9], seed=3)
-    plain = Engine(model, tok, num_pages=64).generate(ps, GREEDY)
+    greedy = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)  # the second reaches a new page
+    plain = Engine(model, tok, num_pages=64).generate(ps, greedy)
     truth = {tuple(p): out for p, out in zip(ps, plain)}
     rng = random.Random(0)
 
     def oracle(self, items):
         for s, _, _ in items:
             done = s.num_output_tokens
-            ids = (truth[tuple(s.token_ids[:s.num_prompt_tokens])][done:done + self.k] + [0] * self.k)[:self.k]
+            known = truth.get(tuple(s.token_ids[:s.num_prompt_tokens]), [])
+            ids = (known[done:done + self.k] + [0] * self.k)[:self.k]
             spoil = rng.randrange(self.k + 2)
             if spoil < self.k:
                 ids[spoil] = (ids[spoil] + 1) % 256
@@ -54,14 +56,20 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(tiny, monkeypatch):
 
     monkeypatch.setattr(Speculator, "_propose", oracle)
     engine = Engine(model, tok, num_pages=64, max_num_batched_tokens=64, drafter=drafter, num_speculative_tokens=7)
-    assert engine.generate(ps, GREEDY) == plain
+    assert engine.generate(ps, greedy) == plain
     stats = engine.speculator.stats
     assert stats.accepted > 0 and sum(1 for n in stats.histogram if n) >= 4, stats
     assert engine.block_manager.used(FULL) == 0 and engine.block_manager.used(SLIDING) == 0
+    # every page offered to the prefix cache holds the right tokens: the prompt and its output again hit all
+    whole = ps[1] + plain[1]
+    assert len(whole) // 64 == 2
+    hits = engine.scheduler.prefix_hit_tokens
+    engine.generate([whole], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    assert engine.scheduler.prefix_hit_tokens - hits == (len(whole) - 1) // 64 * 64
     # a prompt that starts with another's cached pages: its drafter context begins after them
     again = ps[2][:128] + [7, 8, 9]
-    truth[tuple(again)] = Engine(model, tok, num_pages=64).generate([again], GREEDY)[0]
-    assert engine.generate([again], GREEDY) == [truth[tuple(again)]]
+    truth[tuple(again)] = Engine(model, tok, num_pages=64).generate([again], greedy)[0]
+    assert engine.generate([again], greedy) == [truth[tuple(again)]]
     assert engine.scheduler.prefix_hit_tokens >= 64
 
 
@@ -143,6 +151,20 @@ def test_pages_of_rejected_drafts_go_back():
     s.num_computed = 63  # two drafts kept: the second page holds only rejected ones
     bm.trim(s)
     assert len(s.pages[FULL]) == len(s.pages[SLIDING]) == 1 and bm.used(FULL) == 1
+
+
+def test_a_page_is_offered_to_the_prefix_cache_once_its_kept_drafts_are_tokens():
+    from server.engine.block_manager import page_hash
+
+    bm = BlockManager({FULL: 8, SLIDING: 8}, page_size=64, window=16)
+    s = seq(list(range(62)))
+    bm.allocate(s, 62 + 4)
+    s.num_computed = 65  # the verify step computed the last token and 3 kept drafts, not yet appended
+    bm.commit(s)
+    assert s.page_hashes == []  # page 0's last tokens are not in the sequence yet
+    s.token_ids += [62, 63, 64, 65]  # the engine appends the kept drafts and the bonus token
+    bm.commit(s)
+    assert s.page_hashes == [page_hash(b"", list(range(64)))]
 
 
 def test_speculative_tokens_must_fit_the_block(tiny):

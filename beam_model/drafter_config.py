@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from beam_model.config import SLIDING, BeamConfig, read_config_json
 
@@ -44,7 +44,6 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-6
     final_logit_softcapping: float = 30.0
     model_type: str = MODEL_TYPE
-    extra: dict = field(default_factory=dict)  # what training recorded (not architecture)
 
     def __post_init__(self):
         problems = []

@@ -1,6 +1,10 @@
 """Shared set-ups of the harness tests (tests/workbench/): a tiny target step to search and time on
 the CPU, the options of a tiny optimize run, and timing knobs that keep tests quick."""
 
+import fcntl
+import os
+import pickle
+
 import torch
 
 POINTS_SEARCHED = ("boundary", "qkvg_proj")  # what a tiny optimize run searches
@@ -24,3 +28,20 @@ def tiny_options(out_dir, **kw):
     return OptimizeOptions(**{"target": "decode-b1", "preset": "beam-tiny", "dtype": torch.float32,
                               "device": torch.device("cpu"), "out_dir": str(out_dir), "points": POINTS_SEARCHED,
                               "command": "pytest", **kw})
+
+
+def made_once(tmp_path_factory, name: str, make):
+    """`make()`'s result, made by the first pytest-xdist worker that asks and read (pickled) by the others:
+    a costly read-only set-up is made once per test session, not once per worker. Whatever `make()` writes
+    stays where it wrote it (its worker's temp folder lives as long as the session)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make()
+    root = tmp_path_factory.getbasetemp().parent  # shared by the session's workers
+    path = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = make()
+        path.write_bytes(pickle.dumps(value))
+        return value

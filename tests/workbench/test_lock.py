@@ -11,9 +11,6 @@ from workbench import lock as lockmod
 from workbench.lock import Lock, verify
 from workbench.registry import POINTS
 
-# the session's `finished_run` (conftest.py) is made once, on one xdist worker, for every module that reads it
-pytestmark = pytest.mark.xdist_group("finished_run")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

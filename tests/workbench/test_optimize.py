@@ -16,9 +16,6 @@ from workbench.optimize import OptimizeOptions, optimize
 from workbench.registry import COMPOUNDS, POINTS
 from workbench.targets import for_device, get_target
 
-# the session's `finished_run` (conftest.py) is made once, on one xdist worker, for every module that reads it
-pytestmark = pytest.mark.xdist_group("finished_run")
-
 
 def test_run_writes_every_result_file(finished_run):
     out, report, events = finished_run

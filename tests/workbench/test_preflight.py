@@ -11,9 +11,6 @@ from harness_helpers import POINTS_SEARCHED
 from workbench.lock import Lock
 from workbench.optimize import OptimizeOptions, optimize
 
-# the session's `finished_run` (conftest.py) is made once, on one xdist worker, for every module that reads it
-pytestmark = pytest.mark.xdist_group("finished_run")
-
 
 @pytest.mark.parametrize("named, says", [(["torch", "flashinfer"], "'flashinfer' package, which is not installed"),
                                          (["torch", "trition"], "unknown backend 'trition'")])

@@ -6,9 +6,6 @@ import os
 
 import pytest
 
-# the session's `finished_run` (conftest.py) is made once, on one xdist worker, for every module that reads it
-pytestmark = pytest.mark.xdist_group("finished_run")
-
 
 def test_report_rerenders_from_the_run_folder(finished_run, tmp_path):
     import shutil

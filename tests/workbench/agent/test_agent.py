@@ -7,6 +7,7 @@ Worker processes import torch (~3 s each on CPU), so each judged attempt costs t
 static rejections start none.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from harness_helpers import made_once
 
 from workbench import registry
 from workbench.agent import plugins, scaffold
@@ -21,9 +23,6 @@ from workbench.agent.judge import Task, decide
 from workbench.agent.static_check import check_source
 from workbench.cli import main
 from workbench.points import Workload
-
-# `agent_run` is made once, on one xdist worker
-pytestmark = pytest.mark.xdist_group("agent_run")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = f"{sys.executable} {os.path.join(HERE, 'scripted.py')}"
@@ -212,8 +211,8 @@ def test_setup(*args, **kwargs):
 """
 
 
-@pytest.fixture(scope="module")
-def agent_run(tmp_path_factory):
+def _make_agent_run(tmp_path_factory):
+    """(run folder, report, events, attempts) of an optimize run with the scripted agent on boundary."""
     from workbench.agent.loop import AgentOptions
     from workbench.optimize import OptimizeOptions, optimize
 
@@ -238,8 +237,18 @@ def agent_run(tmp_path_factory):
                                           command="pytest", agent=agent), on_event=events.append)
     with open(os.path.join(out, "agent", "attempts.jsonl")) as f:
         attempts = [json.loads(line) for line in f]
-    yield out, report, events, attempts
-    for a in attempts:
+    # the live Search a stage event hands a UI ends with the run (and holds locks: it cannot be pickled)
+    events = [dataclasses.replace(e, search=None) if hasattr(e, "search") else e for e in events]
+    return out, report, events, attempts
+
+
+@pytest.fixture(scope="module")
+def agent_run(tmp_path_factory):
+    """`_make_agent_run`, made once for all the session's workers (`made_once`); what it registers in the
+    process that makes it is undone there afterwards."""
+    run = made_once(tmp_path_factory, "agent_run", lambda: _make_agent_run(tmp_path_factory))
+    yield run
+    for a in run[3]:
         registry.variants("boundary").pop(a["variant"], None)
     registry.variants("boundary").pop("slow_incumbent", None)
     registry.variants("boundary").pop("test_setup", None)

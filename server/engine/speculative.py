@@ -11,8 +11,8 @@ the engine (progress advances only over kept tokens; `BlockManager.trim` release
 
 The same step gives the target's tapped hidden states of every token it kept, which become the
 drafter's context features (`DraftState.context`); the drafter then proposes the next block after the
-bonus token. Rows that sample without drafts (a prompt's first token, a grammar-constrained or
-logprob-less case the drafter skips) draw through the runner's sampler, masks included.
+bonus token. Rows that sample without drafts (a prompt's first token, a request with a grammar or
+logprobs, which the drafter skips) draw through the runner's sampler, masks included.
 """
 
 from __future__ import annotations

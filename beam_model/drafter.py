@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from beam_model.drafter_config import DrafterConfig
-from beam_model.functional import apply_rope, linear, residual_coefficients, rms_norm, rope_cos_sin
-from beam_model.model import Attention, DenseMLP, Linear, Norm, _param
+from beam_model.functional import apply_rope, linear, rms_norm, rope_cos_sin
+from beam_model.model import Attention, DenseMLP, Linear, Norm, _param, prepared_layer
 from workbench.registry import bind
 
 WEIGHTS_FILE = "model.safetensors"
@@ -70,21 +70,14 @@ class BeamDrafter(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str, target, *, dtype=None, device=None, variants=None) -> "BeamDrafter":
         """A drafter folder for `target` (its dtype and device unless given)."""
-        from safetensors import safe_open
-
-        from beam_model.weights import checked_files, materialize
+        from beam_model.weights import checked_files, materialize, read_into
 
         drafter = cls(DrafterConfig.from_pretrained(path), dtype or target.dtype)
         drafter.attach(target)
         device = torch.device(device) if device is not None else target.device
         expected = {n: tuple(p.shape) for n, p in drafter.named_parameters()}
         files = checked_files(path, expected, what="drafter checkpoint")
-        params = materialize(drafter, device)
-        with torch.no_grad():
-            for file in sorted(set(files.values())):
-                with safe_open(file, framework="pt", device=str(device)) as f:
-                    for name in (n for n, fl in files.items() if fl == file):
-                        params[name].data.copy_(f.get_tensor(name))
+        read_into(materialize(drafter, device), files, device)
         drafter.set_variants(variants)
         return drafter
 
@@ -101,25 +94,9 @@ class BeamDrafter(nn.Module):
 
     def set_variants(self, selection: dict[str, str] | None = None, configs: dict | None = None) -> None:
         """Bind the fusion points' variants and prepare each layer's weights (as the target does)."""
-        self.ops = ops = bind(selection, configs)
+        self.ops = bind(selection, configs)
         for i, layer in enumerate(self.layers):
-            a, mlp = layer.self_attn, layer.mlp
-            next_norm = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else None
-            layer.prepared = {
-                "qkvg_proj": ops.prepare("qkvg_proj", {k: getattr(a, k).weight
-                                                       for k in ("q_proj", "k_proj", "v_proj", "gate_proj")}),
-                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=a.o_proj.weight)),
-                "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
-                                                             next_norm=layer.pre_feedforward_layernorm.weight,
-                                                             residual=self._residual(2 * i + 1))),
-                "dense_mlp": ops.prepare("dense_mlp", {k: getattr(mlp, k).weight
-                                                       for k in ("gate_proj", "up_proj", "down_proj")}),
-                "boundary_mlp": ops.prepare("boundary", dict(post_norm=layer.post_feedforward_layernorm.weight,
-                                                            next_norm=next_norm, residual=self._residual(2 * i + 2))),
-            }
-
-    def _residual(self, k: int) -> torch.Tensor:
-        return torch.tensor(residual_coefficients(k), dtype=torch.float32, device=self.device)
+            layer.prepared = prepared_layer(self.ops, self.layers, i)
 
     # ---- compute --------------------------------------------------------------------------------
     def context_features(self, tapped: torch.Tensor) -> torch.Tensor:

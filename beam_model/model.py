@@ -95,6 +95,39 @@ class DecoderLayer(nn.Module):
         self.prepared: dict = {}
 
 
+def prepared_layer(ops, layers: nn.ModuleList, i: int) -> dict:
+    """Layer i's weights as the bound variants take them (each point's weight transform), by call site:
+    its attention, its MLP (dense, or routing and experts) and its two boundaries, the second ending in
+    the next layer's pre-norm (none after the last)."""
+    layer = layers[i]
+    a, mlp = layer.self_attn, layer.mlp
+    next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
+    device = layer.input_layernorm.weight.device
+
+    def residual(k: int) -> torch.Tensor:
+        return torch.tensor(residual_coefficients(k), dtype=torch.float32, device=device)
+
+    p = {
+        "qkvg_proj": ops.prepare("qkvg_proj", {k: stored(getattr(a, k), "weight")
+                                               for k in ("q_proj", "k_proj", "v_proj", "gate_proj")}),
+        "qk_prep": ops.prepare("qk_prep", dict(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)),
+        "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=stored(a.o_proj, "weight"))),
+        "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
+                                                     next_norm=layer.pre_feedforward_layernorm.weight,
+                                                     residual=residual(2 * i + 1))),
+        "boundary_mlp": ops.prepare("boundary", dict(post_norm=layer.post_feedforward_layernorm.weight,
+                                                    next_norm=next_norm, residual=residual(2 * i + 2))),
+    }
+    if isinstance(mlp, MoE):
+        e = mlp.experts
+        p["route"] = ops.prepare("route", dict(weight=mlp.gate.weight, bias=mlp.gate.e_score_correction_bias))
+        p["experts"] = ops.prepare("experts", {k: stored(e, k) for k in ("gate_proj", "up_proj", "down_proj")})
+    else:
+        p["dense_mlp"] = ops.prepare("dense_mlp", {k: stored(getattr(mlp, k), "weight")
+                                                   for k in ("gate_proj", "up_proj", "down_proj")})
+    return p
+
+
 class BeamModel(nn.Module):
     def __init__(self, c: BeamConfig):
         super().__init__()
@@ -200,33 +233,9 @@ class BeamForCausalLM(nn.Module):
         if wrong:
             raise ValueError(f"the model's weights are {self.weights}; " + "; ".join(wrong))
         self.ops = ops
-        layers = self.model.layers
-        for i, layer in enumerate(layers):
-            a, mlp = layer.self_attn, layer.mlp
-            next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
-            p = {
-                "qkvg_proj": ops.prepare("qkvg_proj", {k: stored(getattr(a, k), "weight")
-                                                       for k in ("q_proj", "k_proj", "v_proj", "gate_proj")}),
-                "qk_prep": ops.prepare("qk_prep", dict(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)),
-                "attn_out": ops.prepare("attn_out", dict(gate_bias=a.gate_bias, o_proj=stored(a.o_proj, "weight"))),
-                "boundary_attn": ops.prepare("boundary", dict(post_norm=layer.post_attention_layernorm.weight,
-                                                             next_norm=layer.pre_feedforward_layernorm.weight,
-                                                             residual=self._residual(2 * i + 1))),
-                "boundary_mlp": ops.prepare("boundary", dict(post_norm=layer.post_feedforward_layernorm.weight,
-                                                            next_norm=next_norm, residual=self._residual(2 * i + 2))),
-            }
-            if isinstance(mlp, MoE):
-                e = mlp.experts
-                p["route"] = ops.prepare("route", dict(weight=mlp.gate.weight, bias=mlp.gate.e_score_correction_bias))
-                p["experts"] = ops.prepare("experts", {k: stored(e, k) for k in ("gate_proj", "up_proj", "down_proj")})
-            else:
-                p["dense_mlp"] = ops.prepare("dense_mlp", {k: stored(getattr(mlp, k), "weight")
-                                                           for k in ("gate_proj", "up_proj", "down_proj")})
-            layer.prepared = p
+        for i, layer in enumerate(self.model.layers):
+            layer.prepared = prepared_layer(ops, self.model.layers, i)
         self.head_weights = ops.prepare("head", dict(norm=self.model.norm.weight, lm_head=self.lm_head.weight))
-
-    def _residual(self, k: int) -> torch.Tensor:
-        return torch.tensor(residual_coefficients(k), dtype=torch.float32, device=self.device)
 
     # ---- compute ------------------------------------------------------------------------
     def _attention(self, layer: DecoderLayer, x, kv, meta):

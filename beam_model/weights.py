@@ -244,7 +244,12 @@ def load_checkpoint(model, path: str, *, device=None) -> None:
     tensors = checkpoint_tensors(model)
     files = checked_files(path, {n: tuple(t.shape) for n, t in tensors.items()}, stored_dtypes(tensors),
                           f"{model.weights} checkpoint" if model.quant is not None else "checkpoint")
-    params = materialize(model, device)
+    read_into(materialize(model, device), files, device)
+
+
+@torch.no_grad()
+def read_into(params: dict[str, torch.nn.Parameter], files: dict[str, str], device) -> None:
+    """Copy every tensor of `files` (name -> file, checked) into its parameter, a file at a time."""
     for file, names in by_file(files).items():
         with safe_open(file, framework="pt", device=str(device)) as f:
             for name in names:

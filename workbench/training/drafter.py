@@ -11,7 +11,6 @@ matters. AdamW (decay on matrices), linear warm-up and a cosine schedule (`train
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -46,23 +45,17 @@ def position_weights(block_size: int, device=None) -> torch.Tensor:
 
 
 def initial_drafter(config, target, *, seed: int, device):
-    """An FP32 drafter for `target`: projections N(0, 1/fan_in), the mask vector N(0, 1), norms 1, gate
-    biases 0 (the target's own initial rules, `models.initial_model`)."""
+    """An FP32 drafter for `target` by the target's own initial rules (`models.initial_value`): projections
+    N(0, 1/fan_in), the mask vector N(0, 1), norms 1, gate biases 0."""
     from beam_model.drafter import BeamDrafter
     from beam_model.weights import _set_param
+    from workbench.training.models import initial_value
 
     drafter = BeamDrafter(config, dtype=torch.float32)
     drafter.attach(target)
     gen = torch.Generator().manual_seed(seed)
     for name, p in list(drafter.named_parameters()):
-        if name.endswith("norm.weight"):
-            value = torch.ones(p.shape)
-        elif name.endswith("gate_bias"):
-            value = torch.zeros(p.shape)
-        else:
-            std = 1.0 if name == "mask_embedding" else 1.0 / math.sqrt(p.shape[-1])
-            value = torch.randn(p.shape, generator=gen) * std
-        _set_param(drafter, name, value.to(device))
+        _set_param(drafter, name, initial_value(name, tuple(p.shape), gen).to(device))
         drafter.get_parameter(name).requires_grad_(True)
     drafter.set_variants()
     return drafter
@@ -115,16 +108,13 @@ def block_loss(drafter, windows, tapped, logits, starts) -> tuple[torch.Tensor, 
 class DrafterTrainer:
     def __init__(self, opts: DrafterOptions, target, train: TokenStream):
         from beam_model.drafter_config import DrafterConfig
+        from workbench.training.train import adamw
 
         self.opts, self.target, self.stream = opts, target, train
         torch.manual_seed(opts.seed)
         config = DrafterConfig.for_target(target.config, num_hidden_layers=opts.layers, block_size=opts.block_size)
         self.drafter = initial_drafter(config, target, seed=opts.seed, device=target.device)
-        decay, rest = [], []
-        for n, p in self.drafter.named_parameters():
-            (decay if p.dim() >= 2 else rest).append(p)
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": opts.weight_decay},
-                                            {"params": rest, "weight_decay": 0.0}], lr=opts.lr, betas=opts.betas)
+        self.optimizer = adamw(self.drafter.named_parameters(), opts, target.device)
         self.generator = torch.Generator().manual_seed(opts.seed)
         self.history: list = []  # [step, loss, top-1 agreement per mask position, lr]
 

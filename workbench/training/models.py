@@ -32,13 +32,25 @@ def training_config(name: str, vocab_size: int) -> BeamConfig:
     return BeamConfig(**CONFIGS[name], vocab_size=vocab_size, preset=name)
 
 
+# Embedding vectors (the model's, and a drafter's mask): N(0, 1), and no weight decay
+EMBEDDINGS = ("model.embed_tokens.weight", "mask_embedding")
+
+
 def _std(name: str, shape: tuple[int, ...]) -> float | None:
     """The initial std of a parameter; None: a constant (1 for norms, 0 for biases)."""
     if name.endswith("norm.weight") or name.endswith("gate_bias") or name.endswith("e_score_correction_bias"):
         return None
-    if name == "model.embed_tokens.weight":
+    if name in EMBEDDINGS:
         return 1.0
     return 1.0 / math.sqrt(shape[-1])
+
+
+def initial_value(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """A parameter's initial FP32 value on the CPU by the rules above (random ones drawn from `generator`)."""
+    std = _std(name, shape)
+    if std is None:
+        return torch.full(shape, 1.0 if name.endswith("norm.weight") else 0.0)
+    return torch.randn(shape, generator=generator) * std
 
 
 def initial_model(config: BeamConfig, *, seed: int, device) -> torch.nn.Module:
@@ -48,12 +60,7 @@ def initial_model(config: BeamConfig, *, seed: int, device) -> torch.nn.Module:
     model = BeamForCausalLM(config, dtype=torch.float32)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for name, p in list(model.named_parameters()):
-        std = _std(name, tuple(p.shape))
-        if std is None:
-            value = torch.full(p.shape, 1.0 if name.endswith("norm.weight") else 0.0)
-        else:
-            value = torch.randn(p.shape, generator=gen) * std
-        _set_param(model, name, value.to(device=device, dtype=torch.float32))
+        _set_param(model, name, initial_value(name, tuple(p.shape), gen).to(device=device, dtype=torch.float32))
         model.get_parameter(name).requires_grad_(not name.endswith("e_score_correction_bias"))
     model.set_variants()
     return model

@@ -51,6 +51,20 @@ def learning_rate(opts: TrainOptions, step: int) -> float:
     return opts.lr * (opts.min_lr_ratio + (1 - opts.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def adamw(named_parameters, opts, device) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters at `opts`' rate and betas, weight decay on the matrices only
+    (not on embeddings, norms or biases); fused on the GPU."""
+    from workbench.training.models import EMBEDDINGS
+
+    decay, rest = [], []
+    for n, p in named_parameters:
+        if p.requires_grad:
+            (decay if p.dim() >= 2 and n not in EMBEDDINGS else rest).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": opts.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=opts.lr, betas=opts.betas,
+                             fused=torch.device(device).type == "cuda")
+
+
 def balance(model, loads: dict[int, torch.Tensor], rate: float) -> None:
     """Each MoE layer's correction bias one `rate` step towards even loads (sign of mean - load)."""
     with torch.no_grad():
@@ -74,13 +88,7 @@ class Trainer:
         self.autocast = torch.bfloat16 if use_autocast else None
         torch.manual_seed(opts.seed)
         self.model = initial_model(config, seed=opts.seed, device=self.device)
-        decay, rest = [], []
-        for n, p in self.model.named_parameters():
-            if p.requires_grad:
-                (decay if p.dim() >= 2 and n != "model.embed_tokens.weight" else rest).append(p)
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": opts.weight_decay},
-                                            {"params": rest, "weight_decay": 0.0}], lr=opts.lr, betas=opts.betas,
-                                           fused=self.device.type == "cuda")
+        self.optimizer = adamw(self.model.named_parameters(), opts, self.device)
         self.generator = torch.Generator().manual_seed(opts.seed)
         self.recorder = RouteRecorder(self.model)
         self.history = History()

@@ -194,12 +194,19 @@ class ModelRunner:
             ids[idx] = sample(logits[idx], temperature[idx], top_k[idx], top_p[idx], generator=self.generator,
                               allowed=None if allowed is None else allowed[idx])
         for i in seeded:  # a row of its own with its own generator: reproducible whatever the batch
-            s = seqs[i]
-            if s.generator is None:
-                s.generator = torch.Generator(device=dev).manual_seed(s.params.seed)
             ids[i:i + 1] = sample(logits[i:i + 1], temperature[i:i + 1], top_k[i:i + 1], top_p[i:i + 1],
-                                  generator=s.generator, allowed=None if allowed is None else allowed[i:i + 1])
+                                  generator=self.generator_for(seqs[i]),
+                                  allowed=None if allowed is None else allowed[i:i + 1])
         return self._results(seqs, ids, logits, want)
+
+    def generator_for(self, seq) -> torch.Generator:
+        """The generator `seq` draws from: its own, made from its seed on first use, for a seeded request
+        (reproducible whatever the batch); else the engine's."""
+        if seq.params.seed is None:
+            return self.generator
+        if seq.generator is None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+        return seq.generator
 
     def _results(self, seqs: list, ids: torch.Tensor, logits: torch.Tensor, want: list[int]) -> list[TokenLogprob]:
         """Each row's token and, for the rows in `want`, its logprobs from `logits` (masked)."""

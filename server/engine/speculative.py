@@ -136,10 +136,7 @@ def accept(target_logits: torch.Tensor, drafts: list[int], params, draft_probs: 
         best = target_logits.argmax(-1).tolist()
         kept = next((j for j in range(k) if best[j] != drafts[j]), k)
         return kept, best[kept]
-    rows = target_logits.shape[0]
-    p = contract_probs(target_logits, torch.full((rows,), params.temperature, device=target_logits.device),
-                       torch.full((rows,), params.top_k, device=target_logits.device, dtype=torch.int64),
-                       torch.full((rows,), params.top_p, device=target_logits.device))
+    p = request_probs(target_logits, params)
     u = torch.rand(k + 1, generator=generator, device=generator.device if generator else None,
                    dtype=torch.float64).tolist()
     for j in range(k):
@@ -153,6 +150,15 @@ def accept(target_logits: torch.Tensor, drafts: list[int], params, draft_probs: 
         dist = residual / total if total > 0 else p[j]
         return j, _draw(dist, generator)
     return k, _draw(p[k], generator)
+
+
+def request_probs(logits: torch.Tensor, params) -> torch.Tensor:
+    """FP64 probabilities [rows, vocab] of the `sample` contract's distribution of each row of `logits`
+    under the request's temperature, top-k and top-p."""
+    rows, dev = logits.shape[0], logits.device
+    return contract_probs(logits, torch.full((rows,), params.temperature, device=dev),
+                          torch.full((rows,), params.top_k, device=dev, dtype=torch.int64),
+                          torch.full((rows,), params.top_p, device=dev))
 
 
 def _draw(dist: torch.Tensor, generator) -> int:
@@ -207,17 +213,16 @@ class Speculator:
         for i, (s, n, k) in enumerate(zip(seqs, counts, drafts)):
             if k:
                 rows = logits[ends[i] - k - 1:ends[i]]
-                kept, bonus = accept(rows, s.draft.ids[:k], s.params, s.draft.probs, self._generator(s))
+                kept, bonus = accept(rows, s.draft.ids[:k], s.params, s.draft.probs, runner.generator_for(s))
                 self.stats.record(k, kept)
                 tokens = [TokenLogprob(t, 0.0) for t in s.draft.ids[:kept]] + [TokenLogprob(bonus, 0.0)]
                 out.append((n - k + kept, tokens))
             else:
                 out.append((n, [drawn[i]] if i in drawn else []))
+        features = self.drafter.context_features(tapped)  # every row at once; a sequence keeps its kept ones
         for i, s in enumerate(seqs):
-            computed = out[i][0]
             first = ends[i] - counts[i]
-            s.draft.extend(starts[i], self.drafter.context_features(tapped[first:first + computed]),
-                           self.drafter.config.sliding_window)
+            s.draft.extend(starts[i], features[first:first + out[i][0]], self.drafter.config.sliding_window)
             s.draft.clear_drafts()
         self.cost.record(sum(counts), time.perf_counter() - started)  # the tokens' values waited for: a full step
         self._propose([(s, toks[-1].token_id, starts[i] + computed) for i, (s, (computed, toks))
@@ -234,13 +239,6 @@ class Speculator:
         samples = runner._sample(picked, logits[last], runner._sampling_params(picked), allowed=allowed)
         return dict(zip(rows, samples))
 
-    def _generator(self, seq):
-        if seq.params.seed is None:
-            return self.runner.generator
-        if seq.generator is None:
-            seq.generator = torch.Generator(device=self.runner.device).manual_seed(seq.params.seed)
-        return seq.generator
-
     def _propose(self, items: list[tuple]) -> None:
         """The next drafts of each (sequence, its last token, that token's position)."""
         if not items:
@@ -248,7 +246,8 @@ class Speculator:
         dev, window = self.runner.device, self.drafter.config.sliding_window
         k = self.k
         width = min(window, max(len(s.draft.context) for s, _, _ in items))
-        context = torch.zeros(len(items), width, self.drafter.config.hidden_size, dtype=self.drafter.dtype, device=dev)
+        context = torch.zeros(len(items), width, self.drafter.config.hidden_size, dtype=self.drafter.dtype,
+                              device=dev)
         valid = torch.zeros(len(items), width, dtype=torch.bool, device=dev)
         for j, (s, _, pos) in enumerate(items):
             ctx = s.draft.context[-width:] if s.draft.end == pos else s.draft.context[:0]
@@ -265,10 +264,8 @@ class Speculator:
                 ids = logits[j].argmax(-1)
                 s.draft.ids, s.draft.probs = ids.tolist(), None
             else:
-                probs = contract_probs(logits[j], torch.full((k,), p.temperature, device=dev),
-                                       torch.full((k,), p.top_k, device=dev, dtype=torch.int64),
-                                       torch.full((k,), p.top_p, device=dev))
-                ids = torch.multinomial(probs.float(), 1, generator=self._generator(s))[:, 0]
+                probs = request_probs(logits[j], p)
+                ids = torch.multinomial(probs.float(), 1, generator=self.runner.generator_for(s))[:, 0]
                 s.draft.ids, s.draft.probs = ids.tolist(), probs
             s.draft.confidence = probs.gather(1, ids[:, None])[:, 0].tolist()
 

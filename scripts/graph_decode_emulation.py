@@ -34,10 +34,8 @@ def _emulated_capture(self, sizes, max_pages):
     """`ModelRunner._capture`'s buffers and metadata, with an eager step in place of each graph."""
     big = max(sizes)
     self._inputs = GraphInputs(big, max_pages, mr.GROUPS, torch.device("cpu"))
-    self._qstart = torch.arange(big + 1, dtype=torch.int32)
-    self._last = torch.arange(big, dtype=torch.int64)
     for b in sizes:
-        meta = self._graph_metadata(b)
+        meta = self._inputs.metadata(b, self.page_size)
         with torch.inference_mode():
             out = self.model.step(self._inputs.ids[:b], self.cache, meta).clone()
             ids = self._draw(out, b).clone()

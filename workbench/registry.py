@@ -347,3 +347,10 @@ class Ops:
 
 def bind(selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> Ops:
     return Ops(selection, configs)
+
+
+def binds(ops: Ops | None, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> bool:
+    """Whether `ops` is already the build `bind(selection, configs)` would make (same variants, same configs)."""
+    selection = selection or {}
+    return ops is not None and ops.configs == dict(configs or {}) and \
+        ops.selection == {p: selection.get(p, REFERENCE) for p in POINTS}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from beam_model.kv_cache import AttentionMetadata, StepMetadata
+
 # A padded row's sampling settings: greedy, no filter.
 PAD_SAMPLING = (0.0, 0, 1.0)
 
@@ -52,6 +54,8 @@ class GraphInputs:
         self.tables = {g: view(self._device, ("tables", g)) for g in self.groups}
         self._table_at = {g: spans[("tables", g)][0] for g in self.groups}
         self._small_bytes = min(self._table_at.values())  # the small inputs end where the page tables begin
+        self._query_start = torch.arange(rows + 1, dtype=torch.int32, device=device)
+        self._last = torch.arange(rows, dtype=torch.int64, device=device)
         self._h["lens"][:] = 1  # every row, padding included, sees at least its own token
         self._h["temperature"][:], self._h["top_k"][:], self._h["top_p"][:] = PAD_SAMPLING
         self._device.copy_(self._host)
@@ -85,6 +89,18 @@ class GraphInputs:
         if self._copied is not None:
             self._copied.record()
         return h["lens"][:size].tolist()
+
+    def metadata(self, rows: int, page_size: int, lens: list[int] | None = None) -> StepMetadata:
+        """A decode step's metadata over the first `rows` rows, viewing these buffers (a graph captured
+        with it reads each `fill`); `lens`: the host copy of the rows' lengths (default 1 each, refilled
+        before a replay)."""
+        common = dict(positions=self.pos[:rows], seq_lens=self.lens[:rows], query_start=self._query_start[:rows + 1],
+                      page_size=page_size, decode=True, query_start_host=list(range(rows + 1)),
+                      seq_lens_host=list(lens) if lens is not None else [1] * rows)
+        groups = {g: AttentionMetadata(page_table=self.tables[g][:rows], slot_mapping=self.slots[g][:rows], **common)
+                  for g in self.groups}
+        return StepMetadata(groups=groups, positions=self.pos[:rows], last_token_index=self._last[:rows],
+                            num_tokens=rows)
 
     def _upload(self, at: int, nbytes: int) -> None:
         self._device[at:at + nbytes].copy_(self._host[at:at + nbytes], non_blocking=True)

@@ -27,6 +27,8 @@ from server.engine.sampling_params import SamplingParams
 from server.engine.scheduler import Scheduler
 from server.engine.sequence import Sequence
 from server.engine.speculative import Speculator, limit_drafts
+from server.engine.verify_draft import VerifyDraft
+from workbench.registry import binds
 
 log = logging.getLogger("beam.engine")
 
@@ -67,8 +69,12 @@ class Engine:
         drafts (`num_speculative_tokens` a step, default its block's; with `adaptive_verification`, as
         many as its confidence and the measured step cost say are worth it) and it proposes the next
         ones (engine/speculative.py)."""
-        if variants is not None or variant_configs is not None:
-            model.set_variants(variants, variant_configs)  # a lock's selection and tuning configs
+        if variants is not None or variant_configs is not None:  # a lock's selection and tuning configs
+            # Binding prepares the weights anew: a model (or drafter) that another engine bound to the same
+            # build keeps its prepared weights, which that engine's captured graphs read.
+            for m in (model, drafter):  # the drafter's points run the same kernels
+                if m is not None and not binds(m.ops, variants, variant_configs):
+                    m.set_variants(variants, variant_configs)
         cuda = model.device.type == "cuda"
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
         self.vocab_size = logits_width(model)
@@ -87,10 +93,11 @@ class Engine:
         self.max_model_len = min(c.max_position_embeddings, (self.num_pages[FULL] - 1) * self.page_size)
         # What the runner is built from: the other ranks of a tensor-parallel group build theirs from it
         # (`on_runner_plan`, before this one captures its graphs, whose collectives they must meet)
+        graphs = cuda if cuda_graphs is None else cuda_graphs
         self.runner_plan = dict(num_pages=self.num_pages, page_size=self.page_size, max_num_seqs=self.max_num_seqs,
                                 vocab_limit=min(self.vocab_size, tokenizer.vocab_size),
-                                # a drafter's verify steps run eagerly (its graph is not built yet)
-                                cuda_graphs=(cuda if cuda_graphs is None else cuda_graphs) and drafter is None,
+                                # with a drafter, its steps have graphs of their own (VerifyDraft)
+                                cuda_graphs=graphs and drafter is None,
                                 graph_max_len=min(self.max_model_len, GRAPH_MAX_LEN), seed=seed)
         if on_runner_plan is not None:
             on_runner_plan(self.runner_plan)
@@ -99,6 +106,9 @@ class Engine:
         if drafter is not None:
             k = num_speculative_tokens or drafter.config.block_size - 1
             self.speculator = Speculator(self.runner, drafter, k, adaptive=adaptive_verification)
+            if graphs and cuda and not adaptive_verification:  # greedy verify + draft steps in one replay
+                self.speculator.fused = VerifyDraft(self.speculator, max_num_seqs=self.max_num_seqs,
+                                                    graph_max_len=self.runner_plan["graph_max_len"], graphs=True)
             self.scheduler.drafts_for = lambda seq, budget: limit_drafts(seq, budget, self.max_model_len)
         self.eos_token_id = tokenizer.eos_token_id
         self._grammars_lock = threading.Lock()

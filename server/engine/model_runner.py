@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from beam_model.config import FULL, SLIDING
-from beam_model.kv_cache import AttentionMetadata, PagedKVCache, StepMetadata, build_step_metadata
+from beam_model.kv_cache import PagedKVCache, StepMetadata, build_step_metadata
 from server.engine.block_manager import GROUPS
 from server.engine.graph_inputs import GraphInputs
 from server.engine.output import TokenLogprob
@@ -84,6 +84,7 @@ class ModelRunner:
         self.last_device_seconds = None
         self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
             if self.device.type == "cuda" else None
+        self._launched = False  # a forward's launch is marked and its results not yet fetched
         if cuda_graphs and self.device.type == "cuda":
             top = min(max_num_seqs, MAX_GRAPH_BATCH)
             sizes = sorted({b for b in GRAPH_BATCH_SIZES if b < top} | {top})
@@ -123,8 +124,7 @@ class ModelRunner:
             pick = self._to_device(rows, torch.int64) if rows and len(rows) < len(seqs) else None
             step = build_step_metadata(pages, starts, counts, page_size=self.page_size, device=self.device)
             ids = torch.tensor(ids, device=self.device)
-            self.last_prepare_seconds = time.perf_counter() - started
-            self._mark(0)
+            self.launching(started)
             logits = self.model.step(ids, self.cache, step)
             logits = logits if pick is None else logits[pick]
             allowed = self.masks.fill(self.grammars, sampled) if rows else None  # while the forward runs
@@ -210,10 +210,7 @@ class ModelRunner:
 
     def _results(self, seqs: list, ids: torch.Tensor, logits: torch.Tensor, want: list[int]) -> list[TokenLogprob]:
         """Each row's token and, for the rows in `want`, its logprobs from `logits` (masked)."""
-        self._mark(1)
-        chosen = ids.tolist()  # waits for the forward and the draw
-        if self._events is not None:
-            self.last_device_seconds = self._events[0].elapsed_time(self._events[1]) / 1e3
+        chosen = self.fetched(ids)
         out = [TokenLogprob(t, 0.0) for t in chosen]
         if want:
             lp = logits[want].log_softmax(-1)
@@ -230,12 +227,10 @@ class ModelRunner:
     def _capture(self, sizes: list[int], max_pages: int) -> None:
         dev, big = self.device, max(sizes)
         self._inputs = GraphInputs(big, max_pages, GROUPS, dev)  # what `_replay` refills
-        self._qstart = torch.arange(big + 1, dtype=torch.int32, device=dev)
-        self._last = torch.arange(big, dtype=torch.int64, device=dev)
         pool, draw = None, hasattr(torch.cuda.CUDAGraph, "register_generator_state")  # torch >= 2.5
         with torch.inference_mode():
             for b in sorted(sizes, reverse=True):  # largest first so the others share its memory pool
-                meta = self._graph_metadata(b)
+                meta = self._inputs.metadata(b, self.page_size)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):  # warm-up outside capture (lazy inits, autotuning)
@@ -276,15 +271,6 @@ class ModelRunner:
                                      generator=self.generator,
                                      allowed=self.masks.device_buffer[:b])
 
-    def _graph_metadata(self, b: int) -> StepMetadata:
-        x = self._inputs
-        common = dict(positions=x.pos[:b], seq_lens=x.lens[:b], query_start=self._qstart[:b + 1],
-                      page_size=self.page_size, decode=True, query_start_host=list(range(b + 1)),
-                      seq_lens_host=[1] * b)
-        groups = {g: AttentionMetadata(page_table=x.tables[g][:b], slot_mapping=x.slots[g][:b], **common)
-                  for g in GROUPS}
-        return StepMetadata(groups=groups, positions=x.pos[:b], last_token_index=self._last[:b], num_tokens=b)
-
     def _graph_for(self, pages: dict[str, list[list[int]]]):
         b = len(pages[FULL])
         if not self.graphs or b > max(self.graphs) or max(map(len, pages[FULL])) > self._inputs.max_pages:
@@ -299,10 +285,27 @@ class ModelRunner:
         for g in GROUPS:  # host copies of the layout, for variants that plan on the host
             captured.meta.groups[g].seq_lens_host[:] = lens
         self.model.replan(captured.meta)
-        self.last_prepare_seconds = time.perf_counter() - started
-        self._mark(0)
+        self.launching(started)
         captured.graph.replay()
         return captured
+
+    def launching(self, started: float) -> None:
+        """A step's forward is launched next (`started`: when the step began on the host): its host time so
+        far, and the device-time event of the launch. Every step's forward (this runner's, a drafter's)
+        calls it, so `fetched` measures that step."""
+        self.last_prepare_seconds = time.perf_counter() - started
+        self.last_device_seconds = None
+        self._launched = True
+        self._mark(0)
+
+    def fetched(self, values: torch.Tensor) -> list:
+        """`values` on the host (waiting for the step), and the device time since `launching`."""
+        self._mark(1)
+        out = values.tolist()
+        if self._events is not None and self._launched:
+            self.last_device_seconds = self._events[0].elapsed_time(self._events[1]) / 1e3
+        self._launched = False
+        return out
 
     def _mark(self, i: int) -> None:
         """Record device-time event `i` (0: forward launched, 1: tokens drawn) on the current stream."""

@@ -177,6 +177,7 @@ class Speculator:
         self.taps = tuple(drafter.config.target_layer_ids)
         self.stats = SpecStats()
         self.adaptive, self.cost = adaptive, VerifyCost()
+        self.fused = None  # a `verify_draft.VerifyDraft` for the steps it fits (the engine's, with CUDA graphs)
 
     def wants_drafts(self, seq) -> bool:
         """The drafter runs for free-text requests; a grammar or logprobs request decodes a token a step."""
@@ -186,6 +187,8 @@ class Speculator:
     def run(self, seqs: list, counts: list[int]) -> list[tuple[int, list[TokenLogprob]]]:
         """Feed each sequence's pending tokens and its drafts (`counts[i]` = pending fed + drafts); returns
         per sequence the positions now computed and its new tokens (none for a sequence mid-prompt)."""
+        if self.fused is not None and self.fused.fits(seqs, counts):
+            return self.fused.run(seqs, counts)
         runner, model = self.runner, self.runner.model
         started = time.perf_counter()
         starts = [s.num_computed for s in seqs]
@@ -202,8 +205,9 @@ class Speculator:
                for t in s.token_ids[c:c + n - k] + s.draft.ids[:k]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}
         step = build_step_metadata(pages, starts, counts, page_size=runner.page_size, device=runner.device)
-        logits, tapped = model.step(torch.tensor(ids, device=runner.device), runner.cache, step, all_logits=True,
-                                    taps=self.taps)
+        ids = torch.tensor(ids, device=runner.device)
+        runner.launching(started)
+        logits, tapped = model.step(ids, runner.cache, step, all_logits=True, taps=self.taps)
         logits = runner._in_vocab(logits)
         ends = list(itertools.accumulate(counts))  # each sequence's rows end here
         out: list[tuple[int, list[TokenLogprob]]] = []

@@ -1,7 +1,8 @@
 """The serving engine on CUDA (run with `-m gpu`): decode steps replayed from CUDA graphs give the
 same greedy tokens as eager steps (FP32) and draw their tokens inside the graph, each replay equals an
 eager step on its inputs bit for bit with every attention backend (BF16), padded graph rows never touch
-live pages, and the KV pools are sized from free device memory.
+live pages, the KV pools are sized from free device memory, and a drafter's greedy verify and draft
+steps replay one graph each and keep the target's output.
 """
 
 import pytest
@@ -146,3 +147,26 @@ def test_graph_decode_draws_structured_rows_under_their_masks(model):
         assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] <= 99
     assert out[2:] == eager
 
+
+
+def test_verify_and_draft_replay_one_graph_and_keep_greedy_output(model):
+    """Greedy requests with a drafter: each verify step (with the next block's drafting) is one replay
+    of a padded graph, under batching, and the output is the target's own token for token (FP32)."""
+    from beam_model.drafter_config import DrafterConfig
+    from workbench.training.drafter import initial_drafter
+
+    tok = ByteTokenizer()
+    ps = prompts([3, 70, 130])
+    plain = Engine(model, tok, num_pages=64, cuda_graphs=True, max_num_seqs=4).generate(ps, GREEDY)
+    drafter = initial_drafter(DrafterConfig.for_target(model.config, num_hidden_layers=1, block_size=8), model,
+                              seed=0, device="cuda")
+    engine = Engine(model, tok, num_pages=64, max_num_seqs=4, drafter=drafter, num_speculative_tokens=7)
+    fused = engine.speculator.fused
+    assert fused is not None and sorted(fused.graphs) == [1, 2, 4]
+    replays = []
+    for size, (graph, meta, out) in fused.graphs.items():
+        fused.graphs[size] = (type("Noted", (), {"replay": lambda self, g=graph, n=size: replays.append(n) or
+                                                 g.replay()})(), meta, out)
+    assert engine.generate(ps, GREEDY) == plain
+    assert fused.steps > 0 and len(replays) == fused.steps and set(replays) <= {4}
+    assert engine.stats()["pages_used"] == {FULL: 0, SLIDING: 0}

@@ -133,6 +133,49 @@ def test_sampled_tokens_after_a_verify_step_follow_the_targets_distribution(tiny
     assert 2 <= df <= 8 and chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df, a.tolist(), b.tolist())
 
 
+def test_the_fused_step_samples_the_targets_distribution(tiny, monkeypatch):
+    """The same pairs of tokens through the fused verify and draft step (its body eagerly, as the GPU's
+    graph runs it): rejection sampling and the draws on the device follow the target's distribution.
+    The verify step's drafts come from the target's own top 3 with their probabilities reversed, so
+    drafts are often kept and, after a rejection, only the residual max(p - q, 0) gives the right token."""
+    from server.engine.verify_draft import VerifyDraft
+
+    model, drafter = tiny
+    gen = torch.Generator().manual_seed(1)
+
+    def reversed_top3(self, items):
+        logits = model.forward(torch.tensor([s.token_ids for s, _, _ in items]))[:, -1]
+        logits[:, 256:] = float("-inf")  # the padded vocabulary the engine never draws
+        rows = len(items)
+        p = contract_probs(logits, torch.full((rows,), 1.5), torch.full((rows,), 3), torch.ones(rows))
+        top = p.topk(3, dim=-1)
+        q = torch.zeros_like(p).scatter_(1, top.indices, top.values.flip(-1))
+        for j, (s, _, _) in enumerate(items):
+            s.draft.ids = torch.multinomial(q[j].float(), self.k, replacement=True, generator=gen).tolist()
+            s.draft.probs, s.draft.confidence = q[j].expand(self.k, -1), [1.0] * self.k
+
+    monkeypatch.setattr(Speculator, "_propose", reversed_top3)
+    tok, (prompt,) = FullVocabTokenizer(), prompts([6], seed=4)
+    n = 3000
+    params = SamplingParams(max_tokens=3, temperature=1.5, top_k=3, ignore_eos=True)
+    common = dict(num_pages=8 * 64, max_num_seqs=128, max_num_batched_tokens=4096, prefix_caching=False)
+    plain = Engine(model, tok, **common, seed=1).generate([prompt] * n, params)
+    engine = Engine(model, tok, **common, seed=2, drafter=drafter, num_speculative_tokens=1)
+    engine.speculator.fused = VerifyDraft(engine.speculator, max_num_seqs=128, graph_max_len=64, graphs=False)
+    # in waves of the batch size: no prompt joins a step of verifying sequences (such a step runs eagerly)
+    drafted = [o for _ in range(n // 128) for o in engine.generate([prompt] * 128, params)]
+    fused, stats = engine.speculator.fused, engine.speculator.stats
+    assert fused.steps >= 2 * (n // 128) and stats.verify_steps == len(drafted)
+    pairs = sorted({tuple(o[:2]) for o in plain + drafted})
+    a = torch.tensor([sum(tuple(o[:2]) == pr for o in plain) for pr in pairs], dtype=torch.float64)
+    b = torch.tensor([sum(tuple(o[:2]) == pr for o in drafted) for pr in pairs], dtype=torch.float64)
+    keep = (a + b) >= 10
+    chi2 = float((((a - b) ** 2) / (a + b))[keep].sum())
+    df = int(keep.sum()) - 1
+    assert 2 <= df <= 8 and chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df, a.tolist(), b.tolist())
+    assert 100 < stats.accepted < len(drafted) - 100  # drafts both kept and rejected
+
+
 def test_a_drafter_context_keeps_positions_in_order():
     d = DraftState()
     d.extend(0, torch.arange(10.0)[:, None], window=6)
@@ -192,6 +235,48 @@ def test_the_trained_drafter_is_accepted_and_changes_no_greedy_token():
     assert untrained.generate(asked, params) == plain
     kept, chance = engine.speculator.stats.accepted, untrained.speculator.stats.accepted
     assert kept >= 10 and kept > 5 * chance, (engine.speculator.stats, untrained.speculator.stats)
+
+
+@pytest.mark.skipif(not os.path.isdir(MINI_DRAFTER), reason="no committed beam-mini drafter")
+def test_the_fused_verify_and_draft_step_is_the_eager_one():
+    """The body the GPU captures as one graph (decode-shaped verify rows, acceptance, context window and
+    the next block on the device), run eagerly: the same drafts kept, step for step, under batching, as
+    the eager speculative step, and the target's greedy output."""
+    from beam_model.drafter import BeamDrafter
+    from beam_model.tokenizer import load_tokenizer
+    from server.engine.acceptance import held_out_prompts
+    from server.engine.verify_draft import VerifyDraft
+
+    target = BeamForCausalLM.from_pretrained(MINI, dtype=torch.float32)
+    drafter = BeamDrafter.from_pretrained(MINI_DRAFTER, target)
+    tok = load_tokenizer(MINI)
+    asked = held_out_prompts(tok, 3, 48)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    plain = Engine(target, tok, num_pages=16).generate(asked, params)
+    eager = Engine(target, tok, num_pages=16, drafter=drafter)
+    fused = Engine(target, tok, num_pages=16, drafter=drafter)
+    fused.speculator.fused = VerifyDraft(fused.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
+    assert eager.generate(asked, params) == plain
+    assert fused.generate(asked, params) == plain
+    assert fused.speculator.fused.steps > 10
+    assert fused.speculator.stats == eager.speculator.stats
+    assert fused.speculator.stats.accepted > 0
+
+
+def test_engines_sharing_a_model_bind_its_build_once():
+    """A second engine given the build a model already runs keeps the model's (and the drafter's)
+    prepared weights: the first engine's captured graphs read them, and binding prepares them anew."""
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    drafter = initial_drafter(DrafterConfig.for_target(model.config, num_hidden_layers=1, block_size=4), model,
+                              seed=0, device="cpu")
+    build = {"qkvg_proj": "packed"}
+    Engine(model, FullVocabTokenizer(), num_pages=16, variants=build, drafter=drafter)
+    prepared = [layer.prepared for layer in [*model.model.layers, *drafter.layers]]
+    assert model.ops.selection["qkvg_proj"] == drafter.ops.selection["qkvg_proj"] == "packed"
+    Engine(model, FullVocabTokenizer(), num_pages=16, variants=build, drafter=drafter)
+    assert all(a is b.prepared for a, b in zip(prepared, [*model.model.layers, *drafter.layers]))
+    Engine(model, FullVocabTokenizer(), num_pages=16, variants={}, drafter=drafter)  # another build: bound anew
+    assert model.ops.selection["qkvg_proj"] == drafter.ops.selection["qkvg_proj"] == "torch"
 
 
 def test_adaptive_verification_verifies_what_pays():

@@ -1,0 +1,238 @@
+"""Verify and draft in one step, one CUDA graph replay on the GPU.
+
+A verify step of b sequences with K drafts each feeds b * (K + 1) tokens. Fed as b * (K + 1) decode
+rows, one a token, each with its sequence's page table at its own position, it has the shape of a
+decode step: every row's KV is written before the attention reads it and each row sees the keys up to
+its own position, the block's causal attention. So it is captured as a decode step is (one graph per
+batch size, padded rows write the reserved page 0). The graph runs, on the device:
+
+- the target's step over the rows: logits at every row, and the drafter's tapped layers;
+- the acceptance: greedy, the drafts kept are the leading ones equal to the target's argmax and the
+  bonus token the target's argmax after them; sampled, rejection sampling against the drafter's
+  distributions (as `speculative.accept`), drawn from the engine's generator, which the graph advances;
+- each sequence's context features moved past the tokens it kept (a window of the drafter's width,
+  right-aligned, with a mask of the positions that exist);
+- the drafter's next block after the bonus token, its drafts (greedy, or drawn) and their distributions.
+
+The host then reads the kept counts, bonus tokens and drafts in one copy. The step stands in for
+`Speculator.run` where it applies (`fits`): every sequence decoding with its drafts, greedy or
+unseeded (a seeded request draws from its own generator, eagerly), no grammar, logprobs or logits
+hook, fixed verification; a sequence with fewer than K drafts (near its end) fills its block with
+padding rows and keeps none of them. Elsewhere the eager step runs. The graphs run the model's
+kernels with programmatic dependent launch off (`without_pdl`). On the CPU the same body runs eagerly
+(`graphs=False`), which is how the tests hold it to the eager step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from server.engine.block_manager import GROUPS
+from server.engine.graph_inputs import GraphInputs
+from server.engine.model_runner import logits_width
+from server.engine.output import TokenLogprob
+from workbench.registry import bind
+from workbench.variants.sample import contract_probs
+
+BATCH_SIZES = (1, 2, 4, 8, 16)
+PADDING_PAGES = [0]  # a padding row writes and reads the reserved page 0 only
+
+
+class VerifyDraft:
+    def __init__(self, speculator, *, max_num_seqs: int, graph_max_len: int, graphs: bool):
+        runner, drafter = speculator.runner, speculator.drafter
+        self.spec, self.runner, self.drafter, self.k = speculator, runner, drafter, speculator.k
+        self.window, dev = drafter.config.sliding_window, runner.device
+        # b * (K + 1) rows at most what a decode graph holds
+        top = max(1, min(max_num_seqs, 256 // (self.k + 1)))
+        self.sizes = sorted({b for b in BATCH_SIZES if b < top} | {top})
+        rows = max(self.sizes) * (self.k + 1)
+        self.inputs = GraphInputs(rows, math.ceil(graph_max_len / runner.page_size), GROUPS, dev)
+        b, hidden = max(self.sizes), drafter.config.hidden_size
+        self.context = torch.zeros(b, self.window, hidden, dtype=drafter.dtype, device=dev)
+        self.valid = torch.zeros(b, self.window, dtype=torch.bool, device=dev)
+        self.fed = torch.ones(b, dtype=torch.int64, device=dev)  # each sequence's rows that are not padding
+        # a sampled sequence's drafter distributions of its drafts (the `sample` contract's, FP64)
+        self.draft_probs = torch.zeros(b, self.k, logits_width(runner.model), dtype=torch.float64, device=dev)
+        self._window_index = torch.arange(self.window, device=dev)
+        self.graphs: dict[int, tuple] = {}  # batch size -> (graph, its metadata, its outputs)
+        self.steps = 0  # steps run here
+        self._ops = None  # (target, drafter) ops the graphs run (`_captured_ops`)
+        if graphs and dev.type == "cuda":
+            self._capture()
+
+    def fits(self, seqs: list, counts: list[int]) -> bool:
+        """Whether this step can run here: each sequence one pending token and up to K drafts, free text,
+        greedy or drawing from the engine's generator."""
+        if self.spec.adaptive or self.runner.logits_hook is not None or len(seqs) > max(self.sizes):
+            return False
+        width = self.inputs.max_pages
+        return all(1 <= n <= self.k + 1 and s.num_pending == 1 and self.spec.wants_drafts(s)
+                   and (s.params.greedy or s.params.seed is None)  # the engine's generator, not a request's
+                   and s.draft is not None and len(s.draft.ids) >= n - 1
+                   and (s.params.greedy or n == 1 or s.draft.probs is not None)
+                   and max(len(s.pages[g]) for g in GROUPS) <= width for s, n in zip(seqs, counts))
+
+    @torch.inference_mode()
+    def run(self, seqs: list, counts: list[int]) -> list[tuple[int, list[TokenLogprob]]]:
+        """`Speculator.run` for a step that `fits`: per sequence the positions computed and its new tokens."""
+        started = time.perf_counter()
+        k, b, page = self.k, len(seqs), self.runner.page_size
+        self.steps += 1
+        size = min(s for s in self.sizes if s >= b) if self.graphs else b
+        starts = [s.num_computed for s in seqs]
+        ids, row_starts, row_pages = [], [], {g: [] for g in GROUPS}
+        for s, start, n in zip(seqs, starts, counts):  # a block of fewer drafts ends in padding rows
+            ids += [s.token_ids[start]] + s.draft.ids[:n - 1] + [0] * (k + 1 - n)
+            row_starts += [*range(start, start + n)] + [0] * (k + 1 - n)
+            for g in GROUPS:
+                row_pages[g] += [s.pages[g]] * n + [PADDING_PAGES] * (k + 1 - n)
+        sampling = [(s.params.temperature, s.params.top_k, s.params.top_p) for s in seqs for _ in range(k + 1)]
+        lens = self.inputs.fill(size * (k + 1), ids, row_starts, row_pages, page, sampling)
+        self.fed[:b].copy_(self.runner._to_device(counts, torch.int64))
+        before = self._fill_context(seqs, starts, counts)
+        if self.graphs:
+            graph, meta, out = self.graphs[size]
+            for g in GROUPS:  # host copies of the layout, for variants that plan on the host
+                meta.groups[g].seq_lens_host[:] = lens
+            with self._captured_ops():
+                self.runner.model.replan(meta)
+            self.runner.launching(started)
+            graph.replay()
+        else:
+            self.runner.launching(started)
+            out = self._body(b, self.inputs.metadata(b * (k + 1), page, lens))
+        kept, bonus, drafts, context, probs = out
+        picked = self.runner.fetched(torch.cat([kept[:b, None], bonus[:b, None], drafts[:b]], 1))
+        results = []
+        for i, (s, start, n, (n_kept, n_bonus, *next_drafts)) in enumerate(zip(seqs, starts, counts, picked)):
+            tokens = [TokenLogprob(t, 0.0) for t in s.draft.ids[:n_kept]] + [TokenLogprob(n_bonus, 0.0)]
+            if n > 1:
+                self.spec.stats.record(n - 1, n_kept)
+            held = min(self.window, before[i] + n_kept + 1)
+            s.draft.context = context[i, self.window - held:].clone()
+            s.draft.end = start + n_kept + 1
+            s.draft.ids, s.draft.confidence = next_drafts, []
+            s.draft.probs = None if s.params.greedy else probs[i].clone()
+            results.append((1 + n_kept, tokens))
+        return results
+
+    def _fill_context(self, seqs: list, starts: list[int], counts: list[int]) -> list[int]:
+        """Each sequence's context features before its last token, right-aligned in the graph's buffer,
+        and a sampled one's draft distributions; returns how many features each holds (none after a gap:
+        positions served from the prefix cache)."""
+        held = []
+        for i, (s, start, n) in enumerate(zip(seqs, starts, counts)):
+            if not s.params.greedy and n > 1:
+                self.draft_probs[i, :n - 1] = s.draft.probs[:n - 1]
+            ctx = s.draft.context if s.draft.context is not None and s.draft.end == start else None
+            m = 0 if ctx is None else min(len(ctx), self.window)
+            self.valid[i, :self.window - m] = False
+            self.valid[i, self.window - m:] = True
+            if m:
+                self.context[i, self.window - m:] = ctx[-m:]
+            held.append(m)
+        return held
+
+    def _body(self, b: int, meta):
+        """The step on the device: (kept [b], bonus [b], next drafts [b, K], context [b, window, hidden],
+        the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's))."""
+        k, x, runner, drafter = self.k, self.inputs, self.runner, self.drafter
+        rows = b * (k + 1)
+        logits, tapped = runner.model.step(x.ids[:rows], runner.cache, meta, all_logits=True, taps=self.spec.taps)
+        logits = runner._in_vocab(logits)
+        block = x.ids[:rows].view(b, k + 1)
+        settings = (x.temperature[:rows], x.top_k[:rows], x.top_p[:rows])
+        greedy = settings[0].view(b, k + 1)[:, 0] == 0
+        kept, bonus = self._accept(logits.view(b, k + 1, -1), block[:, 1:], settings, greedy)
+        features = drafter.context_features(tapped).view(b, k + 1, -1)
+        context = torch.cat([self.context[:b], features], 1)
+        valid = torch.cat([self.valid[:b], torch.ones(b, k + 1, dtype=torch.bool, device=self.valid.device)], 1)
+        at = kept[:, None] + 1 + self._window_index[None, :]  # the window that ends at the last kept token
+        context = context.gather(1, at[..., None].expand(-1, -1, context.shape[-1]))
+        valid = valid.gather(1, at)
+        first = x.pos[:rows].view(b, k + 1)[:, 0] + kept + 1
+        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, valid, block_size=k + 1))
+        # each sequence's K draft rows at its settings (its verify rows' first K)
+        probs = contract_probs(draft_logits.view(b * k, -1),
+                               *(t.view(b, k + 1)[:, :k].reshape(-1) for t in settings)).view(b, k, -1)
+        drafts = torch.where(greedy[:, None], draft_logits.argmax(-1), self._draw(probs))
+        return kept, bonus, drafts, context, probs
+
+    def _accept(self, logits, drafts, settings, greedy):
+        """(kept [b], bonus [b]) from the target's logits [b, K + 1, vocab] of each block: greedy, the
+        drafts equal to the argmax and the argmax after them; sampled, rejection sampling against the
+        drafts' distributions (`Speculator`'s `accept`, its draws from the engine's generator)."""
+        b, k1, vocab = logits.shape
+        k, limit = k1 - 1, self.fed[:b] - 1  # padding rows are never kept
+        best = logits.argmax(-1)
+        kept_g = torch.minimum((best[:, :k] == drafts).long().cumprod(1).sum(1), limit)
+        p = contract_probs(logits.view(b * k1, vocab), *settings).view(b, k1, vocab)
+        q = self.draft_probs[:b]
+        p_d, q_d = (t[:, :k].gather(2, drafts[..., None])[..., 0] for t in (p, q))
+        u = torch.rand(b, k, dtype=torch.float64, device=logits.device, generator=self.runner.generator)
+        kept_s = torch.minimum(((q_d > 0) & (u * q_d <= p_d)).long().cumprod(1).sum(1), limit)
+        at = kept_s[:, None, None].expand(b, 1, vocab)
+        p_at = p.gather(1, at)[:, 0]
+        q_at = torch.cat([q, torch.zeros_like(q[:, :1])], 1).gather(1, at)[:, 0] * (kept_s < limit)[:, None]
+        residual = (p_at - q_at).clamp(min=0)  # after a rejection; p itself after the last draft fed
+        total = residual.sum(-1, keepdim=True)
+        dist = torch.where(total > 0, residual / total.clamp(min=1e-300), p_at)
+        kept = torch.where(greedy, kept_g, kept_s)
+        bonus = torch.where(greedy, best.gather(1, kept_g[:, None])[:, 0], self._draw(dist))
+        return kept, bonus
+
+    def _draw(self, probs: torch.Tensor) -> torch.Tensor:
+        """An id per row of `probs` [..., vocab] from the engine's generator: the argmax of p / E, E
+        exponential (a draw with probability p; no host sync, so a graph captures it)."""
+        e = torch.empty_like(probs).exponential_(generator=self.runner.generator).clamp_(min=1e-30)
+        return (probs / e).argmax(-1)
+
+    @contextlib.contextmanager
+    def _captured_ops(self):
+        """The target and the drafter bound, for the block, to the kernels the graphs run: the same
+        variants and configs without PDL (captured with them, and re-planned with them before a replay)."""
+        model, drafter = self.runner.model, self.drafter
+        bound = model.ops, drafter.ops
+        if self._ops is None:
+            self._ops = without_pdl(model.ops), without_pdl(drafter.ops)
+        model.ops, drafter.ops = self._ops
+        try:
+            yield
+        finally:
+            model.ops, drafter.ops = bound
+
+    def _capture(self) -> None:
+        with self._captured_ops():
+            self._capture_sizes()
+
+    def _capture_sizes(self) -> None:
+        pool, page = None, self.runner.page_size
+        with torch.inference_mode():
+            for b in sorted(self.sizes, reverse=True):  # largest first so the others share its memory pool
+                meta = self.inputs.metadata(b * (self.k + 1), page)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):  # warm-up outside capture (lazy inits, autotuning)
+                    self._body(b, meta)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                graph.register_generator_state(self.runner.generator)  # each replay draws afresh
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._body(b, meta)
+                pool = graph.pool()
+                self.graphs[b] = (graph, meta, out)
+        torch.cuda.synchronize()
+
+
+def without_pdl(ops):
+    """`ops` with every config's programmatic dependent launch off. A decode kernel with PDL may load the
+    keys it takes for history before it waits for the kernel before it (only a row's own key comes
+    after): right when each row is a sequence of its own, wrong for the rows of one block, whose keys
+    the same step writes."""
+    configs = {p: {k: v for k, v in (c or {}).items() if k != "pdl"} for p, c in (ops.configs or {}).items()}
+    return bind(ops.selection, configs)

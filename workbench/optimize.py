@@ -204,7 +204,7 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
         folder.write(folder.IN_STEP, in_step)
 
     env = environment()
-    compiled_us = baselines[opts.compile_baselines[0]][0]
+    compiled_us = baselines[opts.compile_baselines[0]][0] if opts.compile_baselines else None
     _write_lock(folder, opts, model, dtype, env, final, results, compiled_us)
     report = _report(opts, dtype, env, target, final, {m: baselines[m] for m in opts.compile_baselines}, results,
                      profile, locked_profile, in_step)
@@ -243,7 +243,8 @@ def _report(opts: OptimizeOptions, dtype: str, env: dict, target, final: dict, b
     """report.json's content: the builds' step times and speed-ups, the end-to-end stage's decisions,
     the floor, and per point its locked variant beside the search's and the profiler's figures."""
     locked_us, reference_us = final["locked"]["median_us"], final["reference"]["median_us"]
-    compiled_us, not_compiled, compile_error = baselines[opts.compile_baselines[0]][:3]
+    first = opts.compile_baselines[0] if opts.compile_baselines else None  # none asked for: no compile row
+    compiled_us, not_compiled, compile_error = baselines[first][:3] if first else (None, {}, None)
     # the step's floor from the locked profile: the per-point floors beside it use the same measured ceilings
     floor_us = sum(p.floor_us or 0.0 for p in locked_profile.points)
     in_locked = {pp.point: pp for pp in locked_profile.points}
@@ -255,7 +256,7 @@ def _report(opts: OptimizeOptions, dtype: str, env: dict, target, final: dict, b
         "reference_ms": reference_us / 1e3,
         "locked_ms": locked_us / 1e3,
         "torch_compile_ms": compiled_us / 1e3 if compiled_us else None,
-        "torch_compile_baseline": opts.compile_baselines[0],
+        "torch_compile_baseline": first,
         "torch_compile_left_out": not_compiled,
         **({"torch_compile_error": compile_error} if compile_error else {}),
         "torch_compile_baselines": [

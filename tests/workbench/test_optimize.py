@@ -235,6 +235,24 @@ def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(fi
     assert timed == ["max-autotune-no-cudagraphs", "points"]
 
 
+def test_a_run_without_compile_baselines_reports_and_locks_without_them(finished_run, tmp_path, monkeypatch):
+    """`--compile-baseline none`: no torch.compile build is timed; the report and the lock say so (no
+    row, no figure) instead of failing."""
+    from workbench.lock import Lock
+
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(finished_run[0], resumed)
+    monkeypatch.setattr(compile_baseline, "time_compile_baseline", lambda *a: pytest.fail("a baseline was timed"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
+                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest", compile_baselines=())
+    report = optimize(opts)
+    assert report["torch_compile_baselines"] == [] and report["torch_compile_ms"] is None
+    with open(os.path.join(resumed, "report.md")) as f:
+        assert "| torch.compile" not in f.read()  # the builds table: reference and locked only
+    assert Lock.load(os.path.join(resumed, "lock.yaml"))[0].end_to_end["torch_compile_us"] is None
+
+
 def test_whole_step_baselines_are_made_before_the_search(tmp_path, monkeypatch):
     """A whole-step baseline compiles the reference step only: a run stopped before its first point
     (`--budget 0`, a GPU host whose kernel libraries have not all arrived) leaves it made and kept."""

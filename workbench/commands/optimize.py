@@ -43,10 +43,11 @@ def add_arguments(p) -> None:
                         "compiler processes it runs (a JIT build, up to 30 min); the same command resumes and skips "
                         "it (default: %(default)s; 0: no limit)")
     p.add_argument("--compile-baseline", nargs="+", default=["points"], metavar="MODE",
-                   choices=("points", "default", "max-autotune-no-cudagraphs"),  # the step is graph-captured already
+                   choices=("points", "default", "max-autotune-no-cudagraphs", "none"),  # the step is graphed already
                    help="the report's torch.compile builds, a row each: 'points' (each point's torch_compile "
                         "variant, default) and/or a torch.compile mode for the whole reference step, e.g. "
-                        "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size)")
+                        "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size); 'none': no "
+                        "torch.compile row (the report then has no baseline but the reference)")
     p.add_argument("--in-step", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                    help="after the lock, time the locked step with each point replaced by a stand-in that launches "
                         "no kernel: each point's cost in the step as it runs, a report column (in_step.json); "
@@ -93,7 +94,8 @@ def run(args) -> int:
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
                            candidate_timeout=args.candidate_timeout or None, force=args.force,
-                           compile_baselines=tuple(dict.fromkeys(args.compile_baseline)), in_step_s=args.in_step,
+                           compile_baselines=tuple(m for m in dict.fromkeys(args.compile_baseline) if m != "none"),
+                           in_step_s=args.in_step,
                            command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     if args.tui:
         from workbench.tui import WorkbenchApp

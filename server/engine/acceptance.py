@@ -2,11 +2,14 @@
 
 Prompts are the first `prompt_tokens` tokens of the first held-out files of the training corpus (text
 neither model trained on). Each prompt is served alone (one user), with and without the drafter, in
-two modes: greedy, and temperature 1.0 with top-p 0.95 (seeded). Reported per mode: the mean
+two modes: greedy, and temperature 1.0 with top-p 0.95 (drawn from each engine's generator, seeded as the
+engine starts; a request's own seed would keep its steps off the graphs). Reported per mode: the mean
 acceptance length (tokens per verify step: kept drafts plus the bonus token), its histogram, the
 wall time and tokens per second without the drafter, with it verifying every draft and with adaptive
 verification (same process, the three taking turns to go first), and for greedy how many outputs equal
-the drafter-less ones token for token.
+the drafter-less ones token for token. On CUDA the engines replay graphs where a server would: every
+decode step without the drafter, and with it the verify + draft steps of fixed verification
+(`verify_draft.py`); adaptive verification runs its steps eagerly.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int
 
 def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, max_tokens: int = 96,
                        prompt_tokens: int = 64, device: str = "cpu", dtype: torch.dtype | None = None,
-                       num_speculative_tokens: int | None = None) -> dict:
+                       num_speculative_tokens: int | None = None, lock=None) -> dict:
+    """`lock`: a `workbench.lock.Lock` whose variants both models run (every engine alike)."""
     from beam_model.drafter import BeamDrafter
     from beam_model.model import BeamForCausalLM
     from beam_model.tokenizer import load_tokenizer
@@ -49,13 +53,16 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
     drafter = BeamDrafter.from_pretrained(drafter_dir, target, dtype=dtype)
     asked = held_out_prompts(tokenizer, prompts, prompt_tokens)
     pages = (prompt_tokens + max_tokens + drafter.config.block_size) // 16 + 4
-    common = dict(num_pages=pages, max_num_seqs=1, cuda_graphs=False)
+    common = dict(num_pages=pages, max_num_seqs=1, variants=lock.selection if lock else None,
+                  variant_configs=lock.configs if lock else None)
     engines = {"plain": Engine(target, tokenizer, **common)}
     for name, adaptive in VERIFICATION.items():
         engines[name] = Engine(target, tokenizer, **common, drafter=drafter,
                                num_speculative_tokens=num_speculative_tokens, adaptive_verification=adaptive)
     k = engines["fixed"].speculator.k
-    for engine in engines.values():  # first-use costs outside the timings
+    for engine in engines.values():  # first-use costs outside the timings (Triton's compiles on CUDA)
+        if device.startswith("cuda"):
+            engine.warm_up()
         engine.generate([asked[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     modes = {}
     for mode, sampling in MODES.items():
@@ -63,7 +70,7 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
         for name in VERIFICATION:
             engines[name].speculator.stats = SpecStats()
         for i, prompt in enumerate(asked):
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, **sampling)
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
             order = list(engines)[i % len(engines):] + list(engines)[:i % len(engines)]  # no engine always first
             for name in order:
                 started = time.perf_counter()
@@ -83,5 +90,6 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"
     return {"target": target_dir, "drafter": drafter_dir, "device": device, "dtype": str(dtype).removeprefix("torch."),
+            "cuda_graphs": device.startswith("cuda"), "selection": target.ops.selection,
             "num_speculative_tokens": k, "prompts": len(asked), "prompt_tokens": prompt_tokens,
             "max_tokens": max_tokens, "modes": modes}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import platform
@@ -17,7 +18,7 @@ def add_arguments(p) -> None:
 
     d = DrafterOptions()
     p.add_argument("out_dir", metavar="OUT_DIR", help="drafter folder to write (config.json, model.safetensors, "
-                   "training.json, acceptance.json)")
+                   "training.json, acceptance-<device>.json)")
     p.add_argument("--target", default=EMBEDDED_MODEL, metavar="DIR",
                    help="the target checkpoint, whose training split it distils on (default: %(default)s)")
     p.add_argument("--layers", type=int, default=d.layers, help="draft layers (default: %(default)s)")
@@ -33,8 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--prompts", type=int, default=16, help="held-out prompts the acceptance is measured on")
     p.add_argument("--max-tokens", type=int, default=96, help="tokens generated per prompt when measuring")
+    p.add_argument("--lock", default=None, metavar="FILE",
+                   help="measure with the variants a lock selects (verified first), in both models and every engine")
     p.add_argument("--measure", action="store_true",
-                   help="train nothing: measure OUT_DIR's drafter again (acceptance.json)")
+                   help="train nothing: measure OUT_DIR's drafter again (acceptance-<device>.json)")
 
 
 def run(args) -> int:
@@ -46,18 +49,30 @@ def run(args) -> int:
     if not args.measure:
         _train(args, device)
     from server.engine.acceptance import measure_acceptance
+    from workbench.lock import load_for_serving
 
+    lock = load_for_serving(args.lock, device=device) if args.lock else None
     figures = measure_acceptance(args.target, args.out_dir, prompts=args.prompts, max_tokens=args.max_tokens,
-                                 device=device)
+                                 device=device, lock=lock)
+    figures["lock"] = args.lock
     figures["command"] = "workbench " + " ".join(sys.argv[1:])
     figures["torch"] = torch.__version__
-    with open(os.path.join(args.out_dir, "acceptance.json"), "w") as f:
+    figures["python"] = platform.python_version()
+    if device.startswith("cuda"):
+        figures["device"] = f"{device} ({torch.cuda.get_device_name()})"
+    # one file per kind of device (and with a lock's kernels or the references), side by side in the card
+    name = f"acceptance-{torch.device(device).type}{'-locked' if lock else ''}.json"
+    with open(os.path.join(args.out_dir, name), "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
     with open(os.path.join(args.out_dir, "training.json")) as f:
         training = json.load(f)
+    measured = []
+    for name in sorted(glob.glob(os.path.join(args.out_dir, "acceptance-*.json"))):
+        with open(name) as f:
+            measured.append(json.load(f))
     with open(os.path.join(args.out_dir, "README.md"), "w") as f:
-        f.write(card(training, figures))
+        f.write(card(training, measured))
     for mode, m in figures["modes"].items():
         for name in ("fixed", "adaptive"):
             v = m[name]
@@ -66,25 +81,39 @@ def run(args) -> int:
     return 0
 
 
-def card(training: dict, acceptance: dict) -> str:
-    """The drafter folder's README.md, from its training.json and acceptance.json."""
+def card(training: dict, measured: list[dict]) -> str:
+    """The drafter folder's README.md, from its training.json and its acceptance-<device>.json files."""
     o, last = training["options"], training["history"][-1]
     lines = [
-        f"# {os.path.basename(os.path.normpath(acceptance['drafter']))}", "",
+        f"# {os.path.basename(os.path.normpath(measured[0]['drafter']))}", "",
         f"A DFlash drafter for `{os.path.basename(os.path.normpath(training['target']))}`: {o['layers']} draft "
         f"layers, blocks of {o['block_size']} ({training['parameters']} parameters of its own; the target's "
         "embedding and LM head are shared), distilled on the target's training split. Made with:", "",
         f"    {training['command']}", "",
-        f"on {training['device']} in {training['train_seconds']} s (torch {training['torch']}); at the last step "
-        f"the drafter's most likely token was the target's for {last[2][0]:.1%} of first drafts "
-        f"({sum(last[2]) / len(last[2]):.1%} over the block).", "",
+        f"on {training['device']} in {training['train_seconds']} s (torch {training['torch']}, the standard library "
+        f"of Python {training.get('python', '?')}); at the last step the drafter's most likely token was the "
+        f"target's for {last[2][0]:.1%} of first drafts ({sum(last[2]) / len(last[2]):.1%} over the block).", "",
         "## Acceptance on held-out text", "",
+    ]
+    for acceptance in measured:
+        lines += acceptance_table(acceptance)
+    return "\n".join(lines)
+
+
+def acceptance_table(acceptance: dict) -> list[str]:
+    """One measurement's section of the card: what was run, tokens per verify step and speed."""
+    graphs = (" (CUDA graphs for the steps without the drafter and for the fixed verify + draft steps of greedy "
+              "and unseeded requests; adaptive steps eager)") if acceptance.get("cuda_graphs") else ""
+    kernels = f"both models on the variants of `{acceptance['lock']}`" if acceptance.get("lock") \
+        else "both models on the reference variants"
+    lines = [
+        f"### {acceptance['device']}", "",
         f"{acceptance['prompts']} prompts of {acceptance['prompt_tokens']} tokens from the held-out files, each "
         f"served alone for {acceptance['max_tokens']} tokens through the engine, "
-        f"{acceptance['num_speculative_tokens']} drafts a verify step, {acceptance['dtype']} on "
-        f"{acceptance['device']}, without the drafter, with it verifying every draft (fixed) and as many as pay "
-        "(adaptive), in the same process:", "",
-        "| sampling | verification | tokens per verify step | verify steps | tokens/s | speed-up |",
+        f"{acceptance['num_speculative_tokens']} drafts a verify step, {acceptance['dtype']}{graphs}, "
+        f"{kernels}, without the drafter, with it verifying every draft (fixed) and as many as pay (adaptive), "
+        "in the same process:",
+        "", "| sampling | verification | tokens per verify step | verify steps | tokens/s | speed-up |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for mode, m in acceptance["modes"].items():
@@ -98,8 +127,12 @@ def card(training: dict, acceptance: dict) -> str:
              for name in ("fixed", "adaptive") if "equal_to_plain" in m[name]]
     if equal:
         lines += ["", "Greedy outputs equal to those without the drafter: " + ", ".join(equal) + "."]
+        if any(not e.endswith(f" {acceptance['prompts']}/{acceptance['prompts']}") for e in equal):
+            lines[-1] += (f" In {acceptance['dtype']} a verify step's projections multiply several rows at once and "
+                          "round differently from a one-row step's, so a near-tie between two tokens can go the "
+                          "other way (the engine's equality is tested in float32).")
     lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def _train(args, device: str) -> None:
@@ -135,6 +168,7 @@ def _train(args, device: str) -> None:
                    "options": dataclasses.asdict(opts), "train_seconds": round(time.perf_counter() - started, 1),
                    "device": f"{platform.machine()} ({os.cpu_count()} cores)" if device == "cpu"
                    else torch.cuda.get_device_name(), "torch": torch.__version__,
+                   "python": platform.python_version(),  # whose standard library the corpus is
                    "parameters": sum(p.numel() for p in drafter.parameters()),
                    "history": trainer.history}, f, indent=1)
         f.write("\n")

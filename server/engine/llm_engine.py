@@ -246,6 +246,15 @@ class Engine:
             self.block_manager.trim(seq)  # the pages of drafts not kept
             if tokens:
                 outputs.append(self._append(seq, tokens))
+        if self.speculator is not None:  # drafts after the tokens as they stand (stops, grammars applied)
+            drafting = [seq for seq, (_, tokens) in zip(batch.seqs, samples) if tokens]
+            try:
+                self.speculator.propose(drafting)
+            except Exception:  # noqa: BLE001 - drafts are optional: the sequences decode a token a step
+                log.exception("the drafter failed; %d sequences go on without drafts", len(drafting))
+                for seq in drafting:
+                    if seq.draft is not None:
+                        seq.draft.clear_drafts()
         return outputs
 
     def _run(self, kind: str, seqs: list, counts: list[int]) -> list:

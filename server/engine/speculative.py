@@ -10,13 +10,16 @@ own token (the bonus) comes from the first row not kept. The KV of rejected draf
 the engine (progress advances only over kept tokens; `BlockManager.trim` releases pages past it).
 
 The same step gives the target's tapped hidden states of every token it kept, which become the
-drafter's context features (`DraftState.context`); the drafter then proposes the next block after the
-bonus token. Rows that sample without drafts (a prompt's first token, a request with a grammar or
-logprobs, which the drafter skips) draw through the runner's sampler, masks included.
+drafter's context features (`DraftState.context`); once the engine has appended the step's tokens the
+drafter proposes the next block after the last one (`propose`), a grammar's drafts each under its
+matcher's mask after the drafts before it (`DraftState.masks`, which the verify step's rows are masked
+with). Rows that sample without drafts (a prompt's first token) draw through the runner's sampler,
+masks included; a logprobs request's kept tokens take their logprobs from the verify step's rows.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections import deque
@@ -26,8 +29,9 @@ import torch
 
 from beam_model.kv_cache import build_step_metadata
 from server.engine.block_manager import GROUPS
+from server.engine.grammar import mask_words
 from server.engine.output import TokenLogprob
-from workbench.variants.sample import contract_probs
+from workbench.variants.sample import contract_probs, mask_logits
 
 
 @dataclass
@@ -39,6 +43,9 @@ class DraftState:
     ids: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None          # [len(ids), vocab] FP64, sampled requests only
     confidence: list[float] = field(default_factory=list)  # the drafter's probability of each draft
+    # a request with a grammar: its masks (host [len(ids) + 1, words] int32) after its last token and
+    # after each draft, the `sample` contract's `allowed` of the verify step's rows
+    masks: torch.Tensor | None = None
 
     def extend(self, start: int, features: torch.Tensor, window: int) -> None:
         """Context features of positions start .. start + n - 1 (recomputed positions replace theirs; a gap
@@ -51,7 +58,7 @@ class DraftState:
         self.end = start + len(features)
 
     def clear_drafts(self) -> None:
-        self.ids, self.probs, self.confidence = [], None, []
+        self.ids, self.probs, self.confidence, self.masks = [], None, [], None
 
 
 @dataclass
@@ -161,6 +168,17 @@ def request_probs(logits: torch.Tensor, params) -> torch.Tensor:
                           torch.full((rows,), params.top_p, device=dev))
 
 
+def token_logprobs(rows: torch.Tensor, ids: list[int], top: int) -> list[TokenLogprob]:
+    """Each of `ids` (the token emitted after row j of `rows`, the target's in-vocabulary logits) with its
+    log-probability under the model and the `top` most likely at that row (as the runner reports a
+    sampled token's: the model's distribution, before temperature or any filter)."""
+    lp = rows[:len(ids)].float().log_softmax(-1)
+    picked = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])[:, 0].tolist()
+    top_v, top_i = lp.topk(max(top, 1), dim=-1)
+    top_v, top_i = top_v.tolist(), top_i.tolist()
+    return [TokenLogprob(t, p, list(zip(i[:top], v[:top]))) for t, p, i, v in zip(ids, picked, top_i, top_v)]
+
+
 def _draw(dist: torch.Tensor, generator) -> int:
     return int(torch.multinomial(dist.float(), 1, generator=generator))
 
@@ -180,8 +198,8 @@ class Speculator:
         self.fused = None  # a `verify_draft.VerifyDraft` for the steps it fits (the engine's, with CUDA graphs)
 
     def wants_drafts(self, seq) -> bool:
-        """The drafter runs for free-text requests; a grammar or logprobs request decodes a token a step."""
-        return seq.matcher is None and not seq.params.logprobs
+        """Whether the drafter proposes for `seq`: for every request (a grammar's drafts follow it)."""
+        return not seq.finished
 
     @torch.inference_mode()
     def run(self, seqs: list, counts: list[int]) -> list[tuple[int, list[TokenLogprob]]]:
@@ -217,9 +235,13 @@ class Speculator:
         for i, (s, n, k) in enumerate(zip(seqs, counts, drafts)):
             if k:
                 rows = logits[ends[i] - k - 1:ends[i]]
-                kept, bonus = accept(rows, s.draft.ids[:k], s.params, s.draft.probs, runner.generator_for(s))
+                allowed = None if s.draft.masks is None else s.draft.masks[:k + 1].to(runner.device)
+                kept, bonus = accept(mask_logits(rows, allowed), s.draft.ids[:k], s.params, s.draft.probs,
+                                     runner.generator_for(s))
                 self.stats.record(k, kept)
-                tokens = [TokenLogprob(t, 0.0) for t in s.draft.ids[:kept]] + [TokenLogprob(bonus, 0.0)]
+                emitted = s.draft.ids[:kept] + [bonus]
+                tokens = token_logprobs(rows, emitted, s.params.top_logprobs) if s.params.logprobs \
+                    else [TokenLogprob(t, 0.0) for t in emitted]
                 out.append((n - k + kept, tokens))
             else:
                 out.append((n, [drawn[i]] if i in drawn else []))
@@ -229,9 +251,15 @@ class Speculator:
             s.draft.extend(starts[i], features[first:first + out[i][0]], self.drafter.config.sliding_window)
             s.draft.clear_drafts()
         self.cost.record(sum(counts), time.perf_counter() - started)  # the tokens' values waited for: a full step
-        self._propose([(s, toks[-1].token_id, starts[i] + computed) for i, (s, (computed, toks))
-                       in enumerate(zip(seqs, out)) if toks and self.wants_drafts(s)])
         return out
+
+    @torch.inference_mode()
+    def propose(self, seqs: list) -> None:
+        """The next drafts of each of `seqs` after the tokens a step gave it (called once the engine has
+        appended them, so a grammar's matcher stands after them); a sequence that has drafts already
+        (the graphed step drafts on the device) or has finished gets none."""
+        self._propose([(s, s.token_ids[-1], s.num_tokens - 1) for s in seqs
+                       if s.draft is not None and not s.draft.ids and self.wants_drafts(s)])
 
     def _plain(self, seqs, rows: list[int], logits, ends) -> dict[int, TokenLogprob]:
         """The runner's own draw (masks, seeds, logprobs) for the rows that sample without drafts."""
@@ -262,16 +290,51 @@ class Speculator:
         starts = torch.tensor([p for _, _, p in items], device=dev)
         logits = self.runner._in_vocab(self.drafter.block_logits(first, starts, context, valid, block_size=k + 1))
         for j, (s, _, _) in enumerate(items):
-            p = s.params
-            if p.greedy:
-                probs = logits[j].softmax(-1)
-                ids = logits[j].argmax(-1)
-                s.draft.ids, s.draft.probs = ids.tolist(), None
-            else:
-                probs = request_probs(logits[j], p)
-                ids = torch.multinomial(probs.float(), 1, generator=self.runner.generator_for(s))[:, 0]
-                s.draft.ids, s.draft.probs = ids.tolist(), probs
+            if s.matcher is not None:
+                self._propose_in_grammar(s, logits[j])
+                continue
+            probs, ids = self._drafts_from(s, logits[j])
+            s.draft.ids, s.draft.probs = ids.tolist(), None if s.params.greedy else probs
             s.draft.confidence = probs.gather(1, ids[:, None])[:, 0].tolist()
+
+    def _drafts_from(self, s, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the distributions [n, vocab], the drafts [n]) of `s` from the drafter's logits rows: greedy,
+        the argmax (its softmax for confidence); sampled, a draw from the `sample` contract's distribution."""
+        if s.params.greedy:
+            return logits.softmax(-1), logits.argmax(-1)
+        probs = request_probs(logits, s.params)
+        return probs, torch.multinomial(probs.float(), 1, generator=self.runner.generator_for(s))[:, 0]
+
+    def _propose_in_grammar(self, s, logits: torch.Tensor) -> None:
+        """Drafts that follow `s`'s grammar: each drawn under the mask of the matcher advanced over the
+        drafts before it (the masks kept for the verify step's rows), then the matcher (and its
+        reasoning budget) set back to where the sequence stands. Drafting stops where the grammar takes
+        no token (it has ended)."""
+        grammars, matcher, dev = self.runner.grammars, s.matcher, self.runner.device
+        masks = torch.empty(self.k + 1, mask_words(logits.shape[-1]), dtype=torch.int32)
+        budget = copy.copy(matcher.budget)
+        ids, probs, confidence = [], [], []
+        try:
+            for j in range(self.k + 1):
+                masks[j].fill_(-1)
+                grammars.fill([(j, matcher)], masks)
+                if j == self.k or matcher.llg.is_stopped():
+                    break
+                row = mask_logits(logits[j:j + 1], masks[j:j + 1].to(dev))
+                if not torch.isfinite(row).any():  # nothing the grammar takes is in the drafter's vocabulary
+                    break
+                p, t = self._drafts_from(s, row)
+                token = int(t[0])
+                if not matcher.accept(token):
+                    break
+                ids.append(token)
+                probs.append(p)
+                confidence.append(float(p[0, token]))
+        finally:  # the sequence's own tokens only, whatever happened
+            matcher.llg.rollback(len(ids))
+            matcher.budget = budget
+        s.draft.ids, s.draft.confidence, s.draft.masks = ids, confidence, masks[:len(ids) + 1]
+        s.draft.probs = torch.cat(probs) if probs and not s.params.greedy else None
 
 
 def limit_drafts(seq, budget: int, max_model_len: int) -> int:

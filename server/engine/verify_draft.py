@@ -71,7 +71,7 @@ class VerifyDraft:
         if self.spec.adaptive or self.runner.logits_hook is not None or len(seqs) > max(self.sizes):
             return False
         width = self.inputs.max_pages
-        return all(1 <= n <= self.k + 1 and s.num_pending == 1 and self.spec.wants_drafts(s)
+        return all(1 <= n <= self.k + 1 and s.num_pending == 1 and s.matcher is None and not s.params.logprobs
                    and (s.params.greedy or s.params.seed is None)  # the engine's generator, not a request's
                    and s.draft is not None and len(s.draft.ids) >= n - 1
                    and (s.params.greedy or n == 1 or s.draft.probs is not None)

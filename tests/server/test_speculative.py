@@ -7,6 +7,7 @@ real acceptance.
 
 import os
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,6 +74,84 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(tiny, monkeypatch):
     assert engine.scheduler.prefix_hit_tokens >= 64
 
 
+def _with_logprobs(engine, prompts_, params):
+    """Each prompt's emitted TokenLogprobs, served together."""
+    out = {f"r{i}": [] for i in range(len(prompts_))}
+    for i, p in enumerate(prompts_):
+        engine.add_request(f"r{i}", p, params)
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id] += o.logprobs or []
+    return list(out.values())
+
+
+def test_a_logprobs_request_is_drafted_and_its_logprobs_are_the_targets(tiny, monkeypatch):
+    """Kept drafts and bonus tokens carry the target's logprobs at their rows of the verify step (and
+    its top alternatives), as a drafter-less engine reports them one step at a time."""
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([5, 40], seed=6)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=3)
+    plain = _with_logprobs(Engine(model, tok, num_pages=32), ps, params)
+    truth = {tuple(p): [t.token_id for t in out] for p, out in zip(ps, plain)}
+
+    def oracle(self, items):  # the true continuation after the last token (at `pos`), its third draft spoiled
+        for s, _, pos in items:
+            done = pos - s.num_prompt_tokens + 1
+            ids = (truth[tuple(s.token_ids[:s.num_prompt_tokens])][done:done + self.k] + [0] * self.k)[:self.k]
+            ids[2] = (ids[2] + 1) % 256
+            s.draft.ids, s.draft.probs, s.draft.confidence = ids, None, [1.0] * self.k
+
+    monkeypatch.setattr(Speculator, "_propose", oracle)
+    engine = Engine(model, tok, num_pages=32, drafter=drafter, num_speculative_tokens=4)
+    drafted = _with_logprobs(engine, ps, params)
+    assert engine.speculator.stats.accepted >= 2 * engine.speculator.stats.verify_steps - 2  # two kept a step
+    for a, b in zip(drafted, plain):
+        assert [t.token_id for t in a] == [t.token_id for t in b]
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) < 1e-4
+        assert all([i for i, _ in x.top] == [i for i, _ in y.top] and len(x.top) == 3 for x, y in zip(a, b))
+
+
+def test_structured_requests_are_drafted_within_their_grammar(tiny, monkeypatch):
+    """Requests with a grammar (a JSON schema; a forced tool call with a reasoning budget) get drafts
+    drawn under their masks, each after the drafts before it, and the matcher set back after drafting:
+    greedy outputs equal the drafter-less engine's, sampled ones are valid, and drafts are kept. The
+    drafter's logits favour the true continuation except at every third position."""
+    import jsonschema
+
+    from beam_model.tokenizer import ByteTokenizer
+    from tests.server.test_structured_engine import THING, call_of, chat_request, completion_request, json_of
+
+    model, drafter = tiny
+    greedy = [completion_request("A thing:", THING, 0.0), chat_request("Go north twice", 0.0, thinking_token_budget=9)]
+    sampled = completion_request("Another:", THING, 1.0)
+    plain = Engine(model, ByteTokenizer(), num_pages=64).generate(*map(list, zip(*greedy)))
+    truth = {tuple(p): out for (p, _), out in zip(greedy, plain)}
+    drafting = []
+    propose = Speculator._propose
+
+    def noting(self, items):
+        drafting[:] = items
+        return propose(self, items)
+
+    def towards_truth(first, starts, context, valid, block_size=None):
+        logits = torch.zeros(len(drafting), block_size - 1, 288)
+        for j, (s, _, pos) in enumerate(drafting):
+            done = pos - s.num_prompt_tokens + 1
+            for i, t in enumerate(truth.get(tuple(s.token_ids[:s.num_prompt_tokens]), [])[done:done + block_size - 1]):
+                logits[j, i, (t + 1) % 256 if i % 3 == 2 else t] = 10.0
+        return logits
+
+    monkeypatch.setattr(Speculator, "_propose", noting)
+    monkeypatch.setattr(drafter, "block_logits", towards_truth)
+    engine = Engine(model, ByteTokenizer(), num_pages=64, drafter=drafter, num_speculative_tokens=7)
+    out = engine.generate([p for p, _ in greedy] + [sampled[0]], [sp for _, sp in greedy] + [sampled[1]])
+    assert out[:2] == plain
+    json_of(out[0]) and call_of(out[1])
+    jsonschema.validate(json_of(out[2]), THING)
+    stats = engine.speculator.stats
+    assert stats.accepted >= stats.verify_steps, stats  # most steps keep the two drafts before a spoiled one
+
+
 def test_a_random_drafter_changes_nothing(tiny):
     model, drafter = tiny
     tok, ps = FullVocabTokenizer(), prompts([12, 40], seed=5)
@@ -111,6 +190,18 @@ def test_a_seeded_sampled_request_is_reproducible(tiny):
     assert runs[0] == runs[1] and len(runs[0][0]) == 24
 
 
+def assert_same_pairs(plain: list[list[int]], drafted: list[list[int]]) -> None:
+    """The counts of each output's first two tokens agree between the two engines (a two-sample
+    chi-square over the pairs seen at least 10 times: a right sampler passes with p ~ 1e-7 to spare)."""
+    pairs = sorted({tuple(o[:2]) for o in plain + drafted})
+    a = torch.tensor([sum(tuple(o[:2]) == pr for o in plain) for pr in pairs], dtype=torch.float64)
+    b = torch.tensor([sum(tuple(o[:2]) == pr for o in drafted) for pr in pairs], dtype=torch.float64)
+    keep = (a + b) >= 10
+    chi2 = float((((a - b) ** 2) / (a + b))[keep].sum())
+    df = int(keep.sum()) - 1
+    assert 2 <= df <= 8 and chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df, a.tolist(), b.tolist())
+
+
 def test_sampled_tokens_after_a_verify_step_follow_the_targets_distribution(tiny):
     """Many copies of one prompt, each its first two tokens drawn at temperature 0.7 and top-k 3, with the
     (random) drafter and without: the second token comes out of a verify step (its draft kept or
@@ -124,13 +215,7 @@ def test_sampled_tokens_after_a_verify_step_follow_the_targets_distribution(tiny
     engine = Engine(model, tok, **common, seed=2, drafter=drafter, num_speculative_tokens=1)
     drafted = engine.generate([prompt] * n, params)
     assert engine.speculator.stats.verify_steps >= n
-    pairs = sorted({tuple(o[:2]) for o in plain + drafted})
-    a = torch.tensor([sum(tuple(o[:2]) == pr for o in plain) for pr in pairs], dtype=torch.float64)
-    b = torch.tensor([sum(tuple(o[:2]) == pr for o in drafted) for pr in pairs], dtype=torch.float64)
-    keep = (a + b) >= 10
-    chi2 = float((((a - b) ** 2) / (a + b))[keep].sum())
-    df = int(keep.sum()) - 1
-    assert 2 <= df <= 8 and chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df, a.tolist(), b.tolist())
+    assert_same_pairs(plain, drafted)
 
 
 def test_the_fused_step_samples_the_targets_distribution(tiny, monkeypatch):
@@ -166,13 +251,7 @@ def test_the_fused_step_samples_the_targets_distribution(tiny, monkeypatch):
     drafted = [o for _ in range(n // 128) for o in engine.generate([prompt] * 128, params)]
     fused, stats = engine.speculator.fused, engine.speculator.stats
     assert fused.steps >= 2 * (n // 128) and stats.verify_steps == len(drafted)
-    pairs = sorted({tuple(o[:2]) for o in plain + drafted})
-    a = torch.tensor([sum(tuple(o[:2]) == pr for o in plain) for pr in pairs], dtype=torch.float64)
-    b = torch.tensor([sum(tuple(o[:2]) == pr for o in drafted) for pr in pairs], dtype=torch.float64)
-    keep = (a + b) >= 10
-    chi2 = float((((a - b) ** 2) / (a + b))[keep].sum())
-    df = int(keep.sum()) - 1
-    assert 2 <= df <= 8 and chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df, a.tolist(), b.tolist())
+    assert_same_pairs(plain, drafted)
     assert 100 < stats.accepted < len(drafted) - 100  # drafts both kept and rejected
 
 
@@ -210,54 +289,67 @@ def test_a_page_is_offered_to_the_prefix_cache_once_its_kept_drafts_are_tokens()
     assert s.page_hashes == [page_hash(b"", list(range(64)))]
 
 
+def test_a_drafter_that_fails_leaves_the_requests_to_decode_without_drafts(tiny, monkeypatch, caplog):
+    """A crash in the drafter is logged with its cause and costs nothing but the drafts: the output is
+    the target's own."""
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([12, 40], seed=5)
+    plain = Engine(model, tok, num_pages=32).generate(ps, GREEDY)
+
+    def broken(*a, **kw):
+        raise RuntimeError("planted drafter fault")
+
+    monkeypatch.setattr(drafter, "block_logits", broken)
+    engine = Engine(model, tok, num_pages=32, drafter=drafter, num_speculative_tokens=3)
+    assert engine.generate(ps, GREEDY) == plain and engine.speculator.stats.verify_steps == 0
+    assert "the drafter failed; 2 sequences go on without drafts" in caplog.text
+    assert "planted drafter fault" in caplog.text
+
+
 def test_speculative_tokens_must_fit_the_block(tiny):
     model, drafter = tiny
     with pytest.raises(ValueError, match="num_speculative_tokens must be in 1..7"):
         Engine(model, FullVocabTokenizer(), num_pages=16, drafter=drafter, num_speculative_tokens=8)
 
 
-@pytest.mark.skipif(not os.path.isdir(MINI_DRAFTER), reason="no committed beam-mini drafter")
-def test_the_trained_drafter_is_accepted_and_changes_no_greedy_token():
+@pytest.fixture(scope="module")
+def mini():
+    """The committed beam-mini and its drafter (FP32), three held-out prompts and their greedy outputs."""
+    if not os.path.isdir(MINI_DRAFTER):
+        pytest.skip("no committed beam-mini drafter")
     from beam_model.drafter import BeamDrafter
     from beam_model.tokenizer import load_tokenizer
     from server.engine.acceptance import held_out_prompts
 
     target = BeamForCausalLM.from_pretrained(MINI, dtype=torch.float32)
-    drafter = BeamDrafter.from_pretrained(MINI_DRAFTER, target)
     tok = load_tokenizer(MINI)
     asked = held_out_prompts(tok, 3, 48)
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    plain = Engine(target, tok, num_pages=16).generate(asked, params)
-    engine = Engine(target, tok, num_pages=16, drafter=drafter)
-    assert engine.generate(asked, params) == plain
-    untrained = Engine(target, tok, num_pages=16, drafter=initial_drafter(drafter.config, target, seed=0,
-                                                                          device="cpu"))
-    assert untrained.generate(asked, params) == plain
+    return SimpleNamespace(target=target, drafter=BeamDrafter.from_pretrained(MINI_DRAFTER, target), tok=tok,
+                           asked=asked, params=params, plain=Engine(target, tok, num_pages=16).generate(asked, params))
+
+
+def test_the_trained_drafter_is_accepted_and_changes_no_greedy_token(mini):
+    engine = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter)
+    assert engine.generate(mini.asked, mini.params) == mini.plain
+    untrained = Engine(mini.target, mini.tok, num_pages=16,
+                       drafter=initial_drafter(mini.drafter.config, mini.target, seed=0, device="cpu"))
+    assert untrained.generate(mini.asked, mini.params) == mini.plain
     kept, chance = engine.speculator.stats.accepted, untrained.speculator.stats.accepted
     assert kept >= 10 and kept > 5 * chance, (engine.speculator.stats, untrained.speculator.stats)
 
 
-@pytest.mark.skipif(not os.path.isdir(MINI_DRAFTER), reason="no committed beam-mini drafter")
-def test_the_fused_verify_and_draft_step_is_the_eager_one():
+def test_the_fused_verify_and_draft_step_is_the_eager_one(mini):
     """The body the GPU captures as one graph (decode-shaped verify rows, acceptance, context window and
     the next block on the device), run eagerly: the same drafts kept, step for step, under batching, as
     the eager speculative step, and the target's greedy output."""
-    from beam_model.drafter import BeamDrafter
-    from beam_model.tokenizer import load_tokenizer
-    from server.engine.acceptance import held_out_prompts
     from server.engine.verify_draft import VerifyDraft
 
-    target = BeamForCausalLM.from_pretrained(MINI, dtype=torch.float32)
-    drafter = BeamDrafter.from_pretrained(MINI_DRAFTER, target)
-    tok = load_tokenizer(MINI)
-    asked = held_out_prompts(tok, 3, 48)
-    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    plain = Engine(target, tok, num_pages=16).generate(asked, params)
-    eager = Engine(target, tok, num_pages=16, drafter=drafter)
-    fused = Engine(target, tok, num_pages=16, drafter=drafter)
+    eager = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter)
+    fused = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter)
     fused.speculator.fused = VerifyDraft(fused.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
-    assert eager.generate(asked, params) == plain
-    assert fused.generate(asked, params) == plain
+    assert eager.generate(mini.asked, mini.params) == mini.plain
+    assert fused.generate(mini.asked, mini.params) == mini.plain
     assert fused.speculator.fused.steps > 10
     assert fused.speculator.stats == eager.speculator.stats
     assert fused.speculator.stats.accepted > 0

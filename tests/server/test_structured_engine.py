@@ -76,11 +76,11 @@ def completion_request(prompt: str, schema: dict, temperature: float):
     return TOK.encode(prompt, allow_special=False), params
 
 
-def chat_request(prompt: str, temperature: float):
-    """A forced call of MOVE (one call, 2 tokens of reasoning) as the API builds it."""
+def chat_request(prompt: str, temperature: float, thinking_token_budget: int = 2):
+    """A forced call of MOVE (one call, `thinking_token_budget` tokens of reasoning) as the API builds it."""
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "tools": [MOVE],
             "tool_choice": {"type": "function", "function": {"name": "move"}}, "parallel_tool_calls": False,
-            "thinking_token_budget": 2, "temperature": temperature}
+            "thinking_token_budget": thinking_token_budget, "temperature": temperature}
     req = protocol.parse_chat(body, ["m"])
     params = SamplingParams(max_tokens=200, temperature=temperature, structure=structures.chat_structure(req, "tools"),
                             thinking_token_budget=req.thinking_token_budget)

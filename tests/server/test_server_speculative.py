@@ -1,7 +1,7 @@
 """The server with a DFlash drafter (`workbench serve --draft-model`), end to end with the official
 `openai` client: the trained beam-mini and its committed drafter on the CPU, beside the same model
-served without it. Greedy completions are equal token for token, concurrent and streamed; /metrics
-counts verify steps, drafted and kept tokens."""
+served without it. Greedy completions are equal token for token, concurrent and streamed, and with a
+JSON schema and logprobs; /metrics counts verify steps, drafted and kept tokens."""
 
 import asyncio
 import os
@@ -55,6 +55,26 @@ def test_a_streamed_completion_is_the_same_text(servers):
     chunks = drafted.client().completions.create(model="beam-mini", prompt=PROMPTS[0], max_tokens=40,
                                                  temperature=0.0, stream=True)
     assert "".join(c.choices[0].text for c in chunks) == want.choices[0].text
+
+
+def test_structured_and_logprobs_requests_are_the_targets(servers):
+    """A JSON-schema chat turn with logprobs and a reasoning budget: drafted under its grammar, the same
+    message and the same logprobs as without the drafter."""
+    import json
+
+    plain, drafted = servers
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "size"],
+              "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"type": "integer"}}}
+    kw = dict(model="beam-mini", messages=[{"role": "user", "content": "Name a file and its size."}],
+              max_tokens=120, temperature=0.0, logprobs=True, top_logprobs=2, extra_body={"thinking_token_budget": 8},
+              response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema, "strict": True}})
+    want, got = plain.client().chat.completions.create(**kw), drafted.client().chat.completions.create(**kw)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert set(json.loads(got.choices[0].message.content)) == {"name", "size"}
+    a, b = want.choices[0].logprobs.content, got.choices[0].logprobs.content
+    assert [t.token for t in a] == [t.token for t in b]
+    assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) < 1e-3
+    assert drafted.metrics()["beam_spec_decode_accepted_tokens_total"] > 0
 
 
 def test_sampled_requests_are_served(servers):

@@ -136,7 +136,7 @@ def _judge(call, ids, run, label: str) -> list:
     rows = (~greedy).nonzero().flatten()[:MAX_ROWS]
     # One batch holds many copies of each row: few calls, one shape whatever the case.
     batch = max(len(rows), min(2048, 2 ** 24 // logits.shape[1]))
-    reps = batch // len(rows)
+    reps = min(batch // len(rows), DRAWS)  # DRAWS a row: more would only cost time (the interpreter's most)
     counts = torch.zeros(len(rows), logits.shape[1], dtype=torch.int64, device=logits.device)
     extra = {} if allowed_bits is None else {"allowed": allowed_bits[rows].repeat_interleave(reps, 0)}
     for i in range(math.ceil(DRAWS / reps)):

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # the records commands write name the command as given (`common.given_command`)
     if not args.command:
         parser.print_help()
         return 0

@@ -6,6 +6,8 @@ import argparse
 import json
 import math
 import os
+import shlex
+import sys
 
 import torch
 
@@ -95,6 +97,13 @@ def load_model(args, variants: dict | None = None):
         return BeamForCausalLM.from_pretrained(args.model, dtype=dtype, device=device, variants=variants)
     return BeamForCausalLM.from_preset(args.preset, seed=args.seed, dtype=dtype, device=device, variants=variants,
                                        weights=args.weights or "bf16")
+
+
+def given_command(args) -> str:
+    """The command as it was given (`workbench ...`), for the records a command writes: the argv
+    `cli.main` parsed (which may not be the process's, e.g. a test's call), else the process's."""
+    argv = getattr(args, "argv", None)
+    return "workbench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
 
 def print_json(obj) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
 
 from workbench.commands.common import (
     add_weights_argument,
     add_worker_arguments,
+    given_command,
     print_json,
     resolve_device,
     resolve_dtype,
@@ -96,7 +96,7 @@ def run(args) -> int:
                            candidate_timeout=args.candidate_timeout or None, force=args.force,
                            compile_baselines=tuple(m for m in dict.fromkeys(args.compile_baseline) if m != "none"),
                            in_step_s=args.in_step,
-                           command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+                           command=given_command(args))
     if args.tui:
         from workbench.tui import WorkbenchApp
 

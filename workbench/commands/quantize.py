@@ -71,17 +71,17 @@ def _run(args, src: str) -> int:
 
 
 def _accuracy(args, src: str) -> dict:
-    import sys
 
     import torch
 
     from beam_model.model import BeamForCausalLM
+    from workbench.commands.common import given_command
     from workbench.quant_accuracy import compare, tokens_for
 
     windows, where = tokens_for(src, args.accuracy, args.seq_len)
     source = BeamForCausalLM.from_pretrained(src, dtype=torch.float32, device=args.device)
     quantized = BeamForCausalLM.from_pretrained(args.dst, dtype=torch.float32, device=args.device)
-    result = {"command": "workbench " + " ".join(sys.argv[1:]), "tokens": where, "device": args.device,
+    result = {"command": given_command(args), "tokens": where, "device": args.device,
               **compare(source, quantized, windows.to(args.device))}
     with open(os.path.join(args.dst, "accuracy.json"), "w") as f:
         json.dump(result, f, indent=2)

@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 
-from workbench.commands.common import EMBEDDED_MODEL
+from workbench.commands.common import EMBEDDED_MODEL, given_command
 
 
 def add_arguments(p) -> None:
@@ -55,7 +55,7 @@ def run(args) -> int:
     figures = measure_acceptance(args.target, args.out_dir, prompts=args.prompts, max_tokens=args.max_tokens,
                                  device=device, lock=lock)
     figures["lock"] = args.lock
-    figures["command"] = "workbench " + " ".join(sys.argv[1:])
+    figures["command"] = given_command(args)
     figures["torch"] = torch.__version__
     figures["python"] = platform.python_version()
     if device.startswith("cuda"):
@@ -163,8 +163,10 @@ def _train(args, device: str) -> None:
 
     drafter = trainer.run(line)
     converted(drafter, torch.bfloat16).save_pretrained(args.out_dir)
+    for stale in glob.glob(os.path.join(args.out_dir, "acceptance-*.json")):  # the replaced weights' figures
+        os.remove(stale)
     with open(os.path.join(args.out_dir, "training.json"), "w") as f:
-        json.dump({"command": "workbench " + " ".join(sys.argv[1:]), "target": args.target,
+        json.dump({"command": given_command(args), "target": args.target,
                    "options": dataclasses.asdict(opts), "train_seconds": round(time.perf_counter() - started, 1),
                    "device": f"{platform.machine()} ({os.cpu_count()} cores)" if device == "cpu"
                    else torch.cuda.get_device_name(), "torch": torch.__version__,

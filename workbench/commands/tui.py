@@ -10,10 +10,8 @@ the app for every key.
 from __future__ import annotations
 
 import os
-import shlex
-import sys
 
-from workbench.commands.common import resolve_device, resolve_dtype
+from workbench.commands.common import given_command, resolve_device, resolve_dtype
 from workbench.dtypes import DTYPES
 from workbench.registry import POINTS
 
@@ -52,7 +50,7 @@ def options(args):
     return OptimizeOptions(target=target, preset=preset, dtype=dtype, device=device,
                            out_dir=args.out or args.run or f"runs/optimize-{target}-{preset}", seed=args.seed,
                            points=tuple(args.points), trust=args.trust, force=args.force,
-                           command="workbench " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+                           command=given_command(args))
 
 
 def run(args) -> int:

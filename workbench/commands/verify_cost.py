@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from workbench.commands.common import add_weights_argument, print_json, resolve_device, resolve_dtype
+from workbench.commands.common import add_weights_argument, given_command, print_json, resolve_device, resolve_dtype
 from workbench.dtypes import DTYPES, name_of
 
 # The public launches' tokens per verify step (../shared/docs/sources: agentic workload at temperature
@@ -35,7 +35,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     import platform
-    import sys
 
     import torch
 
@@ -65,7 +64,7 @@ def run(args) -> int:
     drafter = converted(initial_drafter(config, model, seed=0, device=device), dtype)
     draft = draft_step_us(drafter, budget_s=args.budget)
     result = {
-        "command": "workbench " + " ".join(sys.argv[1:]), "preset": preset, "dtype": name_of(dtype),
+        "command": given_command(args), "preset": preset, "dtype": name_of(dtype),
         "weights": weights, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
         else f"{platform.machine()} ({os.cpu_count()} cores)", "torch": torch.__version__,
         "selection": model.ops.selection, "context": context, "drafter_layers": args.drafter_layers,

@@ -1,0 +1,35 @@
+"""`workbench train-drafter` end to end on the committed beam-mini, a few CPU steps: it writes the drafter
+folder, its training record and one acceptance file per device; the card shows every measured device; new
+weights drop the figures of the weights they replace."""
+
+import json
+import os
+
+import pytest
+
+from workbench.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MINI = os.path.join(ROOT, "models", "beam-mini")
+SMALL = ["--prompts", "2", "--max-tokens", "8", "--device", "cpu"]
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(MINI), reason="no committed beam-mini")
+
+
+def test_train_then_measure_writes_the_folder_and_its_card(tmp_path):
+    out = tmp_path / "drafter"
+    out.mkdir()
+    (out / "acceptance-cuda.json").write_text("{}")  # figures of weights about to be replaced
+    assert main(["train-drafter", str(out), "--target", MINI, "--steps", "2", "--batch", "2", "--seq-len", "64",
+                 "--anchors", "2", *SMALL]) == 0
+    assert sorted(os.listdir(out)) == ["README.md", "acceptance-cpu.json", "config.json", "model.safetensors",
+                                       "training.json"]
+    cpu = json.loads((out / "acceptance-cpu.json").read_text())
+    assert cpu["prompts"] == 2 and set(cpu["modes"]) == {"greedy", "temperature_1_top_p_0.95"}
+    assert json.loads((out / "training.json").read_text())["options"]["steps"] == 2
+    # a GPU's figures beside the CPU's: the card shows both, each with its command
+    (out / "acceptance-cuda.json").write_text(json.dumps(dict(cpu, device="cuda (a GPU)", cuda_graphs=True)))
+    assert main(["train-drafter", str(out), "--target", MINI, "--measure", *SMALL]) == 0
+    card = (out / "README.md").read_text()
+    assert "### cpu" in card and "### cuda (a GPU)" in card and "CUDA graphs" in card
+    assert card.count("Measured with:") == 2 and "--measure" in card

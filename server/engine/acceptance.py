@@ -8,8 +8,7 @@ acceptance length (tokens per verify step: kept drafts plus the bonus token), it
 wall time and tokens per second without the drafter, with it verifying every draft and with adaptive
 verification (same process, the three taking turns to go first), and for greedy how many outputs equal
 the drafter-less ones token for token. On CUDA the engines replay graphs where a server would: every
-decode step without the drafter, and with it the verify + draft steps of fixed verification
-(`verify_draft.py`); adaptive verification runs its steps eagerly.
+decode step without the drafter, and with it every verify + draft step (`verify_draft.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ from server.engine.speculative import SpecStats
 
 MODES = {"greedy": dict(temperature=0.0), "temperature_1_top_p_0.95": dict(temperature=1.0, top_p=0.95)}
 VERIFICATION = {"fixed": False, "adaptive": True}  # every draft verified, or as many as pay
+# What replays a CUDA graph on a GPU (the card says it)
+GRAPHED = "every step without the drafter, and with it every verify + draft step of greedy and unseeded requests"
 
 
 def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
@@ -90,6 +91,6 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"
     return {"target": target_dir, "drafter": drafter_dir, "device": device, "dtype": str(dtype).removeprefix("torch."),
-            "cuda_graphs": device.startswith("cuda"), "selection": target.ops.selection,
+            "cuda_graphs": GRAPHED if device.startswith("cuda") else None, "selection": target.ops.selection,
             "num_speculative_tokens": k, "prompts": len(asked), "prompt_tokens": prompt_tokens,
             "max_tokens": max_tokens, "modes": modes}

@@ -106,7 +106,7 @@ class Engine:
         if drafter is not None:
             k = num_speculative_tokens or drafter.config.block_size - 1
             self.speculator = Speculator(self.runner, drafter, k, adaptive=adaptive_verification)
-            if graphs and cuda and not adaptive_verification:  # greedy verify + draft steps in one replay
+            if graphs and cuda:  # verify + draft steps in one replay
                 self.speculator.fused = VerifyDraft(self.speculator, max_num_seqs=self.max_num_seqs,
                                                     graph_max_len=self.runner_plan["graph_max_len"], graphs=True)
             self.scheduler.drafts_for = lambda seq, budget: limit_drafts(seq, budget, self.max_model_len)

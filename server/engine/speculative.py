@@ -205,8 +205,6 @@ class Speculator:
     def run(self, seqs: list, counts: list[int]) -> list[tuple[int, list[TokenLogprob]]]:
         """Feed each sequence's pending tokens and its drafts (`counts[i]` = pending fed + drafts); returns
         per sequence the positions now computed and its new tokens (none for a sequence mid-prompt)."""
-        if self.fused is not None and self.fused.fits(seqs, counts):
-            return self.fused.run(seqs, counts)
         runner, model = self.runner, self.runner.model
         started = time.perf_counter()
         starts = [s.num_computed for s in seqs]
@@ -219,6 +217,10 @@ class Speculator:
                                      sum(counts) - sum(drafts), self.cost.coefficients())
             counts = [c - k + n for c, k, n in zip(counts, drafts, chosen)]
             drafts = chosen
+        if self.fused is not None and self.fused.fits(seqs, counts):
+            out = self.fused.run(seqs, counts)
+            self.cost.record(sum(counts), time.perf_counter() - started)
+            return out
         ids = [t for s, c, n, k in zip(seqs, starts, counts, drafts)
                for t in s.token_ids[c:c + n - k] + s.draft.ids[:k]]
         pages = {g: [s.pages[g] for s in seqs] for g in GROUPS}

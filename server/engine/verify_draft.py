@@ -4,7 +4,7 @@ A verify step of b sequences with K drafts each feeds b * (K + 1) tokens. Fed as
 rows, one a token, each with its sequence's page table at its own position, it has the shape of a
 decode step: every row's KV is written before the attention reads it and each row sees the keys up to
 its own position, the block's causal attention. So it is captured as a decode step is (one graph per
-batch size, padded rows write the reserved page 0). The graph runs, on the device:
+batch size and block width, padded rows write the reserved page 0). The graph runs, on the device:
 
 - the target's step over the rows: logits at every row, and the drafter's tapped layers;
 - the acceptance: greedy, the drafts kept are the leading ones equal to the target's argmax and the
@@ -17,10 +17,11 @@ batch size, padded rows write the reserved page 0). The graph runs, on the devic
 The host then reads the kept counts, bonus tokens and drafts in one copy. The step stands in for
 `Speculator.run` where it applies (`fits`): every sequence decoding with its drafts, greedy or
 unseeded (a seeded request draws from its own generator, eagerly), no grammar, logprobs or logits
-hook, fixed verification; a sequence with fewer than K drafts (near its end) fills its block with
-padding rows and keeps none of them. Elsewhere the eager step runs. The graphs run the model's
-kernels with programmatic dependent launch off (`without_pdl`). On the CPU the same body runs eagerly
-(`graphs=False`), which is how the tests hold it to the eager step.
+hook. A step's blocks are as wide as the narrowest captured width (1, 2, 4, 8 or K + 1 rows) that
+holds its longest; a sequence with fewer drafts (adaptive verification chose fewer, or it nears its
+end) fills its block with padding rows and keeps none of them. Elsewhere the eager step runs. The
+graphs run the model's kernels with programmatic dependent launch off (`without_pdl`). On the CPU the
+same body runs eagerly (`graphs=False`), which is how the tests hold it to the eager step.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from workbench.registry import bind
 from workbench.variants.sample import contract_probs
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
+BLOCK_WIDTHS = (1, 2, 4, 8)  # rows a sequence feeds (its last token and drafts), captured besides K + 1
 PADDING_PAGES = [0]  # a padding row writes and reads the reserved page 0 only
 
 
@@ -50,6 +52,8 @@ class VerifyDraft:
         # b * (K + 1) rows at most what a decode graph holds
         top = max(1, min(max_num_seqs, 256 // (self.k + 1)))
         self.sizes = sorted({b for b in BATCH_SIZES if b < top} | {top})
+        # adaptive verification feeds fewer drafts: the narrowest captured block that holds a step's
+        self.widths = sorted({w for w in BLOCK_WIDTHS if w < self.k + 1} | {self.k + 1})
         rows = max(self.sizes) * (self.k + 1)
         self.inputs = GraphInputs(rows, math.ceil(graph_max_len / runner.page_size), GROUPS, dev)
         b, hidden = max(self.sizes), drafter.config.hidden_size
@@ -59,7 +63,7 @@ class VerifyDraft:
         # a sampled sequence's drafter distributions of its drafts (the `sample` contract's, FP64)
         self.draft_probs = torch.zeros(b, self.k, logits_width(runner.model), dtype=torch.float64, device=dev)
         self._window_index = torch.arange(self.window, device=dev)
-        self.graphs: dict[int, tuple] = {}  # batch size -> (graph, its metadata, its outputs)
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (batch size, width) -> (graph, its metadata, its outputs)
         self.steps = 0  # steps run here
         self._ops = None  # (target, drafter) ops the graphs run (`_captured_ops`)
         if graphs and dev.type == "cuda":
@@ -68,7 +72,7 @@ class VerifyDraft:
     def fits(self, seqs: list, counts: list[int]) -> bool:
         """Whether this step can run here: each sequence one pending token and up to K drafts, free text,
         greedy or drawing from the engine's generator."""
-        if self.spec.adaptive or self.runner.logits_hook is not None or len(seqs) > max(self.sizes):
+        if self.runner.logits_hook is not None or len(seqs) > max(self.sizes):
             return False
         width = self.inputs.max_pages
         return all(1 <= n <= self.k + 1 and s.num_pending == 1 and s.matcher is None and not s.params.logprobs
@@ -81,22 +85,23 @@ class VerifyDraft:
     def run(self, seqs: list, counts: list[int]) -> list[tuple[int, list[TokenLogprob]]]:
         """`Speculator.run` for a step that `fits`: per sequence the positions computed and its new tokens."""
         started = time.perf_counter()
-        k, b, page = self.k, len(seqs), self.runner.page_size
+        b, page = len(seqs), self.runner.page_size
         self.steps += 1
         size = min(s for s in self.sizes if s >= b) if self.graphs else b
+        w = min(w for w in self.widths if w >= max(counts))
         starts = [s.num_computed for s in seqs]
         ids, row_starts, row_pages = [], [], {g: [] for g in GROUPS}
         for s, start, n in zip(seqs, starts, counts):  # a block of fewer drafts ends in padding rows
-            ids += [s.token_ids[start]] + s.draft.ids[:n - 1] + [0] * (k + 1 - n)
-            row_starts += [*range(start, start + n)] + [0] * (k + 1 - n)
+            ids += [s.token_ids[start]] + s.draft.ids[:n - 1] + [0] * (w - n)
+            row_starts += [*range(start, start + n)] + [0] * (w - n)
             for g in GROUPS:
-                row_pages[g] += [s.pages[g]] * n + [PADDING_PAGES] * (k + 1 - n)
-        sampling = [(s.params.temperature, s.params.top_k, s.params.top_p) for s in seqs for _ in range(k + 1)]
-        lens = self.inputs.fill(size * (k + 1), ids, row_starts, row_pages, page, sampling)
+                row_pages[g] += [s.pages[g]] * n + [PADDING_PAGES] * (w - n)
+        sampling = [(s.params.temperature, s.params.top_k, s.params.top_p) for s in seqs for _ in range(w)]
+        lens = self.inputs.fill(size * w, ids, row_starts, row_pages, page, sampling)
         self.fed[:b].copy_(self.runner._to_device(counts, torch.int64))
         before = self._fill_context(seqs, starts, counts)
         if self.graphs:
-            graph, meta, out = self.graphs[size]
+            graph, meta, out = self.graphs[size, w]
             for g in GROUPS:  # host copies of the layout, for variants that plan on the host
                 meta.groups[g].seq_lens_host[:] = lens
             with self._captured_ops():
@@ -105,9 +110,10 @@ class VerifyDraft:
             graph.replay()
         else:
             self.runner.launching(started)
-            out = self._body(b, self.inputs.metadata(b * (k + 1), page, lens))
-        kept, bonus, drafts, context, probs = out
+            out = self._body(b, w, self.inputs.metadata(b * w, page, lens))
+        kept, bonus, drafts, context, probs, confidence = out
         picked = self.runner.fetched(torch.cat([kept[:b, None], bonus[:b, None], drafts[:b]], 1))
+        confidence = confidence[:b].tolist() if self.spec.adaptive else [[]] * b  # ready: the step is done
         results = []
         for i, (s, start, n, (n_kept, n_bonus, *next_drafts)) in enumerate(zip(seqs, starts, counts, picked)):
             tokens = [TokenLogprob(t, 0.0) for t in s.draft.ids[:n_kept]] + [TokenLogprob(n_bonus, 0.0)]
@@ -116,7 +122,7 @@ class VerifyDraft:
             held = min(self.window, before[i] + n_kept + 1)
             s.draft.context = context[i, self.window - held:].clone()
             s.draft.end = start + n_kept + 1
-            s.draft.ids, s.draft.confidence = next_drafts, []
+            s.draft.ids, s.draft.confidence = next_drafts, confidence[i]
             s.draft.probs = None if s.params.greedy else probs[i].clone()
             results.append((1 + n_kept, tokens))
         return results
@@ -138,33 +144,34 @@ class VerifyDraft:
             held.append(m)
         return held
 
-    def _body(self, b: int, meta):
-        """The step on the device: (kept [b], bonus [b], next drafts [b, K], context [b, window, hidden],
-        the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's))."""
+    def _body(self, b: int, w: int, meta):
+        """The step on the device for b sequences of w rows each: (kept [b], bonus [b], next drafts [b, K],
+        context [b, window, hidden], the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's))."""
         k, x, runner, drafter = self.k, self.inputs, self.runner, self.drafter
-        rows = b * (k + 1)
+        rows = b * w
         logits, tapped = runner.model.step(x.ids[:rows], runner.cache, meta, all_logits=True, taps=self.spec.taps)
         logits = runner._in_vocab(logits)
-        block = x.ids[:rows].view(b, k + 1)
+        block = x.ids[:rows].view(b, w)
         settings = (x.temperature[:rows], x.top_k[:rows], x.top_p[:rows])
-        greedy = settings[0].view(b, k + 1)[:, 0] == 0
-        kept, bonus = self._accept(logits.view(b, k + 1, -1), block[:, 1:], settings, greedy)
-        features = drafter.context_features(tapped).view(b, k + 1, -1)
+        greedy = settings[0].view(b, w)[:, 0] == 0
+        kept, bonus = self._accept(logits.view(b, w, -1), block[:, 1:], settings, greedy)
+        features = drafter.context_features(tapped).view(b, w, -1)
         context = torch.cat([self.context[:b], features], 1)
-        valid = torch.cat([self.valid[:b], torch.ones(b, k + 1, dtype=torch.bool, device=self.valid.device)], 1)
+        valid = torch.cat([self.valid[:b], torch.ones(b, w, dtype=torch.bool, device=self.valid.device)], 1)
         at = kept[:, None] + 1 + self._window_index[None, :]  # the window that ends at the last kept token
         context = context.gather(1, at[..., None].expand(-1, -1, context.shape[-1]))
         valid = valid.gather(1, at)
-        first = x.pos[:rows].view(b, k + 1)[:, 0] + kept + 1
+        first = x.pos[:rows].view(b, w)[:, 0] + kept + 1
         draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, valid, block_size=k + 1))
-        # each sequence's K draft rows at its settings (its verify rows' first K)
+        # each sequence's K draft rows at its settings (those of its verify rows)
         probs = contract_probs(draft_logits.view(b * k, -1),
-                               *(t.view(b, k + 1)[:, :k].reshape(-1) for t in settings)).view(b, k, -1)
+                               *(t.view(b, w)[:, :1].expand(b, k).reshape(-1) for t in settings)).view(b, k, -1)
         drafts = torch.where(greedy[:, None], draft_logits.argmax(-1), self._draw(probs))
-        return kept, bonus, drafts, context, probs
+        confidence = torch.where(greedy[:, None], draft_logits.softmax(-1), probs).gather(2, drafts[..., None])[..., 0]
+        return kept, bonus, drafts, context, probs, confidence
 
     def _accept(self, logits, drafts, settings, greedy):
-        """(kept [b], bonus [b]) from the target's logits [b, K + 1, vocab] of each block: greedy, the
+        """(kept [b], bonus [b]) from the target's logits [b, w, vocab] of each block: greedy, the
         drafts equal to the argmax and the argmax after them; sampled, rejection sampling against the
         drafts' distributions (`Speculator`'s `accept`, its draws from the engine's generator)."""
         b, k1, vocab = logits.shape
@@ -172,13 +179,13 @@ class VerifyDraft:
         best = logits.argmax(-1)
         kept_g = torch.minimum((best[:, :k] == drafts).long().cumprod(1).sum(1), limit)
         p = contract_probs(logits.view(b * k1, vocab), *settings).view(b, k1, vocab)
-        q = self.draft_probs[:b]
+        q = self.draft_probs[:b, :k]
         p_d, q_d = (t[:, :k].gather(2, drafts[..., None])[..., 0] for t in (p, q))
         u = torch.rand(b, k, dtype=torch.float64, device=logits.device, generator=self.runner.generator)
         kept_s = torch.minimum(((q_d > 0) & (u * q_d <= p_d)).long().cumprod(1).sum(1), limit)
         at = kept_s[:, None, None].expand(b, 1, vocab)
         p_at = p.gather(1, at)[:, 0]
-        q_at = torch.cat([q, torch.zeros_like(q[:, :1])], 1).gather(1, at)[:, 0] * (kept_s < limit)[:, None]
+        q_at = torch.cat([q, q.new_zeros(b, 1, vocab)], 1).gather(1, at)[:, 0] * (kept_s < limit)[:, None]
         residual = (p_at - q_at).clamp(min=0)  # after a rejection; p itself after the last draft fed
         total = residual.sum(-1, keepdim=True)
         dist = torch.where(total > 0, residual / total.clamp(min=1e-300), p_at)
@@ -212,20 +219,22 @@ class VerifyDraft:
 
     def _capture_sizes(self) -> None:
         pool, page = None, self.runner.page_size
+        # largest first so the others share its memory pool
+        shapes = sorted(((b, w) for b in self.sizes for w in self.widths), key=lambda bw: -bw[0] * bw[1])
         with torch.inference_mode():
-            for b in sorted(self.sizes, reverse=True):  # largest first so the others share its memory pool
-                meta = self.inputs.metadata(b * (self.k + 1), page)
+            for b, w in shapes:
+                meta = self.inputs.metadata(b * w, page)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):  # warm-up outside capture (lazy inits, autotuning)
-                    self._body(b, meta)
+                    self._body(b, w, meta)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 graph.register_generator_state(self.runner.generator)  # each replay draws afresh
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self._body(b, meta)
+                    out = self._body(b, w, meta)
                 pool = graph.pool()
-                self.graphs[b] = (graph, meta, out)
+                self.graphs[b, w] = (graph, meta, out)
         torch.cuda.synchronize()
 
 

@@ -355,6 +355,24 @@ def test_the_fused_verify_and_draft_step_is_the_eager_one(mini):
     assert fused.speculator.stats.accepted > 0
 
 
+def test_adaptive_verification_takes_the_fused_step_at_the_width_it_chose(mini, monkeypatch):
+    """With adaptive verification the fused step's blocks are the narrowest captured width holding the
+    drafts it chose (a width of 1 when none pay), and the output is still the target's own."""
+    from server.engine.speculative import VerifyCost
+    from server.engine.verify_draft import VerifyDraft
+
+    engine = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter, adaptive_verification=True)
+    fused = engine.speculator.fused = VerifyDraft(engine.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
+    assert fused.widths == [1, 2, 4, 8, 16]
+    widths, body = [], fused._body
+    monkeypatch.setattr(fused, "_body", lambda b, w, meta: widths.append(w) or body(b, w, meta))
+    costs = iter([(1.0, 0.05), (1.0, 1e-4)] * 1000)  # verifying costs much, then little: both widths chosen
+    monkeypatch.setattr(VerifyCost, "coefficients", lambda self: next(costs))
+    assert engine.generate(mini.asked, mini.params) == mini.plain
+    assert fused.steps == len(widths) > 10 and len(set(widths)) >= 2 and min(widths) < 16, widths
+    assert engine.speculator.stats.accepted > 0
+
+
 def test_engines_sharing_a_model_bind_its_build_once():
     """A second engine given the build a model already runs keeps the model's (and the drafter's)
     prepared weights: the first engine's captured graphs read them, and binding prepares them anew."""

@@ -102,8 +102,9 @@ def card(training: dict, measured: list[dict]) -> str:
 
 def acceptance_table(acceptance: dict) -> list[str]:
     """One measurement's section of the card: what was run, tokens per verify step and speed."""
-    graphs = (" (CUDA graphs for the steps without the drafter and for the fixed verify + draft steps of greedy "
-              "and unseeded requests; adaptive steps eager)") if acceptance.get("cuda_graphs") else ""
+    graphs = (f" (CUDA graphs: {acceptance['cuda_graphs']})" if isinstance(acceptance.get("cuda_graphs"), str)
+              else " (CUDA graphs for the steps without the drafter and for the fixed verify + draft steps of "
+              "greedy and unseeded requests; adaptive steps eager)" if acceptance.get("cuda_graphs") else "")
     kernels = f"both models on the variants of `{acceptance['lock']}`" if acceptance.get("lock") \
         else "both models on the reference variants"
     lines = [

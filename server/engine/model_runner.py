@@ -43,6 +43,16 @@ def logits_width(model) -> int:
     return model.config.vocab_size * (model.tp.world_size if getattr(model, "tp", None) else 1)
 
 
+def token_logprobs(rows: torch.Tensor, ids: list[int], tops: list[int]) -> list[TokenLogprob]:
+    """Each of `ids` (the token drawn from row j of `rows`, logits without any request's mask) with its
+    log-probability under the model and the `tops[j]` most likely ids at its row, most likely first."""
+    lp = rows[:len(ids)].float().log_softmax(-1)
+    picked = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])[:, 0].tolist()
+    top_v, top_i = lp.topk(max(max(tops), 1), dim=-1)
+    top_v, top_i = top_v.tolist(), top_i.tolist()
+    return [TokenLogprob(t, p, list(zip(i[:k], v[:k]))) for t, p, i, v, k in zip(ids, picked, top_i, top_v, tops)]
+
+
 class Captured(NamedTuple):
     """One decode batch size's graphs: the forward (its logits [size, vocab] FP32; its metadata, alive as
     long as the graph) and the draw from those logits under the token masks' device buffer (its ids
@@ -213,14 +223,10 @@ class ModelRunner:
         chosen = self.fetched(ids)
         out = [TokenLogprob(t, 0.0) for t in chosen]
         if want:
-            lp = logits[want].log_softmax(-1)
-            k = max(seqs[i].params.top_logprobs for i in want)
-            top_v, top_i = lp.topk(max(k, 1), dim=-1)
-            picked = lp.gather(1, ids[want][:, None])[:, 0].tolist()
-            top_v, top_i = top_v.tolist(), top_i.tolist()
-            for j, i in enumerate(want):
-                kk = seqs[i].params.top_logprobs
-                out[i] = TokenLogprob(chosen[i], picked[j], list(zip(top_i[j][:kk], top_v[j][:kk])))
+            with_logprobs = token_logprobs(logits[want], [chosen[i] for i in want],
+                                           [seqs[i].params.top_logprobs for i in want])
+            for i, t in zip(want, with_logprobs):
+                out[i] = t
         return out
 
     # ---- CUDA graphs -----------------------------------------------------------------------

@@ -30,6 +30,7 @@ import torch
 from beam_model.kv_cache import build_step_metadata
 from server.engine.block_manager import GROUPS
 from server.engine.grammar import mask_words
+from server.engine.model_runner import token_logprobs
 from server.engine.output import TokenLogprob
 from workbench.variants.sample import contract_probs, mask_logits
 
@@ -168,17 +169,6 @@ def request_probs(logits: torch.Tensor, params) -> torch.Tensor:
                           torch.full((rows,), params.top_p, device=dev))
 
 
-def token_logprobs(rows: torch.Tensor, ids: list[int], top: int) -> list[TokenLogprob]:
-    """Each of `ids` (the token emitted after row j of `rows`, the target's in-vocabulary logits) with its
-    log-probability under the model and the `top` most likely at that row (as the runner reports a
-    sampled token's: the model's distribution, before temperature or any filter)."""
-    lp = rows[:len(ids)].float().log_softmax(-1)
-    picked = lp.gather(1, torch.tensor(ids, device=lp.device)[:, None])[:, 0].tolist()
-    top_v, top_i = lp.topk(max(top, 1), dim=-1)
-    top_v, top_i = top_v.tolist(), top_i.tolist()
-    return [TokenLogprob(t, p, list(zip(i[:top], v[:top]))) for t, p, i, v in zip(ids, picked, top_i, top_v)]
-
-
 def _draw(dist: torch.Tensor, generator) -> int:
     return int(torch.multinomial(dist.float(), 1, generator=generator))
 
@@ -242,8 +232,8 @@ class Speculator:
                                      runner.generator_for(s))
                 self.stats.record(k, kept)
                 emitted = s.draft.ids[:kept] + [bonus]
-                tokens = token_logprobs(rows, emitted, s.params.top_logprobs) if s.params.logprobs \
-                    else [TokenLogprob(t, 0.0) for t in emitted]
+                tokens = token_logprobs(rows, emitted, [s.params.top_logprobs] * len(emitted)) \
+                    if s.params.logprobs else [TokenLogprob(t, 0.0) for t in emitted]
                 out.append((n - k + kept, tokens))
             else:
                 out.append((n, [drawn[i]] if i in drawn else []))

@@ -190,6 +190,16 @@ def test_a_seeded_sampled_request_is_reproducible(tiny):
     assert runs[0] == runs[1] and len(runs[0][0]) == 24
 
 
+def pair_sampling(model, drafter, n: int, *, temperature: float, max_num_seqs: int):
+    """(a 6-token prompt, its sampling at `temperature` and top-k 3 for 3 tokens, its n outputs without
+    the drafter, an engine with the drafter proposing one draft a step)."""
+    tok, (prompt,) = FullVocabTokenizer(), prompts([6], seed=4)
+    params = SamplingParams(max_tokens=3, temperature=temperature, top_k=3, ignore_eos=True)
+    common = dict(num_pages=8 * 64, max_num_seqs=max_num_seqs, max_num_batched_tokens=4096, prefix_caching=False)
+    plain = Engine(model, tok, **common, seed=1).generate([prompt] * n, params)
+    return prompt, params, plain, Engine(model, tok, **common, seed=2, drafter=drafter, num_speculative_tokens=1)
+
+
 def assert_same_pairs(plain: list[list[int]], drafted: list[list[int]]) -> None:
     """The counts of each output's first two tokens agree between the two engines (a two-sample
     chi-square over the pairs seen at least 10 times: a right sampler passes with p ~ 1e-7 to spare)."""
@@ -206,13 +216,8 @@ def test_sampled_tokens_after_a_verify_step_follow_the_targets_distribution(tiny
     """Many copies of one prompt, each its first two tokens drawn at temperature 0.7 and top-k 3, with the
     (random) drafter and without: the second token comes out of a verify step (its draft kept or
     rejected), and the pairs' counts agree between the two engines (a two-sample chi-square)."""
-    model, drafter = tiny
-    tok, (prompt,) = FullVocabTokenizer(), prompts([6], seed=4)
     n = 3000
-    params = SamplingParams(max_tokens=3, temperature=0.7, top_k=3, ignore_eos=True)
-    common = dict(num_pages=8 * 64, max_num_seqs=1024, max_num_batched_tokens=4096, prefix_caching=False)
-    plain = Engine(model, tok, **common, seed=1).generate([prompt] * n, params)
-    engine = Engine(model, tok, **common, seed=2, drafter=drafter, num_speculative_tokens=1)
+    prompt, params, plain, engine = pair_sampling(*tiny, n, temperature=0.7, max_num_seqs=1024)
     drafted = engine.generate([prompt] * n, params)
     assert engine.speculator.stats.verify_steps >= n
     assert_same_pairs(plain, drafted)
@@ -240,12 +245,8 @@ def test_the_fused_step_samples_the_targets_distribution(tiny, monkeypatch):
             s.draft.probs, s.draft.confidence = q[j].expand(self.k, -1), [1.0] * self.k
 
     monkeypatch.setattr(Speculator, "_propose", reversed_top3)
-    tok, (prompt,) = FullVocabTokenizer(), prompts([6], seed=4)
     n = 3000
-    params = SamplingParams(max_tokens=3, temperature=1.5, top_k=3, ignore_eos=True)
-    common = dict(num_pages=8 * 64, max_num_seqs=128, max_num_batched_tokens=4096, prefix_caching=False)
-    plain = Engine(model, tok, **common, seed=1).generate([prompt] * n, params)
-    engine = Engine(model, tok, **common, seed=2, drafter=drafter, num_speculative_tokens=1)
+    prompt, params, plain, engine = pair_sampling(model, drafter, n, temperature=1.5, max_num_seqs=128)
     engine.speculator.fused = VerifyDraft(engine.speculator, max_num_seqs=128, graph_max_len=64, graphs=False)
     # in waves of the batch size: no prompt joins a step of verifying sequences (such a step runs eagerly)
     drafted = [o for _ in range(n // 128) for o in engine.generate([prompt] * 128, params)]

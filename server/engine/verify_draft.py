@@ -167,7 +167,8 @@ class VerifyDraft:
         probs = contract_probs(draft_logits.view(b * k, -1),
                                *(t.view(b, w)[:, :1].expand(b, k).reshape(-1) for t in settings)).view(b, k, -1)
         drafts = torch.where(greedy[:, None], draft_logits.argmax(-1), self._draw(probs))
-        confidence = torch.where(greedy[:, None], draft_logits.softmax(-1), probs).gather(2, drafts[..., None])[..., 0]
+        chosen = torch.where(greedy[:, None, None], draft_logits.softmax(-1), probs)
+        confidence = chosen.gather(2, drafts[..., None])[..., 0]
         return kept, bonus, drafts, context, probs, confidence
 
     def _accept(self, logits, drafts, settings, greedy):

@@ -5,6 +5,7 @@ are kept. beam-tiny (random, FP32) for the engine's paths; the committed beam-mi
 real acceptance.
 """
 
+import logging
 import os
 import random
 from types import SimpleNamespace
@@ -340,7 +341,7 @@ def test_the_trained_drafter_is_accepted_and_changes_no_greedy_token(mini):
     assert kept >= 10 and kept > 5 * chance, (engine.speculator.stats, untrained.speculator.stats)
 
 
-def test_the_fused_verify_and_draft_step_is_the_eager_one(mini):
+def test_the_fused_verify_and_draft_step_is_the_eager_one(mini, monkeypatch, caplog):
     """The body the GPU captures as one graph (decode-shaped verify rows, acceptance, context window and
     the next block on the device), run eagerly: the same drafts kept, step for step, under batching, as
     the eager speculative step, and the target's greedy output."""
@@ -348,15 +349,18 @@ def test_the_fused_verify_and_draft_step_is_the_eager_one(mini):
 
     eager = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter)
     fused = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter)
-    fused.speculator.fused = VerifyDraft(fused.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
+    step = fused.speculator.fused = VerifyDraft(fused.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
+    batches, body = [], step._body
+    monkeypatch.setattr(step, "_body", lambda b, w, meta: batches.append(b) or body(b, w, meta))
     assert eager.generate(mini.asked, mini.params) == mini.plain
     assert fused.generate(mini.asked, mini.params) == mini.plain
-    assert fused.speculator.fused.steps > 10
+    assert not [r.message for r in caplog.records if r.levelno >= logging.WARNING]  # no step fell back
+    assert step.steps > 10 and max(batches) == len(mini.asked), batches
     assert fused.speculator.stats == eager.speculator.stats
     assert fused.speculator.stats.accepted > 0
 
 
-def test_adaptive_verification_takes_the_fused_step_at_the_width_it_chose(mini, monkeypatch):
+def test_adaptive_verification_takes_the_fused_step_at_the_width_it_chose(mini, monkeypatch, caplog):
     """With adaptive verification the fused step's blocks are the narrowest captured width holding the
     drafts it chose (a width of 1 when none pay), and the output is still the target's own."""
     from server.engine.speculative import VerifyCost
@@ -370,6 +374,7 @@ def test_adaptive_verification_takes_the_fused_step_at_the_width_it_chose(mini, 
     costs = iter([(1.0, 0.05), (1.0, 1e-4)] * 1000)  # verifying costs much, then little: both widths chosen
     monkeypatch.setattr(VerifyCost, "coefficients", lambda self: next(costs))
     assert engine.generate(mini.asked, mini.params) == mini.plain
+    assert not [r.message for r in caplog.records if r.levelno >= logging.WARNING]  # no step fell back
     assert fused.steps == len(widths) > 10 and len(set(widths)) >= 2 and min(widths) < 16, widths
     assert engine.speculator.stats.accepted > 0
 

@@ -4,7 +4,8 @@ A verify step of b sequences with K drafts each feeds b * (K + 1) tokens. Fed as
 rows, one a token, each with its sequence's page table at its own position, it has the shape of a
 decode step: every row's KV is written before the attention reads it and each row sees the keys up to
 its own position, the block's causal attention. So it is captured as a decode step is (one graph per
-batch size and block width, padded rows write the reserved page 0). The graph runs, on the device:
+batch size, block width and whether any row samples; padded rows write the reserved page 0). The graph
+runs, on the device:
 
 - the target's step over the rows: logits at every row, and the drafter's tapped layers;
 - the acceptance: greedy, the drafts kept are the leading ones equal to the target's argmax and the
@@ -13,6 +14,9 @@ batch size and block width, padded rows write the reserved page 0). The graph ru
 - each sequence's context features moved past the tokens it kept (a window of the drafter's width,
   right-aligned, with a mask of the positions that exist);
 - the drafter's next block after the bonus token, its drafts (greedy, or drawn) and their distributions.
+
+A step whose rows are all greedy replays a graph without the sampling half (no distributions, no
+draws: argmaxes).
 
 The host then reads the kept counts, bonus tokens and drafts in one copy. The step stands in for
 `Speculator.run` where it applies (`fits`): every sequence decoding with its drafts, greedy or
@@ -63,7 +67,8 @@ class VerifyDraft:
         # a sampled sequence's drafter distributions of its drafts (the `sample` contract's, FP64)
         self.draft_probs = torch.zeros(b, self.k, logits_width(runner.model), dtype=torch.float64, device=dev)
         self._window_index = torch.arange(self.window, device=dev)
-        self.graphs: dict[tuple[int, int], tuple] = {}  # (batch size, width) -> (graph, its metadata, its outputs)
+        # (batch size, width, whether any row samples) -> (graph, its metadata, its outputs)
+        self.graphs: dict[tuple[int, int, bool], tuple] = {}
         self.steps = 0  # steps run here
         self._ops = None  # (target, drafter) ops the graphs run (`_captured_ops`)
         if graphs and dev.type == "cuda":
@@ -89,6 +94,7 @@ class VerifyDraft:
         self.steps += 1
         size = min(s for s in self.sizes if s >= b) if self.graphs else b
         w = min(w for w in self.widths if w >= max(counts))
+        sampled = not all(s.params.greedy for s in seqs)
         starts = [s.num_computed for s in seqs]
         ids, row_starts, row_pages = [], [], {g: [] for g in GROUPS}
         for s, start, n in zip(seqs, starts, counts):  # a block of fewer drafts ends in padding rows
@@ -101,7 +107,7 @@ class VerifyDraft:
         self.fed[:b].copy_(self.runner._to_device(counts, torch.int64))
         before = self._fill_context(seqs, starts, counts)
         if self.graphs:
-            graph, meta, out = self.graphs[size, w]
+            graph, meta, out = self.graphs[size, w, sampled]
             for g in GROUPS:  # host copies of the layout, for variants that plan on the host
                 meta.groups[g].seq_lens_host[:] = lens
             with self._captured_ops():
@@ -110,7 +116,7 @@ class VerifyDraft:
             graph.replay()
         else:
             self.runner.launching(started)
-            out = self._body(b, w, self.inputs.metadata(b * w, page, lens))
+            out = self._body(b, w, self.inputs.metadata(b * w, page, lens), sampled)
         kept, bonus, drafts, context, probs, confidence = out
         picked = self.runner.fetched(torch.cat([kept[:b, None], bonus[:b, None], drafts[:b]], 1))
         confidence = confidence[:b].tolist() if self.spec.adaptive else [[]] * b  # ready: the step is done
@@ -123,7 +129,7 @@ class VerifyDraft:
             s.draft.context = context[i, self.window - held:].clone()
             s.draft.end = start + n_kept + 1
             s.draft.ids, s.draft.confidence = next_drafts, confidence[i]
-            s.draft.probs = None if s.params.greedy else probs[i].clone()
+            s.draft.probs = probs[i].clone() if sampled and not s.params.greedy else None
             results.append((1 + n_kept, tokens))
         return results
 
@@ -144,9 +150,11 @@ class VerifyDraft:
             held.append(m)
         return held
 
-    def _body(self, b: int, w: int, meta):
+    def _body(self, b: int, w: int, meta, sampled: bool):
         """The step on the device for b sequences of w rows each: (kept [b], bonus [b], next drafts [b, K],
-        context [b, window, hidden], the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's))."""
+        context [b, window, hidden], the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's; None
+        where no row samples), the drafts' confidences [b, K]). With `sampled` false every row is greedy and
+        the step has no distributions to build: argmaxes only, a graph of far fewer kernels."""
         k, x, runner, drafter = self.k, self.inputs, self.runner, self.drafter
         rows = b * w
         logits, tapped = runner.model.step(x.ids[:rows], runner.cache, meta, all_logits=True, taps=self.spec.taps)
@@ -154,7 +162,10 @@ class VerifyDraft:
         block = x.ids[:rows].view(b, w)
         settings = (x.temperature[:rows], x.top_k[:rows], x.top_p[:rows])
         greedy = settings[0].view(b, w)[:, 0] == 0
-        kept, bonus = self._accept(logits.view(b, w, -1), block[:, 1:], settings, greedy)
+        if sampled:
+            kept, bonus = self._accept(logits.view(b, w, -1), block[:, 1:], settings, greedy)
+        else:
+            kept, bonus = self._accept_greedy(logits.view(b, w, -1), block[:, 1:])
         features = drafter.context_features(tapped).view(b, w, -1)
         context = torch.cat([self.context[:b], features], 1)
         valid = torch.cat([self.valid[:b], torch.ones(b, w, dtype=torch.bool, device=self.valid.device)], 1)
@@ -163,6 +174,10 @@ class VerifyDraft:
         valid = valid.gather(1, at)
         first = x.pos[:rows].view(b, w)[:, 0] + kept + 1
         draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, valid, block_size=k + 1))
+        if not sampled:
+            drafts = draft_logits.argmax(-1)
+            confidence = draft_logits.softmax(-1).gather(2, drafts[..., None])[..., 0]
+            return kept, bonus, drafts, context, None, confidence
         # each sequence's K draft rows at its settings (those of its verify rows)
         probs = contract_probs(draft_logits.view(b * k, -1),
                                *(t.view(b, w)[:, :1].expand(b, k).reshape(-1) for t in settings)).view(b, k, -1)
@@ -170,6 +185,14 @@ class VerifyDraft:
         chosen = torch.where(greedy[:, None, None], draft_logits.softmax(-1), probs)
         confidence = chosen.gather(2, drafts[..., None])[..., 0]
         return kept, bonus, drafts, context, probs, confidence
+
+    def _accept_greedy(self, logits, drafts):
+        """`_accept` where every sequence is greedy: the leading drafts equal to the target's argmax, and
+        the argmax after them."""
+        b, k1, _ = logits.shape
+        best = logits.argmax(-1)
+        kept = torch.minimum((best[:, :k1 - 1] == drafts).long().cumprod(1).sum(1), self.fed[:b] - 1)
+        return kept, best.gather(1, kept[:, None])[:, 0]
 
     def _accept(self, logits, drafts, settings, greedy):
         """(kept [b], bonus [b]) from the target's logits [b, w, vocab] of each block: greedy, the
@@ -221,21 +244,23 @@ class VerifyDraft:
     def _capture_sizes(self) -> None:
         pool, page = None, self.runner.page_size
         # largest first so the others share its memory pool
-        shapes = sorted(((b, w) for b in self.sizes for w in self.widths), key=lambda bw: -bw[0] * bw[1])
+        shapes = sorted(((b, w, sampled) for b in self.sizes for w in self.widths for sampled in (True, False)),
+                        key=lambda shape: -shape[0] * shape[1])
         with torch.inference_mode():
-            for b, w in shapes:
+            for b, w, sampled in shapes:
                 meta = self.inputs.metadata(b * w, page)
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):  # warm-up outside capture (lazy inits, autotuning)
-                    self._body(b, w, meta)
+                    self._body(b, w, meta, sampled)
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                graph.register_generator_state(self.runner.generator)  # each replay draws afresh
+                if sampled:
+                    graph.register_generator_state(self.runner.generator)  # each replay draws afresh
                 with torch.cuda.graph(graph, pool=pool):
-                    out = self._body(b, w, meta)
+                    out = self._body(b, w, meta, sampled)
                 pool = graph.pool()
-                self.graphs[b, w] = (graph, meta, out)
+                self.graphs[b, w, sampled] = (graph, meta, out)
         torch.cuda.synchronize()
 
 

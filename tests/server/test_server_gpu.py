@@ -151,8 +151,8 @@ def test_graph_decode_draws_structured_rows_under_their_masks(model):
 
 def test_verify_and_draft_replay_one_graph_and_keep_greedy_output(model):
     """Greedy requests with a drafter: each verify step (with the next block's drafting) is one replay
-    of a padded graph (batch sizes 1, 2, 4; blocks of 1, 2, 4 and K + 1 = 8 rows), under batching, and the
-    output is the target's own token for token (FP32)."""
+    of a padded graph (batch sizes 1, 2, 4; blocks of 1, 2, 4 and K + 1 = 8 rows; with and without sampling),
+    under batching, and the output is the target's own token for token (FP32)."""
     from beam_model.drafter_config import DrafterConfig
     from workbench.training.drafter import initial_drafter
 
@@ -163,11 +163,13 @@ def test_verify_and_draft_replay_one_graph_and_keep_greedy_output(model):
                               seed=0, device="cuda")
     engine = Engine(model, tok, num_pages=64, max_num_seqs=4, drafter=drafter, num_speculative_tokens=7)
     fused = engine.speculator.fused
-    assert fused is not None and sorted(fused.graphs) == [(b, w) for b in (1, 2, 4) for w in (1, 2, 4, 8)]
+    assert fused is not None and sorted(fused.graphs) == [(b, w, sampled) for b in (1, 2, 4) for w in (1, 2, 4, 8)
+                                                          for sampled in (False, True)]
     replays = []
     for shape, (graph, meta, out) in fused.graphs.items():
         fused.graphs[shape] = (type("Noted", (), {"replay": lambda self, g=graph, n=shape: replays.append(n) or
                                                   g.replay()})(), meta, out)
     assert engine.generate(ps, GREEDY) == plain
-    assert fused.steps > 0 and len(replays) == fused.steps and {b for b, _ in replays} <= {4}
+    # every request greedy: the graphs without distributions, at the batch of all three
+    assert fused.steps > 0 and len(replays) == fused.steps and {(b, s) for b, _, s in replays} == {(4, False)}
     assert engine.stats()["pages_used"] == {FULL: 0, SLIDING: 0}

@@ -351,13 +351,36 @@ def test_the_fused_verify_and_draft_step_is_the_eager_one(mini, monkeypatch, cap
     fused = Engine(mini.target, mini.tok, num_pages=16, drafter=mini.drafter)
     step = fused.speculator.fused = VerifyDraft(fused.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
     batches, body = [], step._body
-    monkeypatch.setattr(step, "_body", lambda b, w, meta: batches.append(b) or body(b, w, meta))
+    monkeypatch.setattr(step, "_body", lambda b, w, meta, sampled: batches.append(b) or body(b, w, meta, sampled))
     assert eager.generate(mini.asked, mini.params) == mini.plain
     assert fused.generate(mini.asked, mini.params) == mini.plain
     assert not [r.message for r in caplog.records if r.levelno >= logging.WARNING]  # no step fell back
     assert step.steps > 10 and max(batches) == len(mini.asked), batches
     assert fused.speculator.stats == eager.speculator.stats
     assert fused.speculator.stats.accepted > 0
+
+
+def test_a_batch_with_a_sampled_request_takes_the_sampling_body_and_keeps_greedy_output(mini, monkeypatch, caplog):
+    """A step whose rows are all greedy takes the body without distributions; one with a sampled request
+    among them takes the sampling body, and the greedy requests' outputs are still the target's own."""
+    from server.engine.verify_draft import VerifyDraft
+
+    engine = Engine(mini.target, mini.tok, num_pages=32, drafter=mini.drafter)
+    fused = engine.speculator.fused = VerifyDraft(engine.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
+    bodies, body = [], fused._body
+    monkeypatch.setattr(fused, "_body", lambda b, w, meta, sampled: bodies.append((b, sampled)) or body(b, w, meta,
+                                                                                                     sampled))
+    for i, p in enumerate(mini.asked):
+        engine.add_request(f"g{i}", p, mini.params)
+    engine.add_request("s", mini.asked[0], SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, ignore_eos=True))
+    out = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.token_ids)
+    assert [out[f"g{i}"] for i in range(len(mini.asked))] == mini.plain
+    assert len(out["s"]) == 12
+    assert not [r.message for r in caplog.records if r.levelno >= logging.WARNING]  # no step fell back
+    assert (4, True) in bodies and (3, False) in bodies, bodies
 
 
 def test_adaptive_verification_takes_the_fused_step_at_the_width_it_chose(mini, monkeypatch, caplog):
@@ -370,7 +393,7 @@ def test_adaptive_verification_takes_the_fused_step_at_the_width_it_chose(mini, 
     fused = engine.speculator.fused = VerifyDraft(engine.speculator, max_num_seqs=4, graph_max_len=256, graphs=False)
     assert fused.widths == [1, 2, 4, 8, 16]
     widths, body = [], fused._body
-    monkeypatch.setattr(fused, "_body", lambda b, w, meta: widths.append(w) or body(b, w, meta))
+    monkeypatch.setattr(fused, "_body", lambda b, w, meta, sampled: widths.append(w) or body(b, w, meta, sampled))
     costs = iter([(1.0, 0.05), (1.0, 1e-4)] * 1000)  # verifying costs much, then little: both widths chosen
     monkeypatch.setattr(VerifyCost, "coefficients", lambda self: next(costs))
     assert engine.generate(mini.asked, mini.params) == mini.plain

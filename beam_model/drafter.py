@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from beam_model.drafter_config import DrafterConfig
@@ -147,13 +148,13 @@ class BeamDrafter(nn.Module):
         q = apply_rope(rms_norm(q.view(-1, heads, d), a.q_norm.weight, eps), bcos, bsin)
         k = apply_rope(rms_norm(k.view(-1, kv_heads, d), a.k_norm.weight, eps), bcos, bsin)
         kc = apply_rope(rms_norm(kc.view(-1, kv_heads, d), a.k_norm.weight, eps), ccos, csin)
-        # [S, kv_heads, C + B, d] keys and values; queries [S, heads, B, d]
+        # [S, kv_heads, C + B, d] keys and values
         keys = torch.cat([kc.view(s, c_len, kv_heads, d), k.view(s, b, kv_heads, d)], 1).transpose(1, 2)
         values = torch.cat([vc.view(s, c_len, kv_heads, d), v.view(s, b, kv_heads, d)], 1).transpose(1, 2).float()
-        q = q.view(s, b, heads, d).transpose(1, 2)
+        # Every block position sees the same keys, so the query heads that share a kv head are one longer
+        # query sequence [S, kv_heads, rep * B, d]: one attention call, no repeated keys or values
         rep = heads // kv_heads
-        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(-1, -2)) * d ** -0.5
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        out = (scores.softmax(-1) @ values).transpose(1, 2).reshape(s * b, heads, d).to(self.dtype)
+        q = q.view(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid[:, None, None, :])
+        out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d).to(self.dtype)
         return self.ops.attn_out(out, g, layer.prepared["attn_out"])

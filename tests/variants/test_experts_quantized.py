@@ -72,6 +72,20 @@ def test_declines_bf16_weights_and_prefill_sizes():
         VARIANT.fn(x, ids, weights, w)
 
 
+@pytest.mark.parametrize("qualname", ["experts:triton_quantized", "qkvg_proj:triton_fp8", "dense_mlp:triton_fp8",
+                                      "attn_out:triton_fp8"])
+def test_e4m3_kernels_decline_gpus_before_sm89(qualname, monkeypatch):
+    """Triton converts E4M3 on sm_89 and later: an A100 is told why, an H100 is offered the variant."""
+    variant = registry.get(*qualname.split(":"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, offered in (((8, 0), False), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        why = variant.supports(_decode(1, "fp8"))
+        assert (why is True) == offered, (capability, why)
+        if not offered:
+            assert why == f"{qualname} loads E4M3 values, which Triton converts on sm_89 or later, not sm_80"
+
+
 def _nibbles_swapped(w):
     return Nvfp4Weight((w.weight << 4) | (w.weight >> 4), w.scale, w.scale_2)
 

@@ -8,6 +8,7 @@ interpreter TRITON_INTERPRET must be set before they are defined.
 """
 
 from workbench.registry import register
+from workbench.variants.kernels.fp8_decode import e4m3_unsupported
 from workbench.variants.kernels.moe_decode import decode_supports
 
 FORMATS = ("fp8", "nvfp4")
@@ -33,6 +34,13 @@ def _at(config=None):
     return experts_triton_quantized
 
 
-register("experts", "triton_quantized", "triton",
-         supports=decode_supports("triton_quantized", "each pair re-reads its expert's weights (a decode GEMV)"),
+_decode_sizes = decode_supports("triton_quantized", "each pair re-reads its expert's weights (a decode GEMV)")
+
+
+def _supports(wl):
+    """Decode sizes on a GPU that loads E4M3 (FP8 weights, and NVFP4's block scales)."""
+    return e4m3_unsupported("experts:triton_quantized") or _decode_sizes(wl)
+
+
+register("experts", "triton_quantized", "triton", supports=_supports,
          configs=CONFIGS, configure=_at, pdl=True, formats=FORMATS)(_at())

@@ -13,11 +13,25 @@ CONFIGS = [
 ]
 
 
+def e4m3_unsupported(qualname: str) -> str | None:
+    """Why this GPU cannot run a kernel that loads E4M3 values (Triton converts them on sm_89 and later:
+    Ada, Hopper, Blackwell), or None; None on the CPU, where the interpreter converts them."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        major, minor = torch.cuda.get_device_capability()
+        return f"{qualname} loads E4M3 values, which Triton converts on sm_89 or later, not sm_{major}{minor}"
+    return None
+
+
 def decode_supports(qualname: str):
-    """The `supports` of an FP8 GEMV variant: a float dtype, at most MAX_ROWS activation rows."""
+    """The `supports` of an FP8 GEMV variant: a GPU that loads E4M3, a float dtype, at most MAX_ROWS
+    activation rows."""
     def supports(wl):
         from workbench.variants.kernels.gemv_fp8 import MAX_ROWS  # kernels: imported on use
 
+        if why := e4m3_unsupported(qualname):
+            return why
         if wl.dtype not in ("bf16", "fp16", "fp32"):
             return f"{qualname} computes in bf16, fp16 or fp32, not {wl.dtype}"
         if wl.tokens > MAX_ROWS:

@@ -154,7 +154,7 @@ class VerifyDraft:
         """The step on the device for b sequences of w rows each: (kept [b], bonus [b], next drafts [b, K],
         context [b, window, hidden], the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's; None
         where no row samples), the drafts' confidences [b, K]). With `sampled` false every row is greedy and
-        the step has no distributions to build: argmaxes only, a graph of far fewer kernels."""
+        the step has no distributions to build or draws to make: argmaxes only."""
         k, x, runner, drafter = self.k, self.inputs, self.runner, self.drafter
         rows = b * w
         logits, tapped = runner.model.step(x.ids[:rows], runner.cache, meta, all_logits=True, taps=self.spec.taps)

@@ -187,21 +187,20 @@ class VerifyDraft:
         return kept, bonus, drafts, context, probs, confidence
 
     def _accept_greedy(self, logits, drafts):
-        """`_accept` where every sequence is greedy: the leading drafts equal to the target's argmax, and
-        the argmax after them."""
+        """(kept [b], bonus [b]) of greedy blocks: the leading drafts equal to the target's argmax, and the
+        argmax after them (padding rows never kept)."""
         b, k1, _ = logits.shape
         best = logits.argmax(-1)
         kept = torch.minimum((best[:, :k1 - 1] == drafts).long().cumprod(1).sum(1), self.fed[:b] - 1)
         return kept, best.gather(1, kept[:, None])[:, 0]
 
     def _accept(self, logits, drafts, settings, greedy):
-        """(kept [b], bonus [b]) from the target's logits [b, w, vocab] of each block: greedy, the
-        drafts equal to the argmax and the argmax after them; sampled, rejection sampling against the
-        drafts' distributions (`Speculator`'s `accept`, its draws from the engine's generator)."""
+        """(kept [b], bonus [b]) from the target's logits [b, w, vocab] of each block: greedy, as
+        `_accept_greedy`; sampled, rejection sampling against the drafts' distributions (`Speculator`'s
+        `accept`, its draws from the engine's generator)."""
         b, k1, vocab = logits.shape
         k, limit = k1 - 1, self.fed[:b] - 1  # padding rows are never kept
-        best = logits.argmax(-1)
-        kept_g = torch.minimum((best[:, :k] == drafts).long().cumprod(1).sum(1), limit)
+        kept_g, bonus_g = self._accept_greedy(logits, drafts)
         p = contract_probs(logits.view(b * k1, vocab), *settings).view(b, k1, vocab)
         q = self.draft_probs[:b, :k]
         p_d, q_d = (t[:, :k].gather(2, drafts[..., None])[..., 0] for t in (p, q))
@@ -214,7 +213,7 @@ class VerifyDraft:
         total = residual.sum(-1, keepdim=True)
         dist = torch.where(total > 0, residual / total.clamp(min=1e-300), p_at)
         kept = torch.where(greedy, kept_g, kept_s)
-        bonus = torch.where(greedy, best.gather(1, kept_g[:, None])[:, 0], self._draw(dist))
+        bonus = torch.where(greedy, bonus_g, self._draw(dist))
         return kept, bonus
 
     def _draw(self, probs: torch.Tensor) -> torch.Tensor:

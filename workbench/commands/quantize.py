@@ -71,7 +71,6 @@ def _run(args, src: str) -> int:
 
 
 def _accuracy(args, src: str) -> dict:
-
     import torch
 
     from beam_model.model import BeamForCausalLM

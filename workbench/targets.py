@@ -2,7 +2,8 @@
 
 A target is a batch shape (`decode-b1`: one sequence decoding one token over 4K tokens of
 context; `prefill-8x2k`: eight 2048-token prompts; `verify-b1`: a speculative decoding step, the last
-token and 15 drafts verified over 4K tokens of context, logits at all 16). `StepRunner` builds the step once for a model
+token and 15 drafts verified over 4K tokens of context, logits at all 16, each token a decode row of its
+sequence as the engine's graphed verify step feeds a block). `StepRunner` builds the step once for a model
 (the KV cache pre-filled with random history, so no prompt has to be run through the model), then
 `runner()` runs it: decode replays a CUDA graph on GPU (as the server's decode does), prefill runs
 eagerly. Rebinding variants (`rebind`) re-captures without rebuilding the model, which matters for
@@ -11,11 +12,11 @@ a 125 GB rank. This module never times anything itself (that is `workbench.bench
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from beam_model.kv_cache import PagedKVCache
+from beam_model.kv_cache import GROUPS, PagedKVCache, build_step_metadata
 from workbench.points import Workload
 
 
@@ -26,6 +27,8 @@ class Target:
     tokens_per_seq: int  # 1 = decode
     context: int         # KV tokens per sequence before the step
     all_logits: bool = False  # logits at every new token (a verify step), not only at the last
+    # each new token a decode row with its sequence's page table at its own position (the engine's verify)
+    decode_rows: bool = False
 
     @property
     def decode(self) -> bool:
@@ -36,6 +39,10 @@ class Target:
         the last one ("model": head and sample, on each sequence's last new token), the projections
         stored as `weights`."""
         rows = 1 if layer_kind == "model" and not self.all_logits else self.tokens_per_seq
+        if self.decode_rows:  # the points see b * t decode rows
+            return Workload(preset=preset, batch=self.batch * rows, tokens_per_seq=1,
+                            context=self.context + self.tokens_per_seq,
+                            layer="full" if layer_kind == "full" else "sliding", dtype=dtype, weights=weights)
         return Workload(preset=preset, batch=self.batch, tokens_per_seq=rows,
                         context=self.context + self.tokens_per_seq,
                         layer="full" if layer_kind == "full" else "sliding", dtype=dtype, weights=weights)
@@ -47,8 +54,8 @@ TARGETS = {
     "decode-b64": Target("decode-b64", 64, 1, 4096),
     "prefill-8x2k": Target("prefill-8x2k", 8, 2048, 0),
     # Speculative decoding's verify step (engine/speculative.py): a DFlash block of 16 tokens
-    "verify-b1": Target("verify-b1", 1, 16, 4096, all_logits=True),
-    "verify-b8": Target("verify-b8", 8, 16, 4096, all_logits=True),
+    "verify-b1": Target("verify-b1", 1, 16, 4096, all_logits=True, decode_rows=True),
+    "verify-b8": Target("verify-b8", 8, 16, 4096, all_logits=True, decode_rows=True),
 }
 # Shapes the CPU default runs at: beam-tiny keeps every structural feature at toy sizes.
 CPU_CONTEXT = 96
@@ -66,7 +73,7 @@ def for_device(target: Target, device: torch.device) -> Target:
     if device.type == "cuda":
         return target
     tokens = 1 if target.decode else min(target.tokens_per_seq, CPU_PREFILL)
-    return Target(target.name, min(target.batch, 8), tokens, min(target.context, CPU_CONTEXT), target.all_logits)
+    return replace(target, batch=min(target.batch, 8), tokens_per_seq=tokens, context=min(target.context, CPU_CONTEXT))
 
 
 class StepRunner:
@@ -75,7 +82,8 @@ class StepRunner:
     def __init__(self, model, target: Target, *, use_graph: bool | None = None, seed: int = 0):
         self.model, self.target = model, target
         device = model.device
-        self.use_graph = (device.type == "cuda" and target.decode) if use_graph is None else use_graph
+        graphed = target.decode or target.decode_rows
+        self.use_graph = (device.type == "cuda" and graphed) if use_graph is None else use_graph
         gen = torch.Generator(device=device).manual_seed(seed)
         b, t = target.batch, target.tokens_per_seq
         total = target.context + t
@@ -88,6 +96,11 @@ class StepRunner:
             for storage in self.cache.storage.values():
                 storage.normal_(generator=gen)
         self.step = self.cache.prepare_step(list(range(b)), [t] * b)
+        if target.decode_rows:
+            pages = {g: [self.cache.pages(s, g) for s in range(b) for _ in range(t)] for g in GROUPS}
+            starts = [target.context + j for _ in range(b) for j in range(t)]
+            self.step = build_step_metadata(pages, starts, [1] * (b * t), page_size=self.cache.page_size,
+                                            device=device)
         self.input_ids = torch.randint(0, model.config.vocab_size, (b * t,), device=device, generator=gen)
         rows = b * t if target.all_logits else b
         self.sampling = dict(temperature=torch.zeros(rows, device=device), top_k=torch.zeros(rows, dtype=torch.long,

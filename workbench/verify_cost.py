@@ -44,9 +44,12 @@ def verify_curve(model, tokens: list[int], *, context: int, overlap: float | Non
     if overlap is not None:
         model.ops.route = shared_routing(route, overlap)
     try:
-        return {n: timing.time_fn(StepRunner(model, Target(f"verify-{n}", 1, n, context, all_logits=n > 1),
-                                             use_graph=graph), device=model.device, budget_s=budget_s)
-                for n in tokens}
+        curve = {}
+        for n in tokens:  # fed as the engine's graphed verify step feeds a block: a decode row a token
+            target = Target(f"verify-{n}", 1, n, context, all_logits=n > 1, decode_rows=True)
+            curve[n] = timing.time_fn(StepRunner(model, target, use_graph=graph), device=model.device,
+                                      budget_s=budget_s)
+        return curve
     finally:
         model.ops.route = route
 

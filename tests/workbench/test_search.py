@@ -1,6 +1,7 @@
 """The per-point search (workbench/search.py): which candidates are tried, how the noise band is set,
 and when a point's result kept in the run folder is reused."""
 
+import dataclasses
 import json
 
 import pytest
@@ -84,6 +85,27 @@ def test_a_verify_step_runs_head_and_sample_on_every_token():
     (experts,) = search.workloads("experts").values()
     assert head.tokens == experts.tokens == 16
     assert get_target("verify-b8").workload("beam-501b-tp8", "bf16", "model").tokens == 128
+
+
+def test_a_verify_step_feeds_its_block_as_decode_rows_and_computes_the_prefill_chunks_logits():
+    """The engine's graphed verify step feeds each of the block's tokens as a decode row of its sequence:
+    the target does so too, and its rows see what a chunk of the same tokens sees (FP32)."""
+    from beam_model import BeamForCausalLM
+    from workbench.targets import StepRunner
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
+    target = for_device(get_target("verify-b8"), model.device)
+    rows = StepRunner(model, target)
+    kinds = lambda runner: {m.decode for m in runner.step.groups.values()}  # noqa: E731
+    assert kinds(rows) == {True} and rows.step.num_tokens == target.batch * target.tokens_per_seq
+    assert target.workload("beam-tiny", "fp32", "sliding").tokens_per_seq == 1  # decode-shaped calls
+    chunk = StepRunner(model, dataclasses.replace(target, decode_rows=False))
+    assert kinds(chunk) == {False}
+    # both are built from seed 0: the same history, tokens and pages
+    assert torch.equal(rows.input_ids, chunk.input_ids)
+    with torch.inference_mode():
+        logits = [model.step(r.input_ids, r.cache, r.step, all_logits=True) for r in (rows, chunk)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)  # FP32 sums in another order
 
 
 def _noisy_search(tmp_path, reference_us: list[float]):

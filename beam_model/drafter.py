@@ -6,11 +6,11 @@ before p, concatenated, projected (`fc`) and normalised (`hidden_norm`): one fea
 position. Every draft layer attends from the block to [its own K/V of the context features; the
 block's K/V], non-causally inside the block, the context limited to the layer's window. The layers
 are Beam's sliding-window layers with a dense MLP (gated attention, sandwich norms, depth-scaled
-residuals) and run through the same fusion points as the target (`qkvg_proj`, `attn_out`, `boundary`,
-`dense_mlp`, `head`); the block attention itself is plain PyTorch. The mask positions' logits come
-from the target's LM head (shared, frozen) after the drafter's own final norm; the token embedding
-is the target's too, the mask a learned vector of the drafter's own (Beam's vocabulary has no mask
-token).
+residuals) and run through the same fusion points as the target (`qkvg_proj`, `qk_prep`, `attn_out`,
+`boundary`, `dense_mlp`, `head`); the block attention itself is one PyTorch attention call. The mask
+positions' logits come from the target's LM head (shared, frozen) after the drafter's own final norm;
+the token embedding is the target's too, the mask a learned vector of the drafter's own (Beam's
+vocabulary has no mask token).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from beam_model.drafter_config import DrafterConfig
-from beam_model.functional import apply_rope, linear, rms_norm, rope_cos_sin
+from beam_model.functional import linear, rms_norm
 from beam_model.model import Attention, DenseMLP, Linear, Norm, _param, prepared_layer
 from workbench.registry import bind
 
@@ -115,21 +115,23 @@ class BeamDrafter(nn.Module):
         cfg = self.config
         b = block_size or cfg.block_size
         s, c_len = context.shape[:2]
-        h_dim, dev = cfg.hidden_size, context.device
+        h_dim, dev, span = cfg.hidden_size, context.device, c_len + b
         emb = self.target.embed(first_ids).to(self.dtype)
         h = torch.cat([emb[:, None, :], self.mask_embedding.to(self.dtype).expand(s, b - 1, h_dim)], 1)
         h = h.reshape(s * b, h_dim)
-        offsets = torch.arange(b, device=dev)
-        block_pos = (starts[:, None] + offsets[None, :]).reshape(-1)
-        ctx_pos = (starts[:, None] - c_len + torch.arange(c_len, device=dev)[None, :]).clamp(min=0).reshape(-1)
-        rope = (rope_cos_sin(block_pos, cfg.head_dim, cfg.rope_theta),
-                rope_cos_sin(ctx_pos, cfg.head_dim, cfg.rope_theta))
+        # A layer projects every context row, then every block row; their keys and values go to one page
+        # per sequence, context then block, at positions starts - C .. starts + B - 1
+        offsets = torch.arange(span, device=dev)
+        slots = torch.arange(s, device=dev)[:, None] * span + offsets[None, :]
+        positions = (starts[:, None] - c_len + offsets[None, :]).clamp(min=0)
+        keys_at = (torch.cat([slots[:, :c_len].reshape(-1), slots[:, c_len:].reshape(-1)]),
+                   torch.cat([positions[:, :c_len].reshape(-1), positions[:, c_len:].reshape(-1)]))
         # keys: the context (where valid) then the whole block, seen by every block position
         valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool, device=dev)], 1)
         ctx = context.reshape(s * c_len, h_dim).to(self.dtype)
         x = rms_norm(h, self.layers[0].input_layernorm.weight, cfg.rms_norm_eps).to(self.dtype)
         for layer in self.layers:
-            y = self._attention(layer, x, ctx, rope, valid, s, b, c_len)
+            y = self._attention(layer, x, ctx, keys_at, valid, s, b)
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_attn"], eps=cfg.rms_norm_eps)
             y = self.ops.dense_mlp(x, layer.prepared["dense_mlp"])
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=cfg.rms_norm_eps)
@@ -138,23 +140,24 @@ class BeamDrafter(nn.Module):
         logits = self.ops.head(masks, head, eps=cfg.rms_norm_eps, softcap=cfg.final_logit_softcapping)
         return logits.float().view(s, b - 1, -1)
 
-    def _attention(self, layer: DraftLayer, x, ctx, rope, valid, s: int, b: int, c_len: int):
-        cfg, a = self.config, layer.self_attn
+    def _attention(self, layer: DraftLayer, x, ctx, keys_at, valid, s: int, b: int):
+        """A layer's block attention: `qkvg_proj` over the context rows and the block rows (the context's
+        queries and gates go unused), `qk_prep` (head norms, RoPE at each row's position, the keys and
+        values into this layer's pages), one attention call, `attn_out`."""
+        cfg = self.config
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v, g = self.ops.qkvg_proj(x, layer.prepared["qkvg_proj"])
-        kc, vc = linear(ctx, a.k_proj.weight), linear(ctx, a.v_proj.weight)
-        (bcos, bsin), (ccos, csin) = rope
-        eps = cfg.rms_norm_eps
-        q = apply_rope(rms_norm(q.view(-1, heads, d), a.q_norm.weight, eps), bcos, bsin)
-        k = apply_rope(rms_norm(k.view(-1, kv_heads, d), a.k_norm.weight, eps), bcos, bsin)
-        kc = apply_rope(rms_norm(kc.view(-1, kv_heads, d), a.k_norm.weight, eps), ccos, csin)
-        # [S, kv_heads, C + B, d] keys and values
-        keys = torch.cat([kc.view(s, c_len, kv_heads, d), k.view(s, b, kv_heads, d)], 1).transpose(1, 2)
-        values = torch.cat([vc.view(s, c_len, kv_heads, d), v.view(s, b, kv_heads, d)], 1).transpose(1, 2).float()
+        span, n_ctx = valid.shape[1], ctx.shape[0]
+        q, k, v, g = self.ops.qkvg_proj(torch.cat([ctx, x]), layer.prepared["qkvg_proj"])
+        # a layer's own pages: autograd keeps each layer's keys for the backward pass
+        cache = torch.empty(s, 2, span, kv_heads, d, dtype=self.dtype, device=x.device)
+        slots, positions = keys_at
+        q = self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=cache, slot_mapping=slots,
+                             positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)[n_ctx:]
+        keys, values = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)  # [S, kv_heads, C + B, d]
         # Every block position sees the same keys, so the query heads that share a kv head are one longer
         # query sequence [S, kv_heads, rep * B, d]: one attention call, no repeated keys or values
         rep = heads // kv_heads
-        q = q.view(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
+        q = q.reshape(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid[:, None, None, :])
-        out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d).to(self.dtype)
-        return self.ops.attn_out(out, g, layer.prepared["attn_out"])
+        out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d)
+        return self.ops.attn_out(out, g[n_ctx:], layer.prepared["attn_out"])

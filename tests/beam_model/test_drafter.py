@@ -46,6 +46,51 @@ def test_a_drafter_round_trips_and_proposes_the_same_logits(target, tmp_path):
         assert drafter.block_logits(*args).shape == (2, 3, target.config.vocab_size)
 
 
+def _plain_attention(drafter, starts, layer, x, ctx, keys_at, valid, s: int, b: int):
+    """A draft layer's block attention written out in plain PyTorch (FP32): the context's keys and
+    values from its features, the block's from its rows, head norms and RoPE at each position (the
+    context's before `starts`, the block's from it), every block row attending to the valid context and
+    the whole block."""
+    from beam_model.functional import apply_rope, linear, rms_norm, rope_cos_sin
+
+    c, a = drafter.config, layer.self_attn
+    heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    c_len = ctx.shape[0] // s
+    ctx_pos = (starts[:, None] - c_len + torch.arange(c_len)).clamp(min=0).reshape(-1)
+    block_pos = (starts[:, None] + torch.arange(b)).reshape(-1)
+
+    def normed(t, norm, pos):
+        heads_of_t = rms_norm(t.view(len(pos), -1, d), norm.weight, c.rms_norm_eps)
+        return apply_rope(heads_of_t, *rope_cos_sin(pos, d, c.rope_theta))
+
+    q = normed(linear(x, a.q_proj.weight), a.q_norm, block_pos).view(s, b, heads, d)
+    k = torch.cat([normed(linear(ctx, a.k_proj.weight), a.k_norm, ctx_pos).view(s, -1, kv_heads, d),
+                   normed(linear(x, a.k_proj.weight), a.k_norm, block_pos).view(s, b, kv_heads, d)], 1)
+    v = torch.cat([linear(ctx, a.v_proj.weight).view(s, -1, kv_heads, d),
+                   linear(x, a.v_proj.weight).view(s, b, kv_heads, d)], 1)
+    k, v = (t.repeat_interleave(heads // kv_heads, 2) for t in (k, v))
+    scores = torch.einsum("sqhd,skhd->shqk", q, k) / d ** 0.5
+    weights = scores.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
+    out = torch.einsum("shqk,skhd->sqhd", weights, v).reshape(s * b, heads, d)
+    return drafter.ops.attn_out(out, linear(x, a.gate_proj.weight), layer.prepared["attn_out"])
+
+
+def test_the_block_attention_through_the_fusion_points_is_the_plain_one(target, monkeypatch):
+    drafter = initial_drafter(DrafterConfig.for_target(target.config, num_hidden_layers=2, block_size=4), target,
+                              seed=0, device="cpu")
+    c = drafter.config
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randn(2, c.sliding_window, c.hidden_size, generator=gen)
+    valid = torch.ones(2, c.sliding_window, dtype=torch.bool)
+    valid[1, :c.sliding_window - 11] = False  # the second sequence is 11 tokens long
+    args = (torch.tensor([3, 7]), torch.tensor([c.sliding_window + 5, 11]), context, valid)
+    with torch.no_grad():
+        through_points = drafter.block_logits(*args)
+        monkeypatch.setattr(drafter, "_attention", lambda *a: _plain_attention(drafter, args[1], *a))
+        plain = drafter.block_logits(*args)
+    torch.testing.assert_close(through_points, plain, rtol=1e-5, atol=1e-5)
+
+
 def test_a_broken_drafter_checkpoint_is_refused_by_name(target, tmp_path):
     drafter = initial_drafter(DrafterConfig.for_target(target.config, num_hidden_layers=1), target, seed=0,
                               device="cpu")

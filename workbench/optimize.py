@@ -44,6 +44,7 @@ from workbench.roofline import measure_device_ceilings
 from workbench.run_folder import RunFolder, resume_key
 from workbench.search import Search
 from workbench.targets import StepRunner, for_device, get_target
+from workbench.tp_step import time_tp_builds
 
 
 @dataclass
@@ -68,6 +69,9 @@ class OptimizeOptions:
     # or a torch.compile mode for the whole reference step, e.g. "max-autotune-no-cudagraphs" (the step is
     # graph-captured anyway). The first fills the report's torch_compile_* fields.
     compile_baselines: tuple[str, ...] = ("points",)
+    # Tensor-parallel ranks the lock is for (`--tp`): past one, a point that all-reduces passes the rank gate
+    # on that many processes, and the reference and locked steps are timed on that many ranks at once.
+    tp: int = 1
     # After the lock: each point's cost in the locked step as it runs (`workbench.profiler.in_step`), a
     # report column: the step's time less its time with the point replaced by a kernel-free stand-in.
     # Seconds of samples per step timing; None: not timed.
@@ -104,6 +108,10 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
 
 
 def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) -> dict:
+    if opts.tp < 1:
+        raise ValueError(f"--tp must be at least 1, got {opts.tp}")
+    if opts.tp > 1 and opts.agent is not None:
+        raise ValueError("--agent runs on one process: agent rounds and --tp above 1 do not combine")
     check_backends(opts.backends)  # these two before anything is written to the run folder
     check_relock(opts.out_dir, device=opts.device, backends=opts.backends, points=opts.points, force=opts.force)
     on_event = on_event or (lambda e: None)
@@ -132,7 +140,7 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
 
     calls = {p.point: p.calls_by_kind for p in profile.points}
     search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event,
-                    backends=opts.backends, candidate_timeout=opts.candidate_timeout)
+                    backends=opts.backends, candidate_timeout=opts.candidate_timeout, ranks=opts.tp)
     stage = EndToEnd(runner, on_event=on_event)
     whole = compile_baseline.whole_step_baselines(stage, opts.compile_baselines, key, folder, on_event)
     order = [p for p in rank_points(profile) if p in opts.points]
@@ -203,11 +211,17 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
                                     budget_s=opts.in_step_s, log=log)
         folder.write(folder.IN_STEP, in_step)
 
+    across = None
+    if opts.tp > 1:
+        on_event(StageStarted("across ranks"))
+        across = _across_ranks(opts, dtype, final, folder, e2e_key)
+
     env = environment()
     compiled_us = baselines[opts.compile_baselines[0]][0] if opts.compile_baselines else None
-    _write_lock(folder, opts, model, dtype, env, final, results, compiled_us)
+    _write_lock(folder, opts, model, dtype, env, final, results, compiled_us, across)
     report = _report(opts, dtype, env, target, final, {m: baselines[m] for m in opts.compile_baselines}, results,
                      profile, locked_profile, in_step)
+    report["across_ranks"] = across
     mark_run_by_compounds(report)
     report["previous"] = against_previous(folder.read(folder.REPORT), report)
     write_report(folder, report)
@@ -215,8 +229,26 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
     return report
 
 
+def _across_ranks(opts: OptimizeOptions, dtype: str, final: dict, folder: RunFolder, e2e_key: dict) -> dict:
+    """The reference and the locked builds' steps on `opts.tp` ranks at once, each rank its own slice's
+    weights (`tp_step.time_tp_builds`): each build's step is its slowest rank's median, as every rank
+    waits for that one at the next all-reduce. Kept in the run folder, keyed, for a resumed run."""
+    key = resume_key({"end_to_end": e2e_key, "ranks": opts.tp, "selection": final["selection"],
+                      "configs": final["configs"]})
+    saved = folder.saved(folder.ACROSS_RANKS, key)
+    if saved is not None:
+        return {k: v for k, v in saved.items() if k != "key"}
+    timed = time_tp_builds(opts.preset, opts.target, opts.tp,
+                           {"reference": (None, None), "locked": (final["selection"], final["configs"])},
+                           device_type=opts.device.type, dtype=dtype, weights=opts.weights, seed=opts.seed)
+    builds = timed["builds"]
+    across = {**timed, "speedup": builds["reference"]["step_ms"] / builds["locked"]["step_ms"]}
+    folder.write(folder.ACROSS_RANKS, {**across, "key": key})
+    return across
+
+
 def _write_lock(folder: RunFolder, opts: OptimizeOptions, model, dtype: str, env: dict, final: dict,
-                results: dict, compiled_us: float | None) -> None:
+                results: dict, compiled_us: float | None, across: dict | None) -> None:
     """lock.yaml: each point's locked variant and config with its evidence (the search's timing of it,
     its gate), and the end-to-end timings."""
     selection = {p: final["selection"].get(p, REFERENCE) for p in POINTS}
@@ -234,7 +266,11 @@ def _write_lock(folder: RunFolder, opts: OptimizeOptions, model, dtype: str, env
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 end_to_end={"reference_us": final["reference"]["median_us"],
                             "locked_us": final["locked"]["median_us"],
-                            "torch_compile_us": compiled_us, "model_gate": final["model_gate"]})
+                            "torch_compile_us": compiled_us, "model_gate": final["model_gate"],
+                            **({"across_ranks": {"ranks": across["world"], "backend": across["backend"],
+                                                 "reference_us": across["builds"]["reference"]["step_ms"] * 1e3,
+                                                 "locked_us": across["builds"]["locked"]["step_ms"] * 1e3}}
+                               if across else {})})
     lock.save(folder.path(folder.LOCK))
 
 

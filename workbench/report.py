@@ -181,6 +181,17 @@ def compile_baselines(r: dict) -> list[dict]:
              **({"error": r["torch_compile_error"]} if r.get("torch_compile_error") else {})}]
 
 
+def ranks_line(r: dict) -> str | None:
+    """The reference and locked steps timed on the --tp ranks at once (None: one process only)."""
+    across = r.get("across_ranks")
+    if not across:
+        return None
+    ref, locked = (across["builds"][b] for b in ("reference", "locked"))
+    return (f"On {across['world']} ranks at once ({across['backend']}, each step the slowest rank's median of "
+            f"{across['reps']}): reference {ref['step_ms']:.3f} ms, locked {locked['step_ms']:.3f} ms, "
+            f"{across['speedup']:.2f}x.")
+
+
 def noise_line(r: dict) -> str | None:
     """What the end-to-end rule did with the choices each reverted within the step's noise band: dropped
     together, or kept because a paired timing found the set faster with them (None: there were none)."""
@@ -245,6 +256,7 @@ def report_markdown(r: dict) -> str:
         *[f"| {_compile_row(b['mode'])} | " + (f"{b['ms']:.3f} | {b['speedup']:.2f}x |" if b["ms"] else "failed | |")
           for b in compile_baselines(r)],
         f"| locked | {r['locked_ms']:.3f} | |", "",
+        *([line, ""] if (line := ranks_line(r)) else []),
         *(["Timed in a process other than the locked build's (a resumed run; their ratios to it pair two "
            "processes): " + ", ".join(r["timed_apart"]), ""] if r.get("timed_apart") else []),
         *([line, ""] if (line := noise_line(r)) else []),

@@ -60,6 +60,7 @@ class RunFolder:
     COMPILE_BASELINES = "compile_baselines.json"  # whole-step torch.compile baselines, keyed
     END_TO_END = "end_to_end.json"          # the end-to-end stage: its journal, then its result, keyed
     IN_STEP = "in_step.json"
+    ACROSS_RANKS = "across_ranks.json"      # the reference and locked steps on --tp ranks, keyed
     LOCK = "lock.yaml"
     REPORT = "report.json"
     REPORT_MD = "report.md"

@@ -35,6 +35,7 @@ from workbench.lock import code_key, source_hash
 from workbench.noise import MAX_BAND, bounded_band, relative_difference
 from workbench.points import LAYER_DEPENDENT
 from workbench.quarantine import quarantined
+from workbench.rank_gate import all_reduces, rank_gate, registered
 from workbench.registry import COMPOUNDS, REFERENCE, Variant, backend_available, relaid_members, split_of, variants
 from workbench.run_folder import RunFolder, read_json, resume_key, write_json
 from workbench.search_results import CandidateResult, PointResult
@@ -48,12 +49,14 @@ class Search:
     def __init__(self, runner, *, calls: dict[str, dict[str, int]], out_dir: str, seeds=(0, 1),
                  on_event: Callable[[object], None] | None = None,
                  backends: tuple[str, ...] | None = None, candidate_timeout: float | None = None,
-                 on_stall: Callable[[dict], None] | None = None):
+                 on_stall: Callable[[dict], None] | None = None, ranks: int = 1):
         """`runner`: the target's step (`targets.StepRunner`); `calls[point][kind]`: how often one step
         calls the point in "sliding"/"full" layers; `backends`: try only candidates of these backends
         (None: all); `candidate_timeout`: seconds one candidate's gate + timing may take before
-        `on_stall(candidate)` (default: say so and end the process, `inflight.end_process`)."""
-        self.runner, self.calls, self.seeds = runner, calls, seeds
+        `on_stall(candidate)` (default: say so and end the process, `inflight.end_process`); `ranks`:
+        the tensor-parallel ranks the lock is for: past one, a candidate of a point that all-reduces passes
+        the rank gate on that many processes too (`workbench.rank_gate`)."""
+        self.runner, self.calls, self.seeds, self.ranks = runner, calls, seeds, ranks
         self.folder = RunFolder(out_dir)
         self.backends = tuple(sorted(backends)) if backends else None
         self.model = runner.model
@@ -154,6 +157,10 @@ class Search:
     def _try(self, v, config, workloads, ref_us) -> CandidateResult:
         r = CandidateResult(v.point, v.name, v.backend, config, False)
         report = gates.op_gate(v, list(workloads.values()), device=self.device, seeds=self.seeds, config=config)
+        if report.passed and self.ranks > 1 and all_reduces(v.point):  # one process never all-reduces
+            ranked = rank_gate(registered(v.point, v.name), list(workloads.values()), world=self.ranks,
+                               device=self.device, seeds=self.seeds, config=config)
+            report.checks += ranked.checks
         r.gate, r.gate_passed = report.to_dict(), report.passed
         if not report.passed:
             r.failed_check = report.first_failure()
@@ -252,6 +259,7 @@ class Search:
             "workloads": {kind: w.label() for kind, w in self.workloads(point).items()},
             "sources": {name: source_hash(point, name) for name in table},
             **({"members": self._member_choices(point)} if point in COMPOUNDS else {}),
+            **({"ranks": self.ranks} if self.ranks > 1 and all_reduces(point) else {}),
             **({"left_out": left_out} if left_out else {})})
 
     def _load(self, point: str) -> PointResult | None:

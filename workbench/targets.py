@@ -34,6 +34,11 @@ class Target:
     def decode(self) -> bool:
         return self.tokens_per_seq == 1
 
+    @property
+    def graphed(self) -> bool:
+        """Whether the server replays this step from a CUDA graph: decode steps and verify blocks."""
+        return self.decode or self.decode_rows
+
     def workload(self, preset: str, dtype: str, layer_kind: str, weights: str = "bf16") -> Workload:
         """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer, or after
         the last one ("model": head and sample, on each sequence's last new token), the projections
@@ -82,8 +87,7 @@ class StepRunner:
     def __init__(self, model, target: Target, *, use_graph: bool | None = None, seed: int = 0):
         self.model, self.target = model, target
         device = model.device
-        graphed = target.decode or target.decode_rows
-        self.use_graph = (device.type == "cuda" and graphed) if use_graph is None else use_graph
+        self.use_graph = (device.type == "cuda" and target.graphed) if use_graph is None else use_graph
         gen = torch.Generator(device=device).manual_seed(seed)
         b, t = target.batch, target.tokens_per_seq
         total = target.context + t

@@ -45,6 +45,52 @@ def time_tp_step(preset: str, target: str, world: int, *, device_type: str = "cp
             "step_ms": per_rank[slowest]["median_ms"], "slowest_rank": slowest, "per_rank": per_rank}
 
 
+def time_tp_builds(preset: str, target: str, world: int, builds: dict[str, tuple[dict | None, dict | None]], *,
+                   device_type: str = "cpu", dtype: str = "bf16", weights: str = "bf16", reps: int = DEFAULT_REPS,
+                   warmup: int = DEFAULT_WARMUP, seed: int = 0, timeout_s: float = 600.0) -> dict:
+    """Several builds' steps on `world` ranks, timed one after the other by the same rank processes on
+    the same weights: per build ({name: (selection, configs)}) each rank's timing and the step's (the
+    slowest rank's median). Raises a RuntimeError naming every rank that failed."""
+    if world < 1 or reps < 1 or not builds:
+        raise ValueError(f"TP builds need at least one rank, timed step and build, got {world} ranks, {reps} reps, "
+                         f"{len(builds)} builds")
+    ranks = run_ranks(_rank_builds, world, device_type=device_type, timeout_s=timeout_s,
+                      args=(preset, target, dtype, weights, builds, reps, warmup, seed))
+    failed = [r.error for r in ranks if r.error]
+    if failed:
+        raise RuntimeError("the TP builds' steps failed: " + "; ".join(failed))
+    timed = {}
+    for name in builds:
+        per_rank = [r.value[name] for r in ranks]
+        slowest = max(range(world), key=lambda r: per_rank[r]["median_ms"])
+        timed[name] = {"step_ms": per_rank[slowest]["median_ms"], "slowest_rank": slowest, "per_rank": per_rank}
+    return {"preset": preset, "target": target, "world": world, "backend": backend_for(device_type, world),
+            "dtype": dtype, "weights": weights, "reps": reps, "builds": timed}
+
+
+def _rank_builds(rank, world, device, preset, target, dtype, weights, builds, reps, warmup, seed) -> dict:
+    import torch.distributed as dist
+
+    from beam_model.model import BeamForCausalLM
+    from beam_model.tp import TensorParallel
+    from workbench.dtypes import dtype_of
+    from workbench.targets import StepRunner, for_device, get_target
+
+    model = BeamForCausalLM.from_preset(preset, seed=seed + rank, dtype=dtype_of(dtype), device=device,
+                                        weights=weights)
+    model.tp = TensorParallel(dist.group.WORLD, rank, world)
+    use_graph = device.type == "cuda" and dist.get_backend() == "nccl" and get_target(target).graphed
+    step = for_device(get_target(target), device)
+    out = {}
+    for name, (selection, configs) in builds.items():
+        model.set_variants(selection, configs)
+        runner = StepRunner(model, step, seed=seed, use_graph=use_graph)  # one seed: every rank steps the same ids
+        times = [lockstep_seconds(runner, device) * 1e3 for _ in range(warmup + reps)][warmup:]
+        out[name] = {"rank": rank, **_summary(times), "reps": reps, "graph": runner.graph is not None}
+        del runner  # its graph and cache before the next build's
+    return out
+
+
 def _rank_step(rank, world, device, preset, target, dtype, weights, selection, configs, reps, warmup, seed) -> dict:
     import torch.distributed as dist
 
@@ -56,7 +102,7 @@ def _rank_step(rank, world, device, preset, target, dtype, weights, selection, c
     model = BeamForCausalLM.from_preset(preset, seed=seed + rank, dtype=dtype_of(dtype), device=device,
                                         weights=weights)
     model.set_variants(selection, configs)
-    use_graph = device.type == "cuda" and dist.get_backend() == "nccl" and get_target(target).decode
+    use_graph = device.type == "cuda" and dist.get_backend() == "nccl" and get_target(target).graphed
     step = for_device(get_target(target), device)
     # With one rank the same step without a group runs beside it, alternating: what the all-reduces cost
     parallel = {"group": TensorParallel(dist.group.WORLD, rank, world)}

@@ -52,6 +52,11 @@ def add_arguments(p) -> None:
                    help="after the lock, time the locked step with each point replaced by a stand-in that launches "
                         "no kernel: each point's cost in the step as it runs, a report column (in_step.json); "
                         "SECONDS of samples per timing (default %(const)s)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="lock for N tensor-parallel ranks (the preset is one rank's shapes, as beam-501b-tp8 is): "
+                        "boundary candidates also pass the rank gate on N processes, and the reference and locked "
+                        "steps are timed on N ranks at once, the slowest rank's time counting (NCCL with a GPU "
+                        "each, else gloo); default: %(default)s")
     p.add_argument("--force", action="store_true",
                    help="write over the run folder's lock even when this run cannot search some of its choices "
                         "(a backend missing here or left out of --backends, a point left out of --points)")
@@ -88,14 +93,15 @@ def run(args) -> int:
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
     dtype = resolve_dtype(args.dtype, device)
-    folder = f"runs/optimize-{args.target}-{preset}" + ("" if args.weights == "bf16" else f"-{args.weights}")
+    folder = f"runs/optimize-{args.target}-{preset}" + ("" if args.weights == "bf16" else f"-{args.weights}") + \
+        ("" if args.tp == 1 else f"-x{args.tp}")
     opts = OptimizeOptions(target=args.target, preset=preset, dtype=dtype, device=device, weights=args.weights,
                            out_dir=args.out or folder, seed=args.seed,
                            points=tuple(args.points), trust=args.trust, budget_s=args.budget,
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
                            candidate_timeout=args.candidate_timeout or None, force=args.force,
                            compile_baselines=tuple(m for m in dict.fromkeys(args.compile_baseline) if m != "none"),
-                           in_step_s=args.in_step,
+                           in_step_s=args.in_step, tp=args.tp,
                            command=given_command(args))
     if args.tui:
         from workbench.tui import WorkbenchApp

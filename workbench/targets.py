@@ -5,8 +5,8 @@ context; `prefill-8x2k`: eight 2048-token prompts; `verify-b1`: a speculative de
 token and 15 drafts verified over 4K tokens of context, logits at all 16, each token a decode row of its
 sequence as the engine's graphed verify step feeds a block). `StepRunner` builds the step once for a model
 (the KV cache pre-filled with random history, so no prompt has to be run through the model), then
-`runner()` runs it: decode replays a CUDA graph on GPU (as the server's decode does), prefill runs
-eagerly. Rebinding variants (`rebind`) re-captures without rebuilding the model, which matters for
+`runner()` runs it: decode and verify blocks replay a CUDA graph on GPU (as the server's do), prefill
+runs eagerly. Rebinding variants (`rebind`) re-captures without rebuilding the model, which matters for
 a 125 GB rank. This module never times anything itself (that is `workbench.bench`).
 """
 

@@ -95,9 +95,14 @@ class BeamDrafter(nn.Module):
 
     def set_variants(self, selection: dict[str, str] | None = None, configs: dict | None = None) -> None:
         """Bind the fusion points' variants and prepare each layer's weights (as the target does)."""
-        self.ops = bind(selection, configs)
+        self.use_ops(bind(selection, configs))
+
+    def use_ops(self, ops) -> None:
+        """Run the points through `ops`, bound variants (the target's own, say: a profiler that wraps the
+        target's points then sees the drafter's calls too), each layer's weights prepared for them."""
+        self.ops = ops
         for i, layer in enumerate(self.layers):
-            layer.prepared = prepared_layer(self.ops, self.layers, i)
+            layer.prepared = prepared_layer(ops, self.layers, i)
 
     # ---- compute --------------------------------------------------------------------------------
     def context_features(self, tapped: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 A target is a batch shape (`decode-b1`: one sequence decoding one token over 4K tokens of
 context; `prefill-8x2k`: eight 2048-token prompts; `verify-b1`: a speculative decoding step, the last
 token and 15 drafts verified over 4K tokens of context, logits at all 16, each token a decode row of its
-sequence as the engine's graphed verify step feeds a block). `StepRunner` builds the step once for a model
+sequence as the engine's graphed verify step feeds a block; `draft-b1`: a DFlash drafter's block of 16
+after 4K tokens, its points bound with the model's). `StepRunner` builds the step once for a model
 (the KV cache pre-filled with random history, so no prompt has to be run through the model), then
 `runner()` runs it: decode and verify blocks replay a CUDA graph on GPU (as the server's do), prefill
 runs eagerly. Rebinding variants (`rebind`) re-captures without rebuilding the model, which matters for
@@ -29,6 +30,9 @@ class Target:
     all_logits: bool = False  # logits at every new token (a verify step), not only at the last
     # each new token a decode row with its sequence's page table at its own position (the engine's verify)
     decode_rows: bool = False
+    # the drafter's step: a block of tokens_per_seq (the last accepted token and its drafts) proposed by a
+    # DFlash drafter for the model (random weights, the default drafter shape), its context a full window
+    draft: bool = False
 
     @property
     def decode(self) -> bool:
@@ -36,14 +40,15 @@ class Target:
 
     @property
     def graphed(self) -> bool:
-        """Whether the server replays this step from a CUDA graph: decode steps and verify blocks."""
-        return self.decode or self.decode_rows
+        """Whether the server replays this step from a CUDA graph: decode steps, verify blocks and the
+        drafting after them."""
+        return self.decode or self.decode_rows or self.draft
 
     def workload(self, preset: str, dtype: str, layer_kind: str, weights: str = "bf16") -> Workload:
         """The shapes one fusion-point call sees in this step, in a "sliding" or "full" layer, or after
         the last one ("model": head and sample, on each sequence's last new token), the projections
         stored as `weights`."""
-        rows = 1 if layer_kind == "model" and not self.all_logits else self.tokens_per_seq
+        rows = 1 if layer_kind == "model" and not (self.all_logits or self.draft) else self.tokens_per_seq
         if self.decode_rows:  # the points see b * t decode rows
             return Workload(preset=preset, batch=self.batch * rows, tokens_per_seq=1,
                             context=self.context + self.tokens_per_seq,
@@ -61,6 +66,8 @@ TARGETS = {
     # Speculative decoding's verify step (engine/speculative.py): a DFlash block of 16 tokens
     "verify-b1": Target("verify-b1", 1, 16, 4096, all_logits=True, decode_rows=True),
     "verify-b8": Target("verify-b8", 8, 16, 4096, all_logits=True, decode_rows=True),
+    # Its drafter's step: the drafter's points are called outside the model's layers ("model" calls)
+    "draft-b1": Target("draft-b1", 1, 16, 4096, draft=True),
 }
 # Shapes the CPU default runs at: beam-tiny keeps every structural feature at toy sizes.
 CPU_CONTEXT = 96
@@ -109,12 +116,15 @@ class StepRunner:
         rows = b * t if target.all_logits else b
         self.sampling = dict(temperature=torch.zeros(rows, device=device), top_k=torch.zeros(rows, dtype=torch.long,
                              device=device), top_p=torch.ones(rows, device=device))
+        self.drafter = _drafter_step_inputs(self, gen) if target.draft else None
         self.graph = None
         self.output = None
         self._step = self._eager
         self._capture()
 
     def _eager(self) -> torch.Tensor:
+        if self.drafter is not None:  # the engine's greedy drafts
+            return self.drafter.block_logits(*self.draft_inputs).argmax(-1)
         logits = self.model.step(self.input_ids, self.cache, self.step, all_logits=self.target.all_logits)
         return self.model.ops.sample(logits, **self.sampling)
 
@@ -138,6 +148,8 @@ class StepRunner:
         """Bind the variants and capture the step again. `compile_mode`: run the whole step through
         torch.compile in that mode (as a user would compile the model), else eagerly op by op."""
         self.model.set_variants(selection, configs)
+        if self.drafter is not None:
+            self.drafter.use_ops(self.model.ops)
         self._step = torch.compile(self._eager, mode=compile_mode, dynamic=False) if compile_mode else self._eager
         self._capture()  # on the GPU its warm-up compiles; eagerly the timing's warm-up calls do
 
@@ -148,3 +160,21 @@ class StepRunner:
             return self.output
         self.output = self._step()
         return self.output
+
+
+def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator):
+    """A drafter for the runner's model (random weights in its dtype, the points the model's), and the
+    block step's inputs: each sequence's last token at position `context`, a full window of random
+    context features before it."""
+    from beam_model.drafter_config import DrafterConfig
+    from workbench.training.drafter import converted, initial_drafter
+
+    model, target = runner.model, runner.target
+    config = DrafterConfig.for_target(model.config, block_size=target.tokens_per_seq)
+    drafter = converted(initial_drafter(config, model, seed=0, device=model.device), model.dtype)
+    drafter.use_ops(model.ops)
+    b, window, dev = target.batch, min(config.sliding_window, target.context), model.device
+    features = torch.randn(b, window, config.hidden_size, device=dev, generator=gen).to(model.dtype)
+    runner.draft_inputs = (runner.input_ids[:b], torch.full((b,), target.context, device=dev), features,
+                           torch.ones(b, window, dtype=torch.bool, device=dev))
+    return drafter

@@ -64,17 +64,22 @@ class Engine:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  prefix_caching: bool = True, cuda_graphs: bool | None = None, seed: int = 0,
                  logits_hook=None, on_runner_plan=None, drafter=None, num_speculative_tokens: int | None = None,
-                 adaptive_verification: bool = False):
+                 adaptive_verification: bool = False, drafter_variants: dict | None = None,
+                 drafter_variant_configs: dict | None = None):
         """`drafter`: a `beam_model.drafter.BeamDrafter` attached to `model`: decode steps verify its
         drafts (`num_speculative_tokens` a step, default its block's; with `adaptive_verification`, as
         many as its confidence and the measured step cost say are worth it) and it proposes the next
-        ones (engine/speculative.py)."""
-        if variants is not None or variant_configs is not None:  # a lock's selection and tuning configs
+        ones (engine/speculative.py). Its points run the model's variants unless `drafter_variants` (and
+        `drafter_variant_configs`) name its own (a lock made at the draft-b1 target)."""
+        own = drafter_variants is not None or drafter_variant_configs is not None
+        builds = [(model, variants, variant_configs),
+                  (drafter, *((drafter_variants, drafter_variant_configs) if own else (variants, variant_configs)))]
+        for m, selection, configs in builds:  # a lock's selection and tuning configs
             # Binding prepares the weights anew: a model (or drafter) that another engine bound to the same
             # build keeps its prepared weights, which that engine's captured graphs read.
-            for m in (model, drafter):  # the drafter's points run the same kernels
-                if m is not None and not binds(m.ops, variants, variant_configs):
-                    m.set_variants(variants, variant_configs)
+            given = selection is not None or configs is not None
+            if m is not None and given and not binds(m.ops, selection, configs):
+                m.set_variants(selection, configs)
         cuda = model.device.type == "cuda"
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
         self.vocab_size = logits_width(model)

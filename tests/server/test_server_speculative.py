@@ -89,6 +89,8 @@ def test_speculative_flags_without_a_drafter_are_refused():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "workbench.cli", "serve", "--preset", "beam-tiny", "--device", "cpu",
-                          "--num-speculative-tokens", "4"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert run.returncode != 0 and "need --draft-model" in run.stderr, run.stderr
+    serve = [sys.executable, "-m", "workbench.cli", "serve", "--preset", "beam-tiny", "--device", "cpu"]
+    for flags, why in ((["--num-speculative-tokens", "4"], "need --draft-model"),
+                       (["--draft-lock", "lock.yaml"], "--draft-lock binds the drafter's points: it needs")):
+        run = subprocess.run(serve + flags, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert run.returncode != 0 and why in run.stderr, run.stderr

@@ -161,6 +161,20 @@ def test_a_random_drafter_changes_nothing(tiny):
     assert engine.generate(ps, GREEDY) == plain and engine.speculator.stats.verify_steps > 0
 
 
+def test_a_drafter_build_of_its_own_binds_the_drafters_points_only(tiny):
+    """`serve --draft-lock`: the drafter's points run a lock's variants of their own, the target's its own."""
+    model, drafter = tiny
+    tok, ps = FullVocabTokenizer(), prompts([12], seed=6)
+    plain = Engine(model, tok, num_pages=32).generate(ps, GREEDY)
+    try:
+        engine = Engine(model, tok, num_pages=32, drafter=drafter, num_speculative_tokens=3,
+                        drafter_variants={"qkvg_proj": "packed"})
+        assert drafter.ops.selection["qkvg_proj"] == "packed" and model.ops.selection["qkvg_proj"] == "torch"
+        assert engine.generate(ps, GREEDY) == plain and engine.speculator.stats.verify_steps > 0
+    finally:
+        drafter.set_variants()  # the module's other tests share it
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 3, 1.0)])
 def test_rejection_sampling_follows_the_targets_distribution(temperature, top_k, top_p):
     """The first token a verify step emits (a kept draft, or the token drawn at the rejection) is

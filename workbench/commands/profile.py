@@ -10,7 +10,8 @@ from workbench.run_folder import write_json
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--target", default="decode-b1", help="decode-b1, decode-b8, decode-b64 or prefill-8x2k")
+    p.add_argument("--target", default="decode-b1",
+                   help="decode-b1, decode-b8, decode-b64, prefill-8x2k, verify-b1, verify-b8 or draft-b1")
     p.add_argument("--preset", default=None, help="model preset (default: beam-501b-tp8 on CUDA, beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     p.add_argument("--device", default=None)

@@ -51,6 +51,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ep", "--enable-expert-parallel", dest="ep", action="store_true",
                    help="with --tp N: the MoE layers split by whole experts over the N ranks (E/N each) instead of "
                         "each expert's slice; attention, dense layers, embedding and head stay tensor-parallel")
+    p.add_argument("--draft-lock", metavar="FILE",
+                   help="bind the drafter's points to this lock's variants (one made by `workbench optimize --target "
+                        "draft-b1` on the model) instead of --lock's")
     p.add_argument("--draft-model", metavar="DIR", help="a DFlash drafter folder for the model (`workbench "
                    "train-drafter`): decode steps verify its drafts (speculative decoding)")
     p.add_argument("--num-speculative-tokens", type=int, metavar="K",
@@ -124,6 +127,7 @@ def run(args) -> int:
         from server.engine.testing import ScriptedLogits
 
         hook = ScriptedLogits.from_file(tokenizer, args.fake_model_script)
+    draft_lock = _draft_lock(args, model, device)
     engine = Engine(model, tokenizer, variants=lock.selection if lock else None,
                     variant_configs=lock.configs if lock else None, num_pages=args.num_pages,
                     gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
@@ -131,7 +135,9 @@ def run(args) -> int:
                     cuda_graphs=device.type == "cuda" and not args.enforce_eager, logits_hook=hook,
                     on_runner_plan=ranks.send_plan if ranks else None, drafter=_drafter(args, model),
                     num_speculative_tokens=args.num_speculative_tokens,
-                    adaptive_verification=args.adaptive_verification)
+                    adaptive_verification=args.adaptive_verification,
+                    drafter_variants=draft_lock.selection if draft_lock else None,
+                    drafter_variant_configs=draft_lock.configs if draft_lock else None)
     if ranks:
         ranks.leader.attach(engine.runner)
     if device.type == "cuda" and not args.no_warm_up:
@@ -154,6 +160,20 @@ def run(args) -> int:
         if ranks:
             ranks.close()
     return 1 if ranks and ranks.watch.died else code
+
+
+def _draft_lock(args, model, device):
+    """The --draft-lock lock, verified and checked against the served model, or None."""
+    if not args.draft_lock:
+        return None
+    if not args.draft_model:
+        raise ValueError("--draft-lock binds the drafter's points: it needs --draft-model")
+    lock = load_lock(args.draft_lock, force=args.force_lock, device=device)
+    check_lock_matches(lock, model, args.force_lock)
+    if lock.target != "draft-b1":
+        print(f"warning: the --draft-lock was searched at {lock.target}, not at the drafter's step (draft-b1)",
+              file=sys.stderr, flush=True)
+    return lock
 
 
 def _drafter(args, model):

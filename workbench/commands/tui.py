@@ -21,8 +21,8 @@ def add_arguments(p) -> None:
                                                 "lock.yaml (shown under the device the run was measured on)")
     p.add_argument("--lock", metavar="FILE", help="open a lock file in the Lock view")
     p.add_argument("--start", action="store_true", help="start the search at once")
-    p.add_argument("--target", default=None, help="decode-b1, decode-b8, decode-b64 or prefill-8x2k "
-                                                  "(default: the run's, else decode-b1)")
+    p.add_argument("--target", default=None, help="decode-b1, decode-b8, decode-b64, prefill-8x2k, verify-b1, "
+                                                  "verify-b8 or draft-b1 (default: the run's, else decode-b1)")
     p.add_argument("--preset", default=None, help="model preset (default: the run's, else beam-501b-tp8 on CUDA, "
                                                   "beam-tiny on CPU)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,

@@ -91,7 +91,9 @@ def for_device(target: Target, device: torch.device) -> Target:
 class StepRunner:
     """One target step on one model; `runner()` runs it, `runner.rebind(selection)` swaps variants."""
 
-    def __init__(self, model, target: Target, *, use_graph: bool | None = None, seed: int = 0):
+    def __init__(self, model, target: Target, *, use_graph: bool | None = None, seed: int = 0, drafter=None):
+        """`drafter`: a draft target's drafter (attached to `model`; default: a random one of the default
+        shape)."""
         self.model, self.target = model, target
         device = model.device
         self.use_graph = (device.type == "cuda" and target.graphed) if use_graph is None else use_graph
@@ -116,7 +118,7 @@ class StepRunner:
         rows = b * t if target.all_logits else b
         self.sampling = dict(temperature=torch.zeros(rows, device=device), top_k=torch.zeros(rows, dtype=torch.long,
                              device=device), top_p=torch.ones(rows, device=device))
-        self.drafter = _drafter_step_inputs(self, gen) if target.draft else None
+        self.drafter = _drafter_step_inputs(self, gen, drafter) if target.draft else None
         self.graph = None
         self.output = None
         self._step = self._eager
@@ -162,16 +164,18 @@ class StepRunner:
         return self.output
 
 
-def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator):
-    """A drafter for the runner's model (random weights in its dtype, the points the model's), and the
-    block step's inputs: each sequence's last token at position `context`, a full window of random
-    context features before it."""
+def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator, drafter=None):
+    """The drafter (`drafter`, else one for the runner's model: random weights in its dtype), bound to the
+    model's points, and the block step's inputs: each sequence's last token at position `context`, a full
+    window of random context features before it."""
     from beam_model.drafter_config import DrafterConfig
     from workbench.training.drafter import converted, initial_drafter
 
     model, target = runner.model, runner.target
-    config = DrafterConfig.for_target(model.config, block_size=target.tokens_per_seq)
-    drafter = converted(initial_drafter(config, model, seed=0, device=model.device), model.dtype)
+    if drafter is None:
+        config = DrafterConfig.for_target(model.config, block_size=target.tokens_per_seq)
+        drafter = converted(initial_drafter(config, model, seed=0, device=model.device), model.dtype)
+    config = drafter.config
     drafter.use_ops(model.ops)
     b, window, dev = target.batch, min(config.sliding_window, target.context), model.device
     features = torch.randn(b, window, config.hidden_size, device=dev, generator=gen).to(model.dtype)

@@ -54,19 +54,12 @@ def verify_curve(model, tokens: list[int], *, context: int, overlap: float | Non
         model.ops.route = route
 
 
-def draft_step_us(drafter, *, budget_s: float = 2.0) -> dict:
-    """time_fn's result for the drafter proposing one block at batch 1 over a full context window."""
-    c, dev = drafter.config, drafter.device
-    gen = torch.Generator(device=dev).manual_seed(0)
-    context = torch.randn(1, c.sliding_window, c.hidden_size, generator=gen, device=dev).to(drafter.dtype)
-    valid = torch.ones(1, c.sliding_window, dtype=torch.bool, device=dev)
-    first, starts = torch.tensor([1], device=dev), torch.tensor([4096], device=dev)
-
-    @torch.inference_mode()
-    def step():
-        return drafter.block_logits(first, starts, context, valid).argmax(-1)
-
-    return timing.time_fn(step, device=dev, budget_s=budget_s)
+def draft_step_us(drafter, *, context: int, budget_s: float = 2.0) -> dict:
+    """time_fn's result for the drafter proposing one block at batch 1 after `context` tokens, its window
+    full: the `draft-b1` step (graphed on CUDA, as the engine drafts), with this drafter."""
+    target = Target("draft", 1, drafter.config.block_size, context, draft=True)
+    runner = StepRunner(drafter.target, target, drafter=drafter)
+    return timing.time_fn(runner, device=drafter.device, budget_s=budget_s)
 
 
 def projected_speedup(curve_us: dict[int, float], draft_us: float, acceptance: float, drafts: int) -> float:

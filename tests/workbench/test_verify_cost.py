@@ -26,3 +26,18 @@ def test_the_curve_and_the_projection():
     assert set(curve) == {1, 3} and all(r["median_us"] > 0 for r in curve.values())
     assert model.ops.route is route  # the rewritten routing is undone
     assert projected_speedup({1: 10.0, 4: 15.0}, 5.0, 3.0, 3) == 3.0 * 10.0 / 20.0
+
+
+def test_the_command_writes_the_curve_the_draft_step_and_the_projection(tmp_path, capsys):
+    import json
+
+    from workbench.cli import main
+
+    assert main(["verify-cost", "--tokens", "3", "--budget", "0.01", "--drafter-layers", "1", "--acceptance", "2",
+                 "--out", str(tmp_path), "--json"]) == 0
+    result = json.loads((tmp_path / "verify_cost.json").read_text())
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["preset"] == "beam-tiny" and set(result["curves"]["random"]) == {"1", "2", "3"}
+    assert result["draft_step_us"] > 0 and result["drafter_layers"] == 1
+    curve = {int(n): c["median_us"] for n, c in result["curves"]["random"].items()}
+    assert result["projected_speedup"]["random"]["2"] == projected_speedup(curve, result["draft_step_us"], 2.0, 2)

@@ -62,7 +62,7 @@ def run(args) -> int:
         curves[f"overlap_{share:g}"] = verify_curve(model, sizes, context=context, overlap=share, budget_s=args.budget)
     config = DrafterConfig.for_target(model.config, num_hidden_layers=args.drafter_layers, block_size=args.tokens)
     drafter = converted(initial_drafter(config, model, seed=0, device=device), dtype)
-    draft = draft_step_us(drafter, budget_s=args.budget)
+    draft = draft_step_us(drafter, context=context, budget_s=args.budget)
     result = {
         "command": given_command(args), "preset": preset, "dtype": name_of(dtype),
         "weights": weights, "device": torch.cuda.get_device_name(device) if device.type == "cuda"

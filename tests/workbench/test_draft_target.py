@@ -44,3 +44,16 @@ def test_optimize_locks_the_drafters_step(tmp_path):
     (boundary,) = [p for p in report["points"] if p["point"] == "boundary"]
     assert boundary["reference_ms"] > 0 and boundary["locked_step_ms"] > 0  # searched, and run in the locked step
     assert lock["end_to_end"]["locked_us"] > 0 and lock["end_to_end"]["model_gate"]["passed"]
+
+
+@pytest.mark.gpu
+def test_the_graphed_verify_and_draft_steps_replay_what_they_run_eagerly():
+    from beam_model import BeamForCausalLM
+
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, device="cuda")
+    for name in ("verify-b8", "draft-b1"):
+        runner = StepRunner(model, get_target(name))
+        assert runner.graph is not None, name
+        replayed = runner().clone()
+        with torch.inference_mode():
+            assert torch.equal(replayed, runner._eager()), name

@@ -349,6 +349,14 @@ def bind(selection: dict[str, str] | None = None, configs: dict[str, dict] | Non
     return Ops(selection, configs)
 
 
+def without_pdl(configs: dict[str, dict] | None) -> dict[str, dict]:
+    """`configs` with every point's programmatic dependent launch off. A decode kernel with PDL may load
+    the keys it takes for history before it waits for the kernel before it (only a row's own key comes
+    after): right when each row is a sequence of its own, wrong for the rows of one verify block, whose
+    keys the same step writes."""
+    return {p: {k: v for k, v in (c or {}).items() if k != "pdl"} for p, c in (configs or {}).items()}
+
+
 def binds(ops: Ops | None, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> bool:
     """Whether `ops` is already the build `bind(selection, configs)` would make (same variants, same configs)."""
     selection = selection or {}

@@ -19,6 +19,7 @@ import torch
 
 from beam_model.kv_cache import GROUPS, PagedKVCache, build_step_metadata
 from workbench.points import Workload
+from workbench.registry import without_pdl
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,8 @@ class StepRunner:
                compile_mode: str | None = None) -> None:
         """Bind the variants and capture the step again. `compile_mode`: run the whole step through
         torch.compile in that mode (as a user would compile the model), else eagerly op by op."""
+        if self.target.decode_rows:  # as the engine's verify graphs run the kernels (registry.without_pdl)
+            configs = without_pdl(configs)
         self.model.set_variants(selection, configs)
         if self.drafter is not None:
             self.drafter.use_ops(self.model.ops)

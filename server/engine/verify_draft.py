@@ -41,6 +41,7 @@ from server.engine.graph_inputs import GraphInputs
 from server.engine.model_runner import logits_width
 from server.engine.output import TokenLogprob
 from workbench.registry import bind
+from workbench.registry import without_pdl as configs_without_pdl
 from workbench.variants.sample import contract_probs
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -264,9 +265,5 @@ class VerifyDraft:
 
 
 def without_pdl(ops):
-    """`ops` with every config's programmatic dependent launch off. A decode kernel with PDL may load the
-    keys it takes for history before it waits for the kernel before it (only a row's own key comes
-    after): right when each row is a sequence of its own, wrong for the rows of one block, whose keys
-    the same step writes."""
-    configs = {p: {k: v for k, v in (c or {}).items() if k != "pdl"} for p, c in (ops.configs or {}).items()}
-    return bind(ops.selection, configs)
+    """`ops` rebound with every config's programmatic dependent launch off (`registry.without_pdl`)."""
+    return bind(ops.selection, configs_without_pdl(ops.configs))

@@ -106,6 +106,10 @@ def test_a_verify_step_feeds_its_block_as_decode_rows_and_computes_the_prefill_c
     with torch.inference_mode():
         logits = [model.step(r.input_ids, r.cache, r.step, all_logits=True) for r in (rows, chunk)]
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)  # FP32 sums in another order
+    # the block's kernels run as the engine's verify graphs run them: programmatic dependent launch off
+    rows.rebind({"boundary": "triton"}, {"boundary": {"num_warps": 4, "pdl": True}})
+    assert model.ops.configs == {"boundary": {"num_warps": 4}}
+    rows.rebind(None)
 
 
 def _noisy_search(tmp_path, reference_us: list[float]):

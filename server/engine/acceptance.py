@@ -42,8 +42,12 @@ def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int
 
 def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, max_tokens: int = 96,
                        prompt_tokens: int = 64, device: str = "cpu", dtype: torch.dtype | None = None,
-                       num_speculative_tokens: int | None = None, lock=None) -> dict:
-    """`lock`: a `workbench.lock.Lock` whose variants both models run (every engine alike)."""
+                       num_speculative_tokens: int | None = None, lock=None, plain_lock=None,
+                       draft_lock=None) -> dict:
+    """`lock`: a `workbench.lock.Lock` whose variants both models run (every engine alike); `plain_lock`:
+    the engine without the drafter runs its variants instead (a decode lock, where `lock` is a verify
+    lock: each build at the step it was searched for), on a model of its own (a model binds one build);
+    `draft_lock`: the drafter's points run its variants (a draft-b1 lock)."""
     from beam_model.drafter import BeamDrafter
     from beam_model.model import BeamForCausalLM
     from beam_model.tokenizer import load_tokenizer
@@ -54,12 +58,18 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
     drafter = BeamDrafter.from_pretrained(drafter_dir, target, dtype=dtype)
     asked = held_out_prompts(tokenizer, prompts, prompt_tokens)
     pages = (prompt_tokens + max_tokens + drafter.config.block_size) // 16 + 4
-    common = dict(num_pages=pages, max_num_seqs=1, variants=lock.selection if lock else None,
-                  variant_configs=lock.configs if lock else None)
-    engines = {"plain": Engine(target, tokenizer, **common)}
+    def build(chosen):
+        return dict(variants=chosen.selection if chosen else None, variant_configs=chosen.configs if chosen else None)
+
+    plain_target = target if plain_lock is None else BeamForCausalLM.from_pretrained(target_dir, dtype=dtype,
+                                                                                       device=device)
+    engines = {"plain": Engine(plain_target, tokenizer, num_pages=pages, max_num_seqs=1, **build(plain_lock or lock))}
+    drafter_build = {"drafter_variants": draft_lock.selection, "drafter_variant_configs": draft_lock.configs} \
+        if draft_lock else {}
     for name, adaptive in VERIFICATION.items():
-        engines[name] = Engine(target, tokenizer, **common, drafter=drafter,
-                               num_speculative_tokens=num_speculative_tokens, adaptive_verification=adaptive)
+        engines[name] = Engine(target, tokenizer, num_pages=pages, max_num_seqs=1, **build(lock), drafter=drafter,
+                               num_speculative_tokens=num_speculative_tokens, adaptive_verification=adaptive,
+                               **drafter_build)
     k = engines["fixed"].speculator.k
     for engine in engines.values():  # first-use costs outside the timings (Triton's compiles on CUDA)
         if device.startswith("cuda"):
@@ -92,5 +102,6 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"
     return {"target": target_dir, "drafter": drafter_dir, "device": device, "dtype": str(dtype).removeprefix("torch."),
             "cuda_graphs": GRAPHED if device.startswith("cuda") else None, "selection": target.ops.selection,
+            "plain_selection": plain_target.ops.selection, "drafter_selection": drafter.ops.selection,
             "num_speculative_tokens": k, "prompts": len(asked), "prompt_tokens": prompt_tokens,
             "max_tokens": max_tokens, "modes": modes}

@@ -33,3 +33,27 @@ def test_train_then_measure_writes_the_folder_and_its_card(tmp_path):
     card = (out / "README.md").read_text()
     assert "### cpu" in card and "### cuda (a GPU)" in card and "CUDA graphs" in card
     assert card.count("Measured with:") == 2 and "--measure" in card
+
+
+def test_each_engine_and_the_drafter_run_the_build_they_are_given():
+    """A verify lock for the engines with the drafter, a decode lock for the one without (a model of its
+    own: a model binds one build), a draft lock for the drafter; the card says which ran where."""
+    from types import SimpleNamespace
+
+    from server.engine.acceptance import measure_acceptance
+    from workbench.commands.train_drafter import acceptance_table
+
+    def lock(**selection):
+        return SimpleNamespace(selection=selection, configs=None)
+
+    figures = measure_acceptance(MINI, os.path.join(ROOT, "models", "beam-mini-drafter"), prompts=1, prompt_tokens=16,
+                                 max_tokens=6,
+                                 lock=lock(qkvg_proj="packed"), plain_lock=lock(qkvg_proj="packed_views"),
+                                 draft_lock=lock(qkvg_proj="packed_views"))
+    assert figures["selection"]["qkvg_proj"] == "packed" and figures["plain_selection"]["qkvg_proj"] == "packed_views"
+    assert figures["drafter_selection"]["qkvg_proj"] == "packed_views"
+    assert figures["modes"]["greedy"]["fixed"]["equal_to_plain"] == "1/1"
+    text = "\n".join(acceptance_table({**figures, "device": "cpu", "command": "c", "lock": "v.yaml",
+                                       "plain_lock": "d.yaml", "draft_lock": None}))
+    assert ("the target on the variants of `v.yaml` with the drafter, on the variants of `d.yaml` without it, "
+            "the drafter on the variants of `v.yaml`") in text

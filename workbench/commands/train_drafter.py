@@ -36,6 +36,11 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=96, help="tokens generated per prompt when measuring")
     p.add_argument("--lock", default=None, metavar="FILE",
                    help="measure with the variants a lock selects (verified first), in both models and every engine")
+    p.add_argument("--plain-lock", default=None, metavar="FILE",
+                   help="the engine without the drafter runs this lock's variants instead of --lock's (a decode lock "
+                        "beside a verify lock: each build at the step it was searched for)")
+    p.add_argument("--draft-lock", default=None, metavar="FILE",
+                   help="the drafter's points run this lock's variants (one made at `--target draft-b1`)")
     p.add_argument("--measure", action="store_true",
                    help="train nothing: measure OUT_DIR's drafter again (acceptance-<device>.json)")
 
@@ -51,17 +56,18 @@ def run(args) -> int:
     from server.engine.acceptance import measure_acceptance
     from workbench.lock import load_for_serving
 
-    lock = load_for_serving(args.lock, device=device) if args.lock else None
+    lock, plain_lock, draft_lock = (load_for_serving(path, device=device) if path else None
+                                    for path in (args.lock, args.plain_lock, args.draft_lock))
     figures = measure_acceptance(args.target, args.out_dir, prompts=args.prompts, max_tokens=args.max_tokens,
-                                 device=device, lock=lock)
-    figures["lock"] = args.lock
+                                 device=device, lock=lock, plain_lock=plain_lock, draft_lock=draft_lock)
+    figures["lock"], figures["plain_lock"], figures["draft_lock"] = args.lock, args.plain_lock, args.draft_lock
     figures["command"] = given_command(args)
     figures["torch"] = torch.__version__
     figures["python"] = platform.python_version()
     if device.startswith("cuda"):
         figures["device"] = f"{device} ({torch.cuda.get_device_name()})"
     # one file per kind of device (and with a lock's kernels or the references), side by side in the card
-    name = f"acceptance-{torch.device(device).type}{'-locked' if lock else ''}.json"
+    name = f"acceptance-{torch.device(device).type}{'-locked' if lock or plain_lock or draft_lock else ''}.json"
     with open(os.path.join(args.out_dir, name), "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
@@ -105,8 +111,7 @@ def acceptance_table(acceptance: dict) -> list[str]:
     graphs = (f" (CUDA graphs: {acceptance['cuda_graphs']})" if isinstance(acceptance.get("cuda_graphs"), str)
               else " (CUDA graphs for the steps without the drafter and for the fixed verify + draft steps of "
               "greedy and unseeded requests; adaptive steps eager)" if acceptance.get("cuda_graphs") else "")
-    kernels = f"both models on the variants of `{acceptance['lock']}`" if acceptance.get("lock") \
-        else "both models on the reference variants"
+    kernels = _kernels(acceptance)
     lines = [
         f"### {acceptance['device']}", "",
         f"{acceptance['prompts']} prompts of {acceptance['prompt_tokens']} tokens from the held-out files, each "
@@ -134,6 +139,18 @@ def acceptance_table(acceptance: dict) -> list[str]:
                           "other way (the engine's equality is tested in float32).")
     lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
     return lines
+
+
+def _kernels(acceptance: dict) -> str:
+    """Which variants each engine and model ran, in words."""
+    def of(path):
+        return f"the variants of `{path}`" if path else "the reference variants"
+
+    lock, plain, draft = (acceptance.get(k) for k in ("lock", "plain_lock", "draft_lock"))
+    if not (plain or draft):
+        return f"both models on {of(lock)}"
+    return (f"the target on {of(lock)} with the drafter, on {of(plain or lock)} without it, the drafter on "
+            f"{of(draft or lock)}")
 
 
 def _train(args, device: str) -> None:

@@ -51,16 +51,21 @@ FINALIZE_RULE = 5
 
 
 class EndToEnd:
-    def __init__(self, runner, *, on_event: Callable[[object], None] | None = None):
+    def __init__(self, runner, *, on_event: Callable[[object], None] | None = None,
+                 step_samples_s: float = STEP_SAMPLES_S):
         """`runner`: the target's step (`targets.StepRunner`), rebound to each build it times, unless
-        `timer` is set (an object with this class's `time_build`): then the timer times every build."""
+        `timer` is set (an object with this class's `time_build`): then the timer times every build.
+        `step_samples_s`: seconds of samples a build's timing takes."""
         self.runner, self.model, self.device = runner, runner.model, runner.model.device
         self.on_event = on_event or (lambda e: None)
         self.timer = None
+        self.step_samples_s = step_samples_s
 
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
-                   compile_mode: str | None = None, budget_s: float = STEP_SAMPLES_S, **timing_kw) -> dict:
-        """The step with `selection` bound, timed by `timing.time_fn` (`timing_kw` go to it)."""
+                   compile_mode: str | None = None, budget_s: float | None = None, **timing_kw) -> dict:
+        """The step with `selection` bound, timed by `timing.time_fn` (`timing_kw` go to it) for `budget_s`
+        seconds (default: `step_samples_s`)."""
+        budget_s = self.step_samples_s if budget_s is None else budget_s
         if self.timer is not None:
             return self.timer.time_build(selection, configs, compile_mode=compile_mode, budget_s=budget_s,
                                          **timing_kw)

@@ -23,7 +23,7 @@ import torch
 from beam_model import BeamForCausalLM
 from workbench import compile_baseline, timing
 from workbench.dtypes import name_of
-from workbench.end_to_end import FINALIZE_RULE, EndToEnd
+from workbench.end_to_end import FINALIZE_RULE, STEP_SAMPLES_S, EndToEnd
 from workbench.events import Done, EndToEndResumed, InStepLine, Profiled, StageStarted, Stopped
 from workbench.lock import Lock, module_key, reference_key
 from workbench.preflight import check_backends, check_relock
@@ -72,6 +72,7 @@ class OptimizeOptions:
     # Tensor-parallel ranks the lock is for (`--tp`): past one, a point that all-reduces passes the rank gate
     # on that many processes, and the reference and locked steps are timed on that many ranks at once.
     tp: int = 1
+    step_samples_s: float = STEP_SAMPLES_S  # seconds of samples per build timing in the end-to-end stage
     # After the lock: each point's cost in the locked step as it runs (`workbench.profiler.in_step`), a
     # report column: the step's time less its time with the point replaced by a kernel-free stand-in.
     # Seconds of samples per step timing; None: not timed.
@@ -141,7 +142,7 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
     calls = {p.point: p.calls_by_kind for p in profile.points}
     search = Search(runner, calls=calls, out_dir=opts.out_dir, seeds=opts.seeds, on_event=on_event,
                     backends=opts.backends, candidate_timeout=opts.candidate_timeout, ranks=opts.tp)
-    stage = EndToEnd(runner, on_event=on_event)
+    stage = EndToEnd(runner, on_event=on_event, step_samples_s=opts.step_samples_s)
     whole = compile_baseline.whole_step_baselines(stage, opts.compile_baselines, key, folder, on_event)
     order = [p for p in rank_points(profile) if p in opts.points]
     on_event(StageStarted("search", order=order, search=search))

@@ -9,6 +9,7 @@ import torch
 
 POINTS_SEARCHED = ("boundary", "qkvg_proj")  # what a tiny optimize run searches
 FAST = dict(warmup=2, min_reps=10, max_reps=60, max_seconds=0.2)  # timing knobs that keep tests quick
+STEP_SAMPLES_S = 0.3  # seconds of samples per build timing in a tiny optimize run's end-to-end stage
 CEILINGS = {"bandwidth_Bps": 1e11, "matmul_flops": 1e12}  # made-up device ceilings
 
 
@@ -27,7 +28,7 @@ def tiny_options(out_dir, **kw):
 
     return OptimizeOptions(**{"target": "decode-b1", "preset": "beam-tiny", "dtype": torch.float32,
                               "device": torch.device("cpu"), "out_dir": str(out_dir), "points": POINTS_SEARCHED,
-                              "command": "pytest", **kw})
+                              "command": "pytest", "step_samples_s": STEP_SAMPLES_S, **kw})
 
 
 def made_once(tmp_path_factory, name: str, make):

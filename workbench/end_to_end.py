@@ -55,11 +55,13 @@ class EndToEnd:
                  step_samples_s: float = STEP_SAMPLES_S):
         """`runner`: the target's step (`targets.StepRunner`), rebound to each build it times, unless
         `timer` is set (an object with this class's `time_build`): then the timer times every build.
-        `step_samples_s`: seconds of samples a build's timing takes."""
+        `step_samples_s`: seconds of samples a build's timing takes; a paired timing's round takes at most
+        PAIRED_ROUND_S and its rounds together no more than one build's timing."""
         self.runner, self.model, self.device = runner, runner.model, runner.model.device
         self.on_event = on_event or (lambda e: None)
         self.timer = None
         self.step_samples_s = step_samples_s
+        self.paired_round_s = min(PAIRED_ROUND_S, step_samples_s / PAIRED_ROUNDS)
 
     def time_build(self, selection: dict[str, str], configs: dict[str, dict] | None = None, *,
                    compile_mode: str | None = None, budget_s: float | None = None, **timing_kw) -> dict:
@@ -82,7 +84,8 @@ class EndToEnd:
         for i in range(PAIRED_ROUNDS):
             first, second = (a, b) if i % 2 == 0 else (b, a)
             # the round's budget also bounds the reps time_call adds while the spread is wide (2 s)
-            t1, t2 = (self.time_build(*build, budget_s=PAIRED_ROUND_S, max_seconds=PAIRED_ROUND_S)["median_us"]
+            seconds = self.paired_round_s
+            t1, t2 = (self.time_build(*build, budget_s=seconds, max_seconds=seconds)["median_us"]
                       for build in (first, second))
             rounds.append([t1, t2] if i % 2 == 0 else [t2, t1])
         return {**paired_gain(rounds), "process": timing.PROCESS_ID}

@@ -111,6 +111,8 @@ def optimize(opts: OptimizeOptions, on_event=None) -> dict:
 def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) -> dict:
     if opts.tp < 1:
         raise ValueError(f"--tp must be at least 1, got {opts.tp}")
+    if not opts.step_samples_s > 0:
+        raise ValueError(f"--step-seconds must be above 0, got {opts.step_samples_s}")
     if opts.tp > 1 and opts.agent is not None:
         raise ValueError("--agent runs on one process: agent rounds and --tp above 1 do not combine")
     check_backends(opts.backends)  # these two before anything is written to the run folder

@@ -6,8 +6,7 @@ import os
 import shutil
 
 import pytest
-import torch
-from harness_helpers import POINTS_SEARCHED
+from harness_helpers import POINTS_SEARCHED, tiny_options
 
 from workbench import compile_baseline, timing
 from workbench.end_to_end import EndToEnd
@@ -58,9 +57,7 @@ def test_run_writes_every_result_file(finished_run):
 
 def test_spent_budget_stops_between_points_and_the_run_resumes(finished_run, tmp_path):
     out, _, _ = finished_run
-    opts = dict(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                points=POINTS_SEARCHED, command="pytest", budget_s=0.0)
-    fresh = optimize(OptimizeOptions(out_dir=str(tmp_path / "fresh"), **opts))
+    fresh = optimize(tiny_options(tmp_path / "fresh", budget_s=0.0))
     assert fresh["stopped"] and sorted(fresh["pending"]) == sorted(POINTS_SEARCHED) and fresh["searched"] == []
     assert not os.path.exists(tmp_path / "fresh" / "lock.yaml")
 
@@ -69,7 +66,7 @@ def test_spent_budget_stops_between_points_and_the_run_resumes(finished_run, tmp
     events = []
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("TRITON_INTERPRET", raising=False)
-        report = optimize(OptimizeOptions(out_dir=str(tmp_path / "resumed"), **opts), on_event=events.append)
+        report = optimize(tiny_options(tmp_path / "resumed", budget_s=0.0), on_event=events.append)
     assert not report.get("stopped")
     assert sorted(e.point for e in events if isinstance(e, PointCached)) == sorted(POINTS_SEARCHED)
     assert not any(isinstance(e, PointStarted) for e in events)
@@ -91,8 +88,7 @@ def test_a_resumed_run_reuses_its_reference_profile(finished_run, tmp_path, monk
     out, _, _ = finished_run
     resumed = str(tmp_path / "resumed")
     shutil.copytree(out, resumed)
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
+    opts = tiny_options(resumed)
     target = for_device(get_target("decode-b1"), opts.device)
     key = profile_key(opts, "fp32", lambda kind: target.workload("beam-tiny", "fp32", kind))
     assert _saved_profile(resumed, key).to_dict()["points"] == _saved_profile(out, key).to_dict()["points"]
@@ -128,8 +124,7 @@ def test_a_relock_reports_what_changed_against_the_lock_it_replaced(finished_run
     with open(path, "w") as f:
         json.dump(old, f)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
+    opts = tiny_options(resumed)
     previous = optimize(opts)["previous"]
     assert previous["locked_ms"] == 99.0
     assert [c["point"] for c in previous["changed"]] == ["boundary"]
@@ -172,8 +167,7 @@ def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(finished_run, tm
                         real_gate(model, selection, **kw))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(timing, "PROCESS_ID", "first-command")
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest")
+    opts = tiny_options(resumed)
     with pytest.raises(TimeoutError):
         optimize(opts)
     assert timed == [{}] and len(gated) == 1  # the chosen set's model gate, then the reference build
@@ -214,9 +208,7 @@ def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(fi
     monkeypatch.setattr(compile_baseline, "time_compile_baseline", lambda search, mode, results: timed.append(mode) or
                         (None, {}, f"torch.compile ({mode}) of the whole step failed: planted"))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest",
-                           compile_baselines=("points", "max-autotune-no-cudagraphs"))
+    opts = tiny_options(resumed, compile_baselines=("points", "max-autotune-no-cudagraphs"))
     report = optimize(opts)
     assert timed == ["max-autotune-no-cudagraphs"]
     assert [b["mode"] for b in report["torch_compile_baselines"]] == ["points", "max-autotune-no-cudagraphs"]
@@ -244,8 +236,7 @@ def test_a_run_without_compile_baselines_reports_and_locks_without_them(finished
     shutil.copytree(finished_run[0], resumed)
     monkeypatch.setattr(compile_baseline, "time_compile_baseline", lambda *a: pytest.fail("a baseline was timed"))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=resumed, points=POINTS_SEARCHED, command="pytest", compile_baselines=())
+    opts = tiny_options(resumed, compile_baselines=())
     report = optimize(opts)
     assert report["torch_compile_baselines"] == [] and report["torch_compile_ms"] is None
     with open(os.path.join(resumed, "report.md")) as f:
@@ -261,9 +252,7 @@ def test_whole_step_baselines_are_made_before_the_search(tmp_path, monkeypatch):
     monkeypatch.setattr(compile_baseline, "time_compile_baseline", lambda search, mode, results: timed.append(mode) or
                         (1234.0, {}, None))
     out = str(tmp_path / "stopped")
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=out, points=POINTS_SEARCHED, budget_s=0.0,
-                           compile_baselines=("points", "max-autotune-no-cudagraphs"))
+    opts = tiny_options(out, budget_s=0.0, compile_baselines=("points", "max-autotune-no-cudagraphs"))
     assert optimize(opts)["stopped"] and timed == ["max-autotune-no-cudagraphs"]
     assert not os.path.exists(os.path.join(out, "search"))
     with open(os.path.join(out, "compile_baselines.json")) as f:
@@ -301,9 +290,7 @@ def test_in_step_costs_are_a_report_column(finished_run, tmp_path, monkeypatch):
     shutil.copytree(out, resumed)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     events = []
-    report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
-                                      device=torch.device("cpu"), out_dir=resumed, points=POINTS_SEARCHED,
-                                      command="pytest", in_step_s=0.01), on_event=events.append)
+    report = optimize(tiny_options(resumed, in_step_s=0.01), on_event=events.append)
     with open(os.path.join(resumed, "in_step.json")) as f:
         costs = json.load(f)["costs"]
     by_point = {p["point"]: p for p in report["points"]}

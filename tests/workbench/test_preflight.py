@@ -5,11 +5,10 @@ import os
 import shutil
 
 import pytest
-import torch
-from harness_helpers import POINTS_SEARCHED
+from harness_helpers import POINTS_SEARCHED, STEP_SAMPLES_S, tiny_options
 
 from workbench.lock import Lock
-from workbench.optimize import OptimizeOptions, optimize
+from workbench.optimize import optimize
 
 
 @pytest.mark.parametrize("named, says", [(["torch", "flashinfer"], "'flashinfer' package, which is not installed"),
@@ -27,6 +26,15 @@ def test_optimize_refuses_backends_it_cannot_search(tmp_path, monkeypatch, capsy
     assert cli.main(["optimize", "--preset", "beam-tiny", "--device", "cpu", "--out", str(out),
                      "--backends", *named]) == 2
     assert says in " ".join(capsys.readouterr().err.split()) and not out.exists()
+
+
+def test_optimize_refuses_a_build_timing_of_no_seconds(tmp_path, capsys):
+    from workbench import cli
+
+    out = tmp_path / "run"
+    assert cli.main(["optimize", "--preset", "beam-tiny", "--device", "cpu", "--out", str(out),
+                     "--step-seconds", "0"]) == 2
+    assert "--step-seconds must be above 0, got 0.0" in capsys.readouterr().err and not out.exists()
 
 
 def _lock_boundary_at(out, variant):
@@ -61,8 +69,7 @@ def test_a_relock_that_cannot_search_the_locks_choices_stops_before_writing(fini
     before = {name: os.path.getmtime(os.path.join(out, name)) for name in os.listdir(out)}
     with open(path) as f:
         kept = f.read()
-    opts = OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=out, command="pytest", **{"points": POINTS_SEARCHED, **options})
+    opts = tiny_options(out, **options)
     with pytest.raises(ValueError) as e:
         optimize(opts)
     assert says in str(e.value) and "--force" in str(e.value)
@@ -83,7 +90,8 @@ def test_the_optimize_command_names_the_lock_choice_it_cannot_search(finished_ru
     shutil.copytree(finished_run[0], out)
     _lock_boundary_at(out, "cute")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    args = ["optimize", "--preset", "beam-tiny", "--device", "cpu", "--out", out, "--points", *POINTS_SEARCHED]
+    args = ["optimize", "--preset", "beam-tiny", "--device", "cpu", "--out", out, "--points", *POINTS_SEARCHED,
+            "--step-seconds", str(STEP_SAMPLES_S)]
     assert cli.main(args) == 2
     assert "boundary:cute" in " ".join(capsys.readouterr().err.split())
     assert cli.main([*args, "--force"]) == 0  # the search resumes from the folder and locks its own choice

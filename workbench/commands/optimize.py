@@ -23,6 +23,7 @@ STOPPED_FROM_OUTSIDE = 130  # Ctrl-C or SIGTERM, as a shell reports a process en
 
 def add_arguments(p) -> None:
     from workbench.agent.loop import AgentOptions
+    from workbench.end_to_end import STEP_SAMPLES_S
 
     p.add_argument("--target", default="decode-b1",
                    help="decode-b1, decode-b8, decode-b64, prefill-8x2k, verify-b1, verify-b8 or draft-b1")
@@ -53,6 +54,9 @@ def add_arguments(p) -> None:
                    help="after the lock, time the locked step with each point replaced by a stand-in that launches "
                         "no kernel: each point's cost in the step as it runs, a report column (in_step.json); "
                         "SECONDS of samples per timing (default %(const)s)")
+    p.add_argument("--step-seconds", type=float, default=STEP_SAMPLES_S, metavar="SECONDS",
+                   help="seconds of samples per build timing in the end-to-end stage (a paired timing's rounds take "
+                        "no more together); more steadies a noisy device's decisions (default: %(default)s)")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="lock for N tensor-parallel ranks (the preset is one rank's shapes, as beam-501b-tp8 is): "
                         "boundary candidates also pass the rank gate on N processes, and the reference and locked "
@@ -102,7 +106,7 @@ def run(args) -> int:
                            backends=tuple(args.backends) if args.backends else None, agent=_agent(args),
                            candidate_timeout=args.candidate_timeout or None, force=args.force,
                            compile_baselines=tuple(m for m in dict.fromkeys(args.compile_baseline) if m != "none"),
-                           in_step_s=args.in_step, tp=args.tp,
+                           in_step_s=args.in_step, tp=args.tp, step_samples_s=args.step_seconds,
                            command=given_command(args))
     if args.tui:
         from workbench.tui import WorkbenchApp

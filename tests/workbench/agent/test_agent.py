@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from harness_helpers import made_once
+from harness_helpers import STEP_SAMPLES_S, made_once
 
 from workbench import registry
 from workbench.agent import plugins, scaffold
@@ -234,7 +234,8 @@ def _make_agent_run(tmp_path_factory):
                              worker_timeout_s=40.0, timing=FAST_TIMING)
         report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
                                           device=torch.device("cpu"), out_dir=out, points=("boundary",),
-                                          command="pytest", agent=agent), on_event=events.append)
+                                          command="pytest", agent=agent, step_samples_s=STEP_SAMPLES_S),
+                          on_event=events.append)
     with open(os.path.join(out, "agent", "attempts.jsonl")) as f:
         attempts = [json.loads(line) for line in f]
     # the live Search a stage event hands a UI ends with the run (and holds locks: it cannot be pickled)

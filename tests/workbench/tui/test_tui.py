@@ -15,20 +15,18 @@ import threading
 import time
 
 import pytest
-import torch
+from harness_helpers import POINTS_SEARCHED, made_once, tiny_options
 from textual.widgets import DataTable, Static
 
 from workbench.commands.tui import add_arguments
 from workbench.commands.tui import options as tui_options
 from workbench.events import PointStarted, StageStarted
 from workbench.lock import Lock
-from workbench.optimize import OptimizeOptions
 from workbench.registry import POINTS, variants
 from workbench.tui import WorkbenchApp
 from workbench.tui.help import HelpScreen
 from workbench.tui.session import SearchSession, SessionClosed
 
-POINTS_SEARCHED = ("boundary", "qkvg_proj")
 SKIPPED = "qkvg_proj"
 SIZE = (160, 48)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -36,8 +34,7 @@ DECODE_RUN = os.path.join(ROOT, "runs", "optimize-decode-b1-beam-501b-tp8")
 
 
 def options(out, points=POINTS_SEARCHED):
-    return OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32, device=torch.device("cpu"),
-                           out_dir=out, points=points, command="pytest tui")
+    return tiny_options(out, points=points, command="pytest tui")
 
 
 def rows(app, selector):
@@ -58,8 +55,7 @@ async def wait_for(pilot, condition, timeout, what):
     await pilot.pause()
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def _drive_a_search(tmp_path_factory) -> dict:
     """One search run through the app, as a person would drive it: Search view, g, skip a point,
     watch the candidates arrive, then the Profile and Lock views of the result (v verifies)."""
     out = str(tmp_path_factory.mktemp("tui"))
@@ -98,6 +94,12 @@ def session(tmp_path_factory):
         mp.delenv("TRITON_INTERPRET", raising=False)
         asyncio.run(drive())
     return seen
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    """`_drive_a_search`'s record of the app, made once for all the session's workers (`made_once`)."""
+    return made_once(tmp_path_factory, "tui_session", lambda: _drive_a_search(tmp_path_factory))
 
 
 def test_candidates_arrive_while_the_search_runs(session):

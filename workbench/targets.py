@@ -150,8 +150,8 @@ class StepRunner:
                compile_mode: str | None = None) -> None:
         """Bind the variants and capture the step again. `compile_mode`: run the whole step through
         torch.compile in that mode (as a user would compile the model), else eagerly op by op."""
-        if self.target.decode_rows:  # as the engine's verify graphs run the kernels (registry.without_pdl)
-            configs = without_pdl(configs)
+        if self.target.decode_rows or self.target.draft:
+            configs = without_pdl(configs)  # as the engine's verify + draft graphs run them (registry.without_pdl)
         self.model.set_variants(selection, configs)
         if self.drafter is not None:
             self.drafter.use_ops(self.model.ops)

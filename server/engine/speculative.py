@@ -86,24 +86,33 @@ class SpecStats:
 
 
 class VerifyCost:
-    """A step's seconds as a + b * tokens fed, fitted by least squares to the last steps seen. Until the
-    steps vary enough to fit, b is a / PRIOR_TOKENS (a step costs twice as much at that many tokens:
-    batch-1 decode is bound by weight reads, so a few more tokens cost little)."""
+    """A step's seconds as a + b * tokens fed. a comes from the last steps seen (their wall time, the host's
+    share included); b, what one more fed token costs, is the device's where it was measured
+    (`per_token_s`: the fused graphs' replays, `verify_draft.VerifyDraft`), else fitted by least squares to
+    the same steps. A fit of wall times is fragile where a token costs the device a few microseconds and a
+    step's host work varies by more: a slope fitted to that noise makes every draft look costly, so
+    fewer are verified, so the steps vary less and the fit cannot recover. Until the steps vary enough to
+    fit, b is a / PRIOR_TOKENS (a step costs twice as much at that many tokens: batch-1 decode is bound by
+    weight reads, so a few more tokens cost little)."""
 
     PRIOR_TOKENS = 64.0
     WINDOW = 256
 
     def __init__(self):
         self.samples: deque = deque(maxlen=self.WINDOW)
+        self.per_token_s: float | None = None
 
     def record(self, tokens: int, seconds: float) -> None:
         self.samples.append((float(tokens), seconds))
 
     def coefficients(self) -> tuple[float, float]:
+        b = self.per_token_s
         if not self.samples:
-            return 1.0, 1.0 / self.PRIOR_TOKENS
+            return (1.0, 1.0 / self.PRIOR_TOKENS) if not b else (b * self.PRIOR_TOKENS, b)
         xs, ys = zip(*self.samples)
         n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+        if b is not None:
+            return max(my - b * mx, 1e-9), b
         var = sum((x - mx) ** 2 for x in xs)
         if n < 8 or var == 0:
             a = my / (1 + mx / self.PRIOR_TOKENS)

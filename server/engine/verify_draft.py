@@ -25,13 +25,16 @@ hook. A step's blocks are as wide as the narrowest captured width (1, 2, 4, 8 or
 holds its longest; a sequence with fewer drafts (adaptive verification chose fewer, or it nears its
 end) fills its block with padding rows and keeps none of them. Elsewhere the eager step runs. The
 graphs run the model's kernels with programmatic dependent launch off (`without_pdl`). On the CPU the
-same body runs eagerly (`graphs=False`), which is how the tests hold it to the eager step.
+same body runs eagerly (`graphs=False`), which is how the tests hold it to the eager step. Once
+captured, the greedy graphs are timed: what one more row costs the device is adaptive verification's
+cost of a verified draft (`speculative.VerifyCost`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 
 import torch
@@ -47,6 +50,7 @@ from workbench.variants.sample import contract_probs
 BATCH_SIZES = (1, 2, 4, 8, 16)
 BLOCK_WIDTHS = (1, 2, 4, 8)  # rows a sequence feeds (its last token and drafts), captured besides K + 1
 PADDING_PAGES = [0]  # a padding row writes and reads the reserved page 0 only
+TIMED_REPLAYS = 5  # of each greedy graph, for what a fed row costs (`row_seconds`)
 
 
 class VerifyDraft:
@@ -240,6 +244,30 @@ class VerifyDraft:
     def _capture(self) -> None:
         with self._captured_ops():
             self._capture_sizes()
+        self.spec.cost.per_token_s = self.row_seconds()
+
+    def row_seconds(self) -> float:
+        """What one more fed row costs the device: the greedy graphs' median replay times fitted against
+        their rows (batch size * width) by least squares. Replayed on the inputs they were captured with:
+        padding rows, which write the reserved page 0 only."""
+        rows, seconds = [], []
+        for (b, w, sampled), (graph, _, _) in self.graphs.items():
+            if sampled:  # a replay advances the engine's generator
+                continue
+            graph.replay()
+            times = []
+            for _ in range(TIMED_REPLAYS):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            rows.append(b * w)
+            seconds.append(statistics.median(times))
+        mx, my = sum(rows) / len(rows), sum(seconds) / len(seconds)
+        var = sum((x - mx) ** 2 for x in rows)
+        return max(0.0, sum((x - mx) * (y - my) for x, y in zip(rows, seconds)) / var) if var else 0.0
 
     def _capture_sizes(self) -> None:
         pool, page = None, self.runner.page_size

@@ -165,6 +165,8 @@ def test_verify_and_draft_replay_one_graph_and_keep_greedy_output(model):
     fused = engine.speculator.fused
     assert fused is not None and sorted(fused.graphs) == [(b, w, sampled) for b in (1, 2, 4) for w in (1, 2, 4, 8)
                                                           for sampled in (False, True)]
+    # what a verified draft costs adaptive verification: the device's time of a row, timed on the greedy graphs
+    assert 0 < engine.speculator.cost.per_token_s < 1e-3
     replays = []
     for shape, (graph, meta, out) in fused.graphs.items():
         fused.graphs[shape] = (type("Noted", (), {"replay": lambda self, g=graph, n=shape: replays.append(n) or

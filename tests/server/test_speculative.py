@@ -446,6 +446,21 @@ def test_adaptive_verification_verifies_what_pays():
         cost.record(tokens, 0.5 + 0.25 * tokens)
     a, b = cost.coefficients()
     assert abs(a - 0.5) < 1e-9 and abs(b - 0.25) < 1e-9
+    # the device's cost of a row, where measured, stands in for a slope fitted to the host's noise: here
+    # steps of 1 and 2 tokens whose wall times differ by the host's jitter, not by the extra token
+    cost = VerifyCost()
+    for tokens, seconds in [(1, 0.90), (2, 0.97), (1, 0.88), (2, 0.95)] * 4:
+        cost.record(tokens, seconds)
+    assert cost.coefficients()[1] > 0.05  # a fitted slope: every draft looks as costly as 5% of a step
+    flat = [0.05, 0.9, 0.9]  # a drafter whose first draft it holds at 5% (its top token, often right)
+    assert verified_drafts([flat], 1, 1, cost.coefficients()) == [0]
+    cost.per_token_s = 0.004
+    a, b = cost.coefficients()
+    assert b == 0.004 and abs(a - (0.925 - 0.004 * 1.5)) < 1e-9
+    assert verified_drafts([flat], 1, 1, (a, b)) == [3]
+    fresh = VerifyCost()
+    fresh.per_token_s = 0.004
+    assert fresh.coefficients() == (0.004 * VerifyCost.PRIOR_TOKENS, 0.004)
 
 
 def test_adaptive_verification_keeps_greedy_output(tiny):

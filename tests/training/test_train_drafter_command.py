@@ -57,3 +57,4 @@ def test_each_engine_and_the_drafter_run_the_build_they_are_given():
                                        "plain_lock": "d.yaml", "draft_lock": None}))
     assert ("the target on the variants of `v.yaml` with the drafter, on the variants of `d.yaml` without it, "
             "the drafter on the variants of `v.yaml`") in text
+    assert text.startswith("### cpu, locked kernels")

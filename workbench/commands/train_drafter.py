@@ -112,8 +112,9 @@ def acceptance_table(acceptance: dict) -> list[str]:
               else " (CUDA graphs for the steps without the drafter and for the fixed verify + draft steps of "
               "greedy and unseeded requests; adaptive steps eager)" if acceptance.get("cuda_graphs") else "")
     kernels = _kernels(acceptance)
+    locked = any(acceptance.get(k) for k in ("lock", "plain_lock", "draft_lock"))
     lines = [
-        f"### {acceptance['device']}", "",
+        f"### {acceptance['device']}{', locked kernels' if locked else ''}", "",
         f"{acceptance['prompts']} prompts of {acceptance['prompt_tokens']} tokens from the held-out files, each "
         f"served alone for {acceptance['max_tokens']} tokens through the engine, "
         f"{acceptance['num_speculative_tokens']} drafts a verify step, {acceptance['dtype']}{graphs}, "

@@ -345,6 +345,10 @@ def _run_batch(box, name: str, copies: int, pause) -> tuple[float, float | None]
             pause.stop()
     if pause is not None:
         pause.release(box.pid)
+    # The first trip wakes a process that sat idle through the other boxes' rounds; the second is as warm
+    # as the batch after it. On a loaded CPU a cold trip took several times a warm one: taken off the
+    # batches, it left most of an empty call's rounds at nothing, and every box's time short by as much.
+    box.empty_round_trip()
     trip = box.empty_round_trip()
     return box.run_batch(name, list(range(copies))), trip
 

@@ -283,6 +283,23 @@ def test_a_candidate_cannot_slow_the_incumbent(tmp_path, incumbent, record_us):
     assert not v.accepted and v.stage == "not_faster", v.reason
 
 
+def test_a_trusted_boxs_timing_path_is_taken_warm():
+    """What the timing path costs is an empty round trip's time as warm as the batch after it: the first
+    of two wakes a box that sat idle through the other boxes' rounds."""
+    from workbench.agent.judge import _run_batch
+
+    class Box:
+        pid, trips = 1, iter([5e-4, 5e-5])  # cold, then warm
+
+        def empty_round_trip(self):
+            return next(self.trips)
+
+        def run_batch(self, name, order):
+            return 1e-4
+
+    assert _run_batch(Box(), "incumbent", 8, None) == (1e-4, 5e-5)
+
+
 def test_an_honest_faster_candidate_passes_both_checks(tmp_path, incumbent, record_us):
     v = judged(tmp_path, incumbent, FASTER, record_us)
     assert v.accepted and v.timing["speedup"] > 1, v.reason

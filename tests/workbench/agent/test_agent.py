@@ -30,8 +30,6 @@ sys.path.insert(0, HERE)
 import scripted  # noqa: E402
 
 FAST_TIMING = {"max_seconds": 0.3, "warmup": 3, "min_reps": 30}
-# One pytest-xdist worker runs this file (`--dist loadgroup`): a second would wait for the shared agent run.
-pytestmark = pytest.mark.xdist_group("agent_run")
 
 
 # ------------------------------------------------------------------------------ worker

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from harness_helpers import POINTS_SEARCHED, tiny_options
+from harness_helpers import POINTS_SEARCHED, made_once, tiny_options
 from textual.widgets import DataTable, Static
 
 from workbench.commands.tui import add_arguments
@@ -27,8 +27,6 @@ from workbench.tui import WorkbenchApp
 from workbench.tui.help import HelpScreen
 from workbench.tui.session import SearchSession, SessionClosed
 
-# One pytest-xdist worker runs this file (`--dist loadgroup`): its tests share one driven search.
-pytestmark = pytest.mark.xdist_group("tui")
 SKIPPED = "qkvg_proj"
 SIZE = (160, 48)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -57,8 +55,7 @@ async def wait_for(pilot, condition, timeout, what):
     await pilot.pause()
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def _drive_a_search(tmp_path_factory) -> dict:
     """One search run through the app, as a person would drive it: Search view, g, skip a point,
     watch the candidates arrive, then the Profile and Lock views of the result (v verifies)."""
     out = str(tmp_path_factory.mktemp("tui"))
@@ -97,6 +94,12 @@ def session(tmp_path_factory):
         mp.delenv("TRITON_INTERPRET", raising=False)
         asyncio.run(drive())
     return seen
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    """`_drive_a_search`'s record of the app, made once for all the session's workers (`made_once`)."""
+    return made_once(tmp_path_factory, "tui_session", lambda: _drive_a_search(tmp_path_factory))
 
 
 def test_candidates_arrive_while_the_search_runs(session):

@@ -265,9 +265,9 @@ class VerifyDraft:
                 times.append(start.elapsed_time(end) / 1e3)
             rows.append(b * w)
             seconds.append(statistics.median(times))
-        mx, my = sum(rows) / len(rows), sum(seconds) / len(seconds)
-        var = sum((x - mx) ** 2 for x in rows)
-        return max(0.0, sum((x - mx) * (y - my) for x, y in zip(rows, seconds)) / var) if var else 0.0
+        if len(set(rows)) < 2:
+            return 0.0
+        return max(0.0, statistics.linear_regression(rows, seconds).slope)
 
     def _capture_sizes(self) -> None:
         pool, page = None, self.runner.page_size

@@ -80,11 +80,10 @@ class EndToEnd:
         ...): how much slower b is than a (`gain`, the median of the rounds' b / a - 1) and its noise
         band (`paired_gain`). Two builds timed minutes apart differ by the device's drift, as much as
         several small choices save together; within a round both see the same device."""
-        rounds = []
+        rounds, seconds = [], self.paired_round_s
         for i in range(PAIRED_ROUNDS):
             first, second = (a, b) if i % 2 == 0 else (b, a)
             # the round's budget also bounds the reps time_call adds while the spread is wide (2 s)
-            seconds = self.paired_round_s
             t1, t2 = (self.time_build(*build, budget_s=seconds, max_seconds=seconds)["median_us"]
                       for build in (first, second))
             rounds.append([t1, t2] if i % 2 == 0 else [t2, t1])

@@ -40,7 +40,7 @@ def test_optimize_locks_the_drafters_step(tmp_path):
     from workbench.optimize import optimize
 
     report = optimize(tiny_options(tmp_path, target="draft-b1", points=("boundary",), backends=("torch",),
-                                   compile_baselines=(), seeds=(0,), step_samples_s=0.5))
+                                   compile_baselines=(), seeds=(0,)))
     lock = yaml.safe_load((tmp_path / "lock.yaml").read_text())
     assert lock["target"] == "draft-b1" and report["target"] == "draft-b1"
     assert report["step"]["tokens_per_seq"] == 16

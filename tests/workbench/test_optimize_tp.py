@@ -42,8 +42,7 @@ def test_a_candidate_that_skips_the_all_reduce_passes_for_one_rank_and_fails_for
 
 
 def test_the_reference_and_locked_steps_are_timed_on_the_ranks_and_locked_with_them(tmp_path):
-    opts = tiny_options(tmp_path, points=("boundary",), backends=("torch",), compile_baselines=(), seeds=(0,), tp=2,
-                        step_samples_s=0.5)
+    opts = tiny_options(tmp_path, points=("boundary",), backends=("torch",), compile_baselines=(), seeds=(0,), tp=2)
     report = optimize(opts)
     across = report["across_ranks"]
     assert across["world"] == 2 and across["backend"] == "gloo"

@@ -14,8 +14,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from harness_helpers import STEP_SAMPLES_S, made_once
+from harness_helpers import made_once, tiny_options
 
 from workbench import registry
 from workbench.agent import plugins, scaffold
@@ -214,7 +213,7 @@ def test_setup(*args, **kwargs):
 def _make_agent_run(tmp_path_factory):
     """(run folder, report, events, attempts) of an optimize run with the scripted agent on boundary."""
     from workbench.agent.loop import AgentOptions
-    from workbench.optimize import OptimizeOptions, optimize
+    from workbench.optimize import optimize
 
     out = str(tmp_path_factory.mktemp("agent-run"))
     events = []
@@ -232,10 +231,7 @@ def _make_agent_run(tmp_path_factory):
         plugins.load_file(str(folder / "slow_incumbent.py"))
         agent = AgentOptions(f"{AGENT} {','.join(PLAYLIST)}", rounds=len(PLAYLIST), budget_s=3.0,
                              worker_timeout_s=40.0, timing=FAST_TIMING)
-        report = optimize(OptimizeOptions(target="decode-b1", preset="beam-tiny", dtype=torch.float32,
-                                          device=torch.device("cpu"), out_dir=out, points=("boundary",),
-                                          command="pytest", agent=agent, step_samples_s=STEP_SAMPLES_S),
-                          on_event=events.append)
+        report = optimize(tiny_options(out, points=("boundary",), agent=agent), on_event=events.append)
     with open(os.path.join(out, "agent", "attempts.jsonl")) as f:
         attempts = [json.loads(line) for line in f]
     # the live Search a stage event hands a UI ends with the run (and holds locks: it cannot be pickled)

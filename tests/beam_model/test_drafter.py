@@ -126,3 +126,19 @@ def test_training_steps_move_the_drafter_towards_the_target(target):
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     assert [n for n, p in drafter.named_parameters() if torch.equal(before[n], p)] == []
     assert converted(drafter, torch.bfloat16).fc.weight.dtype == torch.bfloat16
+
+
+def test_a_bf16_target_trains_its_drafter_under_autocast_with_fp32_weights():
+    """The GPU's distillation: the target as served (BF16), the drafter's math under BF16 autocast and
+    its master weights FP32 (a BF16 head times FP32 features fails without the autocast)."""
+    from workbench.training.data import TokenStream
+
+    target = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.bfloat16)
+    stream = TokenStream(torch.arange(4000) % 97, torch.ones(target.config.vocab_size, dtype=torch.int64), 1, 4000)
+    opts = DrafterOptions(layers=1, block_size=4, steps=6, batch=2, seq_len=48, anchors=4, warmup=1, lr=3e-3)
+    trainer = DrafterTrainer(opts, target, stream)
+    assert trainer.autocast == torch.bfloat16
+    drafter = trainer.run()
+    losses = [h[1] for h in trainer.history]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    assert {p.dtype for p in drafter.parameters()} == {torch.float32}

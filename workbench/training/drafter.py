@@ -7,6 +7,10 @@ distribution for that position (soft cross-entropy against the target's softmax 
 the context features of the positions before p (at most the drafter's window). Position i's loss is
 weighted exp(-(i - 1) / (B / 2)): an early draft's miss ends the accepted prefix, a late one's rarely
 matters. AdamW (decay on matrices), linear warm-up and a cosine schedule (`train.learning_rate`).
+
+The target is distilled from in the dtype the engine serves it in on the device (`frozen_target`): BF16
+on a GPU, whose outputs are the ones the drafter must match there, and FP32 on the CPU. With a BF16
+target the drafter trains under BF16 autocast (FP32 master weights), as `workbench train` does.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from workbench.training.data import TokenStream, random_windows
 
 @dataclass
 class DrafterOptions:
-    layers: int = 2
+    layers: int = 5             # the architecture's drafter
     block_size: int = 16
     steps: int = 400
     batch: int = 8             # windows per step
@@ -36,6 +40,7 @@ class DrafterOptions:
     grad_clip: float = 1.0
     seed: int = 0
     device: str = "cpu"
+    autocast: bool | None = None  # BF16 autocast for the drafter; None: when the target is BF16
 
 
 def position_weights(block_size: int, device=None) -> torch.Tensor:
@@ -116,6 +121,8 @@ class DrafterTrainer:
         self.drafter = initial_drafter(config, target, seed=opts.seed, device=target.device)
         self.optimizer = adamw(self.drafter.named_parameters(), opts, target.device)
         self.generator = torch.Generator().manual_seed(opts.seed)
+        use_autocast = opts.autocast if opts.autocast is not None else target.dtype == torch.bfloat16
+        self.autocast = torch.bfloat16 if use_autocast else None
         self.history: list = []  # [step, loss, top-1 agreement per mask position, lr]
 
     def step(self, i: int) -> tuple[float, list[float]]:
@@ -128,8 +135,9 @@ class DrafterTrainer:
         w = random_windows(self.stream, opts.batch, opts.seq_len - 1, self.generator).to(drafter.device)
         tapped, logits = target_outputs(self.target, w, drafter.config.target_layer_ids)
         drafter.set_variants()  # each step's graph starts from the parameters
-        loss, agree = block_loss(drafter, w, tapped, logits,
-                                 anchor_blocks(w, opts.anchors, opts.block_size, self.generator).to(w.device))
+        starts = anchor_blocks(w, opts.anchors, opts.block_size, self.generator).to(w.device)
+        with torch.autocast(w.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            loss, agree = block_loss(drafter, w, tapped, logits, starts)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(drafter.parameters()), opts.grad_clip)
         self.optimizer.step()
@@ -149,10 +157,12 @@ class DrafterTrainer:
 
 
 def frozen_target(path: str, device) -> torch.nn.Module:
-    """The target checkpoint in FP32 for distillation, bound to its reference points."""
+    """The target checkpoint for distillation, bound to its reference points, in the dtype the engine
+    serves it in on `device` (BF16 on a GPU, FP32 on the CPU)."""
     from beam_model.model import BeamForCausalLM
 
-    return BeamForCausalLM.from_pretrained(path, dtype=torch.float32, device=device)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return BeamForCausalLM.from_pretrained(path, dtype=dtype, device=device)
 
 
 

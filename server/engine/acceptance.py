@@ -6,13 +6,16 @@ two modes: greedy, and temperature 1.0 with top-p 0.95 (drawn from each engine's
 engine starts; a request's own seed would keep its steps off the graphs). Reported per mode: the mean
 acceptance length (tokens per verify step: kept drafts plus the bonus token), its histogram, the
 wall time and tokens per second without the drafter, with it verifying every draft and with adaptive
-verification (same process, the three taking turns to go first), and for greedy how many outputs equal
-the drafter-less ones token for token. On CUDA the engines replay graphs where a server would: every
-decode step without the drafter, and with it every verify + draft step (`verify_draft.py`).
+verification (same process, the three taking turns to go first), where a decode or verify step's time
+goes (medians: the engine's whole step, the host's share before the model step's launch, the device's
+from launch to its tokens read), and for greedy how many outputs equal the drafter-less ones token for token. On
+CUDA the engines replay graphs where a server would: every decode step without the drafter, and with it
+every verify + draft step (`verify_draft.py`).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -25,6 +28,43 @@ MODES = {"greedy": dict(temperature=0.0), "temperature_1_top_p_0.95": dict(tempe
 VERIFICATION = {"fixed": False, "adaptive": True}  # every draft verified, or as many as pay
 # What replays a CUDA graph on a GPU (the card says it)
 GRAPHED = "every step without the drafter, and with it every verify + draft step of greedy and unseeded requests"
+
+
+class StepTimes:
+    """An engine's decode and verify steps, timed: the whole step's wall seconds (drafting included, where
+    it runs after the model step), and from its `step_observer` the host's seconds before the model
+    step's launch and the device's from launch to its tokens read."""
+
+    def __init__(self, engine):
+        self.steps: list[tuple[float, float, float | None]] = []
+        self._seen = None
+        step = engine.step
+
+        def timed():
+            self._seen = None
+            started = time.perf_counter()
+            out = step()
+            if self._seen is not None:
+                self.steps.append((time.perf_counter() - started, *self._seen))
+            return out
+
+        engine.step, engine.step_observer = timed, self._observe
+
+    def _observe(self, kind: str, batch: int, seconds: float, prepare: float, device: float | None, masks) -> None:
+        if kind in ("decode", "verify"):
+            self._seen = (prepare, device)
+
+    def medians_ms(self) -> dict:
+        """Median milliseconds of a step: `wall`, `before_launch`, `device` (None where untimed)."""
+        if not self.steps:
+            return {}
+        wall, before, device = zip(*self.steps)
+        timed = [d for d in device if d is not None]
+
+        def ms(values):
+            return round(statistics.median(values) * 1e3, 4)
+
+        return {"wall": ms(wall), "before_launch": ms(before), "device": ms(timed) if timed else None}
 
 
 def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
@@ -76,8 +116,11 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
             engine.warm_up()
         engine.generate([asked[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     modes = {}
+    times = {name: StepTimes(engine) for name, engine in engines.items()}
     for mode, sampling in MODES.items():
         seconds, outputs = {name: 0.0 for name in engines}, {name: [] for name in engines}
+        for t in times.values():
+            t.steps = []
         for name in VERIFICATION:
             engines[name].speculator.stats = SpecStats()
         for i, prompt in enumerate(asked):
@@ -89,14 +132,15 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 seconds[name] += time.perf_counter() - started
         tokens = sum(len(o) for o in outputs["plain"])
         modes[mode] = {"sampling": sampling, "tokens": tokens, "seconds_plain": round(seconds["plain"], 3),
-                       "tokens_per_second_plain": tokens / seconds["plain"]}
+                       "tokens_per_second_plain": tokens / seconds["plain"],
+                       "step_ms_plain": times["plain"].medians_ms()}
         for name in VERIFICATION:
             stats = engines[name].speculator.stats
             modes[mode][name] = {
                 "mean_acceptance_length": stats.mean_acceptance_length, "verify_steps": stats.verify_steps,
                 "drafted": stats.drafted, "accepted": stats.accepted, "kept_drafts_histogram": stats.histogram,
                 "seconds": round(seconds[name], 3), "tokens_per_second": tokens / seconds[name],
-                "speedup": seconds["plain"] / seconds[name]}
+                "speedup": seconds["plain"] / seconds[name], "step_ms": times[name].medians_ms()}
             if sampling["temperature"] == 0.0:
                 same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"

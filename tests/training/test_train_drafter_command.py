@@ -53,8 +53,12 @@ def test_each_engine_and_the_drafter_run_the_build_they_are_given():
     assert figures["selection"]["qkvg_proj"] == "packed" and figures["plain_selection"]["qkvg_proj"] == "packed_views"
     assert figures["drafter_selection"]["qkvg_proj"] == "packed_views"
     assert figures["modes"]["greedy"]["fixed"]["equal_to_plain"] == "1/1"
+    for ms in (figures["modes"]["greedy"]["step_ms_plain"], figures["modes"]["greedy"]["fixed"]["step_ms"]):
+        assert 0 < ms["before_launch"] < ms["wall"] and ms["device"] is None  # no device timer on the CPU
     text = "\n".join(acceptance_table({**figures, "device": "cpu", "command": "c", "lock": "v.yaml",
                                        "plain_lock": "d.yaml", "draft_lock": None}))
     assert ("the target on the variants of `v.yaml` with the drafter, on the variants of `d.yaml` without it, "
             "the drafter on the variants of `v.yaml`") in text
     assert text.startswith("### cpu, locked kernels")
+    wall = figures["modes"]["greedy"]["fixed"]["step_ms"]["wall"]
+    assert "| greedy | fixed | " in text and f"| {wall:.3f}, " in text

@@ -120,16 +120,18 @@ def acceptance_table(acceptance: dict) -> list[str]:
         f"{acceptance['num_speculative_tokens']} drafts a verify step, {acceptance['dtype']}{graphs}, "
         f"{kernels}, without the drafter, with it verifying every draft (fixed) and as many as pay (adaptive), "
         "in the same process:",
-        "", "| sampling | verification | tokens per verify step | verify steps | tokens/s | speed-up |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "", "| sampling | verification | tokens per verify step | verify steps | tokens/s | speed-up "
+        "| ms a step: wall, before launch, device |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for mode, m in acceptance["modes"].items():
-        lines.append(f"| {mode} | none | | | {m['tokens_per_second_plain']:.1f} | 1.00x |")
+        lines.append(f"| {mode} | none | | | {m['tokens_per_second_plain']:.1f} | 1.00x | "
+                     f"{_step_ms(m.get('step_ms_plain'))} |")
         for name in ("fixed", "adaptive"):
             v = m[name]
             length = f"{v['mean_acceptance_length']:.2f}" if v["verify_steps"] else "-"
             lines.append(f"| {mode} | {name} | {length} | {v['verify_steps']} | "
-                         f"{v['tokens_per_second']:.1f} | {v['speedup']:.2f}x |")
+                         f"{v['tokens_per_second']:.1f} | {v['speedup']:.2f}x | {_step_ms(v.get('step_ms'))} |")
     equal = [f"{name} {m[name]['equal_to_plain']}" for m in acceptance["modes"].values()
              for name in ("fixed", "adaptive") if "equal_to_plain" in m[name]]
     if equal:
@@ -140,6 +142,14 @@ def acceptance_table(acceptance: dict) -> list[str]:
                           "other way (the engine's equality is tested in float32).")
     lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
     return lines
+
+
+def _step_ms(ms: dict | None) -> str:
+    """A step's median milliseconds (`acceptance.StepTimes`), blank in files measured before they were kept."""
+    if not ms:
+        return ""
+    device = "-" if ms["device"] is None else f"{ms['device']:.3f}"
+    return f"{ms['wall']:.3f}, {ms['before_launch']:.3f}, {device}"
 
 
 def _kernels(acceptance: dict) -> str:

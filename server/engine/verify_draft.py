@@ -68,7 +68,6 @@ class VerifyDraft:
         b, hidden = max(self.sizes), drafter.config.hidden_size
         self.context = torch.zeros(b, self.window, hidden, dtype=drafter.dtype, device=dev)
         self.valid = torch.zeros(b, self.window, dtype=torch.bool, device=dev)
-        self.fed = torch.ones(b, dtype=torch.int64, device=dev)  # each sequence's rows that are not padding
         # a sampled sequence's drafter distributions of its drafts (the `sample` contract's, FP64)
         self.draft_probs = torch.zeros(b, self.k, logits_width(runner.model), dtype=torch.float64, device=dev)
         self._window_index = torch.arange(self.window, device=dev)
@@ -101,15 +100,9 @@ class VerifyDraft:
         w = min(w for w in self.widths if w >= max(counts))
         sampled = not all(s.params.greedy for s in seqs)
         starts = [s.num_computed for s in seqs]
-        ids, row_starts, row_pages = [], [], {g: [] for g in GROUPS}
-        for s, start, n in zip(seqs, starts, counts):  # a block of fewer drafts ends in padding rows
-            ids += [s.token_ids[start]] + s.draft.ids[:n - 1] + [0] * (w - n)
-            row_starts += [*range(start, start + n)] + [0] * (w - n)
-            for g in GROUPS:
-                row_pages[g] += [s.pages[g]] * n + [PADDING_PAGES] * (w - n)
+        ids, row_starts, row_pages = block_rows(seqs, starts, counts, w)
         sampling = [(s.params.temperature, s.params.top_k, s.params.top_p) for s in seqs for _ in range(w)]
         lens = self.inputs.fill(size * w, ids, row_starts, row_pages, page, sampling)
-        self.fed[:b].copy_(self.runner._to_device(counts, torch.int64))
         before = self._fill_context(seqs, starts, counts)
         if self.graphs:
             graph, meta, out = self.graphs[size, w, sampled]
@@ -167,10 +160,11 @@ class VerifyDraft:
         block = x.ids[:rows].view(b, w)
         settings = (x.temperature[:rows], x.top_k[:rows], x.top_p[:rows])
         greedy = settings[0].view(b, w)[:, 0] == 0
+        limit = keepable(x.pos[:rows], b, w)
         if sampled:
-            kept, bonus = self._accept(logits.view(b, w, -1), block[:, 1:], settings, greedy)
+            kept, bonus = self._accept(logits.view(b, w, -1), block[:, 1:], settings, greedy, limit)
         else:
-            kept, bonus = self._accept_greedy(logits.view(b, w, -1), block[:, 1:])
+            kept, bonus = self._accept_greedy(logits.view(b, w, -1), block[:, 1:], limit)
         features = drafter.context_features(tapped).view(b, w, -1)
         context = torch.cat([self.context[:b], features], 1)
         valid = torch.cat([self.valid[:b], torch.ones(b, w, dtype=torch.bool, device=self.valid.device)], 1)
@@ -191,21 +185,22 @@ class VerifyDraft:
         confidence = chosen.gather(2, drafts[..., None])[..., 0]
         return kept, bonus, drafts, context, probs, confidence
 
-    def _accept_greedy(self, logits, drafts):
-        """(kept [b], bonus [b]) of greedy blocks: the leading drafts equal to the target's argmax, and the
-        argmax after them (padding rows never kept)."""
+    @staticmethod
+    def _accept_greedy(logits, drafts, limit):
+        """(kept [b], bonus [b]) of greedy blocks: the leading drafts equal to the target's argmax, at most
+        `limit` [b] (padding rows are never kept), and the argmax after them."""
         b, k1, _ = logits.shape
         best = logits.argmax(-1)
-        kept = torch.minimum((best[:, :k1 - 1] == drafts).long().cumprod(1).sum(1), self.fed[:b] - 1)
+        kept = torch.minimum((best[:, :k1 - 1] == drafts).long().cumprod(1).sum(1), limit)
         return kept, best.gather(1, kept[:, None])[:, 0]
 
-    def _accept(self, logits, drafts, settings, greedy):
+    def _accept(self, logits, drafts, settings, greedy, limit):
         """(kept [b], bonus [b]) from the target's logits [b, w, vocab] of each block: greedy, as
         `_accept_greedy`; sampled, rejection sampling against the drafts' distributions (`Speculator`'s
         `accept`, its draws from the engine's generator)."""
         b, k1, vocab = logits.shape
-        k, limit = k1 - 1, self.fed[:b] - 1  # padding rows are never kept
-        kept_g, bonus_g = self._accept_greedy(logits, drafts)
+        k = k1 - 1
+        kept_g, bonus_g = self._accept_greedy(logits, drafts, limit)
         p = contract_probs(logits.view(b * k1, vocab), *settings).view(b, k1, vocab)
         q = self.draft_probs[:b, :k]
         p_d, q_d = (t[:, :k].gather(2, drafts[..., None])[..., 0] for t in (p, q))
@@ -290,6 +285,25 @@ class VerifyDraft:
                 pool = graph.pool()
                 self.graphs[b, w, sampled] = (graph, meta, out)
         torch.cuda.synchronize()
+
+
+def block_rows(seqs: list, starts: list[int], counts: list[int], w: int) -> tuple[list, list, dict]:
+    """The decode rows of a verify step: per sequence its last token and `counts[i] - 1` drafts at their
+    positions with its page tables, then padding rows up to `w` (token 0 at position 0 on the reserved
+    page). Returns (ids, positions, page tables per group)."""
+    ids, positions, pages = [], [], {g: [] for g in GROUPS}
+    for s, start, n in zip(seqs, starts, counts):
+        ids += [s.token_ids[start]] + s.draft.ids[:n - 1] + [0] * (w - n)
+        positions += [*range(start, start + n)] + [0] * (w - n)
+        for g in GROUPS:
+            pages[g] += [s.pages[g]] * n + [PADDING_PAGES] * (w - n)
+    return ids, positions, pages
+
+
+def keepable(positions: torch.Tensor, b: int, w: int) -> torch.Tensor:
+    """The drafts each of b blocks of w rows can keep [b]: its draft rows, which follow the block's first
+    token and so never sit at position 0, where every padding row does (`block_rows`)."""
+    return (positions.view(b, w)[:, 1:] > 0).sum(1)
 
 
 def without_pdl(ops):

@@ -470,3 +470,25 @@ def test_adaptive_verification_keeps_greedy_output(tiny):
     engine = Engine(model, tok, num_pages=32, drafter=drafter, num_speculative_tokens=5, adaptive_verification=True)
     assert engine.generate(ps, GREEDY) == plain
     assert len(engine.speculator.cost.samples) > 0
+
+
+def test_a_block_keeps_none_of_its_padding_rows():
+    """A verify step's blocks as the graph reads them: a sequence with fewer drafts than the block is wide
+    (adaptive verification, or near its end) can keep only its own drafts, one whose first token is at
+    position 0 included, and a block of padding (a batch smaller than the graph's) none."""
+    from types import SimpleNamespace
+
+    from server.engine.block_manager import GROUPS
+    from server.engine.graph_inputs import GraphInputs
+    from server.engine.verify_draft import block_rows, keepable
+
+    def seq(start, drafts):
+        return SimpleNamespace(token_ids=list(range(start + 1)), draft=SimpleNamespace(ids=drafts),
+                               pages={g: [1, 2] for g in GROUPS})
+
+    seqs, starts, counts = [seq(20, [5, 6, 7]), seq(9, [8]), seq(0, [])], [20, 9, 0], [4, 2, 1]
+    ids, positions, pages = block_rows(seqs, starts, counts, 4)
+    inputs = GraphInputs(16, 2, GROUPS, torch.device("cpu"))
+    inputs.fill(16, ids, positions, pages, 16)  # a fourth block of padding only
+    assert keepable(inputs.pos[:16], 4, 4).tolist() == [3, 1, 0, 0]
+    assert ids[:8] == [20, 5, 6, 7, 9, 8, 0, 0]

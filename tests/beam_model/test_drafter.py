@@ -2,6 +2,7 @@
 refusals that name the problem (a missing tensor, another target, a config that is not a drafter's);
 and `workbench train-drafter`'s training step on beam-tiny."""
 
+import dataclasses
 import json
 
 import pytest
@@ -142,3 +143,26 @@ def test_a_bf16_target_trains_its_drafter_under_autocast_with_fp32_weights():
     losses = [h[1] for h in trainer.history]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     assert {p.dtype for p in drafter.parameters()} == {torch.float32}
+
+
+def test_a_training_stopped_and_resumed_ends_where_one_run_would(target):
+    """`state_dict` holds everything a step depends on (weights, AdamW's moments, the data generator), so
+    two steps, a new process's trainer loading them, and two more give the weights of four steps in one
+    run; a state made with other options is refused, naming them."""
+    from workbench.training.data import TokenStream
+
+    stream = TokenStream(torch.arange(4000) % 97, torch.ones(target.config.vocab_size, dtype=torch.int64), 1, 4000)
+    opts = DrafterOptions(layers=1, block_size=4, steps=4, batch=2, seq_len=48, anchors=4, warmup=1, lr=3e-3)
+    whole = DrafterTrainer(opts, target, stream).run()
+    first = DrafterTrainer(opts, target, stream)
+    assert first.run(max_seconds=0.0) is None and first.history == []  # out of time before its first step
+    first.step(0)
+    first.step(1)
+    second = DrafterTrainer(opts, target, stream)
+    second.load_state_dict(first.state_dict())
+    resumed = second.run()
+    assert [h[0] for h in second.history] == [1, 2, 3, 4]
+    assert all(torch.equal(p, resumed.get_parameter(n)) for n, p in whole.named_parameters())
+    other = DrafterTrainer(dataclasses.replace(opts, lr=1e-3), target, stream)
+    with pytest.raises(ValueError, match="other options: lr 0.003"):
+        other.load_state_dict(first.state_dict())

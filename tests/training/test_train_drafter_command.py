@@ -35,6 +35,22 @@ def test_train_then_measure_writes_the_folder_and_its_card(tmp_path):
     assert card.count("Measured with:") == 2 and "--measure" in card
 
 
+def test_a_training_out_of_time_keeps_its_state_and_resumes(tmp_path, capsys):
+    """`--max-seconds` stops between steps, keeps the state and exits 3 (no drafter written); the same
+    command with `--resume` ends the training, writes the drafter and drops the state; `--resume` with
+    nothing to go on from says so."""
+    out = tmp_path / "drafter"
+    train = ["train-drafter", str(out), "--target", MINI, "--layers", "1", "--steps", "3", "--batch", "2",
+             "--seq-len", "64", "--anchors", "2", *SMALL, "--prompts", "1", "--max-tokens", "2"]
+    assert main([*train, "--resume"]) == 2
+    assert "no unfinished training to go on from" in capsys.readouterr().err
+    assert main([*train, "--max-seconds", "0"]) == 3
+    assert sorted(os.listdir(out)) == ["training-state.pt"]
+    assert main([*train, "--resume"]) == 0
+    assert "training-state.pt" not in os.listdir(out) and "model.safetensors" in os.listdir(out)
+    assert [h[0] for h in json.loads((out / "training.json").read_text())["history"]] == [1, 2, 3]
+
+
 def test_each_engine_and_the_drafter_run_the_build_they_are_given():
     """A verify lock for the engines with the drafter, a decode lock for the one without (a model of its
     own: a model binds one build), a draft lock for the drafter; the card says which ran where."""

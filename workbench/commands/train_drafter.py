@@ -12,6 +12,9 @@ import time
 
 from workbench.commands.common import EMBEDDED_MODEL, given_command
 
+STATE_FILE = "training-state.pt"  # an unfinished training's state (`--max-seconds`, `--resume`)
+STOPPED_EARLY = 3  # the exit status of a training that `--max-seconds` stopped
+
 
 def add_arguments(p) -> None:
     from workbench.training.drafter import DrafterOptions
@@ -41,6 +44,11 @@ def add_arguments(p) -> None:
                         "beside a verify lock: each build at the step it was searched for)")
     p.add_argument("--draft-lock", default=None, metavar="FILE",
                    help="the drafter's points run this lock's variants (one made at `--target draft-b1`)")
+    p.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                   help=f"stop training after S seconds, keeping where it stands in OUT_DIR/{STATE_FILE} (exit "
+                        f"status {STOPPED_EARLY}); the same command with --resume goes on from there")
+    p.add_argument("--resume", action="store_true",
+                   help=f"go on from OUT_DIR/{STATE_FILE} (the same options; it is removed once training ends)")
     p.add_argument("--measure", action="store_true",
                    help="train nothing: measure OUT_DIR's drafter again (acceptance-<device>.json)")
 
@@ -51,8 +59,8 @@ def run(args) -> int:
     from workbench.commands.common import resolve_device
 
     device = str(resolve_device(args.device))
-    if not args.measure:
-        _train(args, device)
+    if not args.measure and not _train(args, device):
+        return STOPPED_EARLY
     from server.engine.acceptance import measure_acceptance
     from workbench.lock import load_for_serving
 
@@ -164,7 +172,8 @@ def _kernels(acceptance: dict) -> str:
             f"{of(draft or lock)}")
 
 
-def _train(args, device: str) -> None:
+def _train(args, device: str) -> bool:
+    """Train OUT_DIR's drafter; False where `--max-seconds` stopped it first (its state kept to resume)."""
     import torch
 
     from beam_model.tokenizer import load_tokenizer
@@ -181,6 +190,14 @@ def _train(args, device: str) -> None:
                           seq_len=args.seq_len, anchors=args.anchors, lr=args.lr,
                           warmup=min(args.warmup, max(args.steps - 1, 0)), seed=args.seed, device=device)
     trainer = DrafterTrainer(opts, target, stream)
+    state_path, seconds_before = os.path.join(args.out_dir, STATE_FILE), 0.0
+    if args.resume:
+        if not os.path.exists(state_path):
+            raise ValueError(f"--resume: no unfinished training to go on from ({state_path} does not exist)")
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        trainer.load_state_dict(state["trainer"])
+        seconds_before = state["seconds"]
+        print(f"resuming at step {len(trainer.history)} of {opts.steps}", file=sys.stderr)
     every = max(1, opts.steps // 50)
     print(f"training a {opts.layers}-layer drafter reading layers {trainer.drafter.config.target_layer_ids} of "
           f"{args.target} on {len(stream)} tokens; {device}", file=sys.stderr)
@@ -190,16 +207,27 @@ def _train(args, device: str) -> None:
             print(f"step {step}/{opts.steps} loss {loss:.4f} top-1 agreement: first draft {agree[0]:.3f}, "
                   f"mean {sum(agree) / len(agree):.3f} {seconds:.0f} s", file=sys.stderr, flush=True)
 
-    drafter = trainer.run(line)
+    drafter = trainer.run(line, max_seconds=args.max_seconds)
+    seconds = seconds_before + time.perf_counter() - started
+    if drafter is None:
+        os.makedirs(args.out_dir, exist_ok=True)
+        torch.save({"trainer": trainer.state_dict(), "seconds": seconds}, state_path + ".tmp")
+        os.replace(state_path + ".tmp", state_path)
+        print(f"stopped at step {len(trainer.history)} of {opts.steps} after --max-seconds {args.max_seconds:g}; "
+              f"the same command with --resume goes on from {state_path}", file=sys.stderr)
+        return False
     converted(drafter, torch.bfloat16).save_pretrained(args.out_dir)
     for stale in glob.glob(os.path.join(args.out_dir, "acceptance-*.json")):  # the replaced weights' figures
         os.remove(stale)
     with open(os.path.join(args.out_dir, "training.json"), "w") as f:
         json.dump({"command": given_command(args), "target": args.target,
-                   "options": dataclasses.asdict(opts), "train_seconds": round(time.perf_counter() - started, 1),
+                   "options": dataclasses.asdict(opts), "train_seconds": round(seconds, 1),
                    "device": f"{platform.machine()} ({os.cpu_count()} cores)" if device == "cpu"
                    else torch.cuda.get_device_name(), "torch": torch.__version__,
                    "python": platform.python_version(),  # whose standard library the corpus is
                    "parameters": sum(p.numel() for p in drafter.parameters()),
                    "history": trainer.history}, f, indent=1)
         f.write("\n")
+    if os.path.exists(state_path):
+        os.remove(state_path)
+    return True

@@ -15,6 +15,7 @@ target the drafter trains under BF16 autocast (FP32 master weights), as `workben
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -146,14 +147,40 @@ class DrafterTrainer:
         self.history.append([i + 1, round(loss.item(), 5), agree, lr])
         return loss.item(), agree
 
-    def run(self, on_step=None):
+    def run(self, on_step=None, *, max_seconds: float | None = None):
+        """Train from the step reached (0, or a loaded state's) to `opts.steps`; returns the drafter, or None
+        where `max_seconds` ran out first (`state_dict` then holds where to go on from)."""
         started = time.perf_counter()
-        for i in range(self.opts.steps):
+        for i in range(len(self.history), self.opts.steps):
+            if max_seconds is not None and time.perf_counter() - started > max_seconds:
+                return None
             loss, agree = self.step(i)
             if on_step:
                 on_step(i + 1, loss, agree, time.perf_counter() - started)
         self.drafter.set_variants()
         return self.drafter
+
+    def state_dict(self) -> dict:
+        """Everything a later process needs to go on exactly as this one would: the options, the FP32
+        weights, AdamW's moments, the data generator's state and the history."""
+        return {"options": dataclasses.asdict(self.opts),
+                "drafter": {n: p.detach().cpu() for n, p in self.drafter.named_parameters()},
+                "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from `state_dict`'s; ValueError if it was trained with other options."""
+        mine = dataclasses.asdict(self.opts)
+        differ = sorted(k for k in mine if k != "device" and state["options"].get(k) != mine[k])
+        if differ:
+            raise ValueError("the saved training state was made with other options: " + ", ".join(
+                f"{k} {state['options'].get(k)!r} (now {mine[k]!r})" for k in differ))
+        with torch.no_grad():
+            for name, p in self.drafter.named_parameters():
+                p.copy_(state["drafter"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.history = list(state["history"])
 
 
 def frozen_target(path: str, device) -> torch.nn.Module:

@@ -38,12 +38,16 @@ def test_train_then_measure_writes_the_folder_and_its_card(tmp_path):
 def test_a_training_out_of_time_keeps_its_state_and_resumes(tmp_path, capsys):
     """`--max-seconds` stops between steps, keeps the state and exits 3 (no drafter written); the same
     command with `--resume` ends the training, writes the drafter and drops the state; `--resume` with
-    nothing to go on from says so."""
+    nothing to go on from, or a file that is not a state, says so."""
     out = tmp_path / "drafter"
     train = ["train-drafter", str(out), "--target", MINI, "--layers", "1", "--steps", "3", "--batch", "2",
              "--seq-len", "64", "--anchors", "2", *SMALL, "--prompts", "1", "--max-tokens", "2"]
     assert main([*train, "--resume"]) == 2
-    assert "no unfinished training to go on from" in capsys.readouterr().err
+    assert "no unfinished training to go on from" in capsys.readouterr().err.replace("\n", "")
+    out.mkdir()
+    (out / "training-state.pt").write_bytes(b"not a state")
+    assert main([*train, "--resume"]) == 2
+    assert "training-state.pt is not a training state this command wrote" in capsys.readouterr().err.replace("\n", "")
     assert main([*train, "--max-seconds", "0"]) == 3
     assert sorted(os.listdir(out)) == ["training-state.pt"]
     assert main([*train, "--resume"]) == 0

@@ -194,9 +194,13 @@ def _train(args, device: str) -> bool:
     if args.resume:
         if not os.path.exists(state_path):
             raise ValueError(f"--resume: no unfinished training to go on from ({state_path} does not exist)")
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
-        trainer.load_state_dict(state["trainer"])
-        seconds_before = state["seconds"]
+        try:
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+            trainer_state, seconds_before = state["trainer"], state["seconds"]
+        except Exception as e:  # noqa: BLE001 - whatever is wrong with the file, say which file
+            raise ValueError(f"--resume: {state_path} is not a training state this command wrote "
+                             f"({type(e).__name__}: {e})") from e
+        trainer.load_state_dict(trainer_state)
         print(f"resuming at step {len(trainer.history)} of {opts.steps}", file=sys.stderr)
     every = max(1, opts.steps // 50)
     print(f"training a {opts.layers}-layer drafter reading layers {trainer.drafter.config.target_layer_ids} of "

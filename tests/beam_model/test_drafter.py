@@ -166,3 +166,26 @@ def test_a_training_stopped_and_resumed_ends_where_one_run_would(target):
     other = DrafterTrainer(dataclasses.replace(opts, lr=1e-3), target, stream)
     with pytest.raises(ValueError, match="other options: lr 0.003"):
         other.load_state_dict(first.state_dict())
+
+
+@pytest.mark.gpu
+def test_the_gpu_distillation_target_gives_the_references_outputs():
+    """On a GPU the frozen target attends through `attention:triton` (one prefill for every window, not a
+    sequence at a time): its tapped states and logits over real windows are the reference's within
+    BF16 rounding, and the most likely tokens the drafter learns are the same."""
+    import os
+
+    from workbench.training.drafter import frozen_target, target_outputs
+
+    mini = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "models", "beam-mini")
+    fast = frozen_target(mini, "cuda")
+    assert fast.ops.selection["attention"] == "triton"
+    reference = BeamForCausalLM.from_pretrained(mini, dtype=torch.bfloat16, device="cuda")
+    windows = torch.randint(0, fast.config.vocab_size, (4, 200), generator=torch.Generator().manual_seed(0)).cuda()
+    taps = DrafterConfig.for_target(fast.config).target_layer_ids
+    (t_fast, l_fast), (t_ref, l_ref) = (target_outputs(m, windows, taps) for m in (fast, reference))
+    for fast_out, ref_out in ((t_fast, t_ref), (l_fast, l_ref)):
+        error = (fast_out.float() - ref_out.float()).norm() / ref_out.float().norm()
+        assert error < 2e-2, error
+    assert (l_fast.argmax(-1) == l_ref.argmax(-1)).float().mean() > 0.95

@@ -183,13 +183,22 @@ class DrafterTrainer:
         self.history = list(state["history"])
 
 
+# The frozen target's variants on a GPU: no gradient flows through it, so a gated kernel may stand in for
+# a reference. The reference attention of a prompt attends one sequence at a time, most of a training
+# step's launches at the batches training uses; `attention:triton`'s prefill takes them all at once.
+GPU_TARGET_VARIANTS = {"attention": "triton"}
+
+
 def frozen_target(path: str, device) -> torch.nn.Module:
-    """The target checkpoint for distillation, bound to its reference points, in the dtype the engine
-    serves it in on `device` (BF16 on a GPU, FP32 on the CPU)."""
+    """The target checkpoint for distillation in the dtype the engine serves it in on `device` (BF16 on a
+    GPU, FP32 on the CPU), on its reference points but, on a GPU, `GPU_TARGET_VARIANTS`."""
     from beam_model.model import BeamForCausalLM
 
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return BeamForCausalLM.from_pretrained(path, dtype=dtype, device=device)
+    cuda = torch.device(device).type == "cuda"
+    target = BeamForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32, device=device)
+    if cuda:
+        target.set_variants(GPU_TARGET_VARIANTS)
+    return target
 
 
 

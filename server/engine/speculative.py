@@ -108,7 +108,7 @@ class VerifyCost:
     def coefficients(self) -> tuple[float, float]:
         b = self.per_token_s
         if not self.samples:
-            return (1.0, 1.0 / self.PRIOR_TOKENS) if not b else (b * self.PRIOR_TOKENS, b)
+            return (1.0, 1.0 / self.PRIOR_TOKENS) if b is None else (max(b * self.PRIOR_TOKENS, 1e-9), b)
         xs, ys = zip(*self.samples)
         n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
         if b is not None:

@@ -241,10 +241,10 @@ class VerifyDraft:
             self._capture_sizes()
         self.spec.cost.per_token_s = self.row_seconds()
 
-    def row_seconds(self) -> float:
+    def row_seconds(self) -> float | None:
         """What one more fed row costs the device: the greedy graphs' median replay times fitted against
-        their rows (batch size * width) by least squares. Replayed on the inputs they were captured with:
-        padding rows, which write the reserved page 0 only."""
+        their rows (batch size * width) by least squares; None where the graphs hold one row count only.
+        Replayed on the inputs they were captured with: padding rows, which write the reserved page 0 only."""
         rows, seconds = [], []
         for (b, w, sampled), (graph, _, _) in self.graphs.items():
             if sampled:  # a replay advances the engine's generator
@@ -261,7 +261,7 @@ class VerifyDraft:
             rows.append(b * w)
             seconds.append(statistics.median(times))
         if len(set(rows)) < 2:
-            return 0.0
+            return None
         return max(0.0, statistics.linear_regression(rows, seconds).slope)
 
     def _capture_sizes(self) -> None:

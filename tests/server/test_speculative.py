@@ -461,6 +461,9 @@ def test_adaptive_verification_verifies_what_pays():
     fresh = VerifyCost()
     fresh.per_token_s = 0.004
     assert fresh.coefficients() == (0.004 * VerifyCost.PRIOR_TOKENS, 0.004)
+    free = VerifyCost()  # rows measured free before any step: every draft is worth verifying
+    free.per_token_s = 0.0
+    assert verified_drafts([sure], 1, 1, free.coefficients()) == [6]
 
 
 def test_adaptive_verification_keeps_greedy_output(tiny):

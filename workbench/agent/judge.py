@@ -345,9 +345,9 @@ def _run_batch(box, name: str, copies: int, pause) -> tuple[float, float | None]
             pause.stop()
     if pause is not None:
         pause.release(box.pid)
-    # The first trip wakes a process that sat idle through the other boxes' rounds; the second is as warm
-    # as the batch after it. On a loaded CPU a cold trip took several times a warm one: taken off the
-    # batches, it left most of an empty call's rounds at nothing, and every box's time short by as much.
+    # The first trip wakes a process that sat idle through the other boxes' rounds, and on a loaded CPU a
+    # cold trip costs several times a warm one; the second is as warm as the batch after it, so it is the
+    # one taken off the batches (a cold one would take more than an empty call's rounds cost).
     box.empty_round_trip()
     trip = box.empty_round_trip()
     return box.run_batch(name, list(range(copies))), trip

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from workbench.training.data import TokenStream, random_windows
 
 
-@dataclass
+@dataclasses.dataclass
 class DrafterOptions:
     layers: int = 5             # the architecture's drafter
     block_size: int = 16

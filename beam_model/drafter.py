@@ -4,7 +4,10 @@ Its input is a block [last accepted token, mask, ..., mask] at positions p .. p 
 the target's hidden states at a few of its layers (`DrafterConfig.target_layer_ids`) for the positions
 before p, concatenated, projected (`fc`) and normalised (`hidden_norm`): one feature vector per
 position. Every draft layer attends from the block to [its own K/V of the context features; the
-block's K/V], non-causally inside the block, the context limited to the layer's window. The layers
+block's K/V], non-causally inside the block, the context limited to the layer's window. A context
+position's K/V depend on its feature alone, so they are written once, when the target computes the
+position (`write_context`), to pages a block finds through `ContextKV`: in the engine the target's
+sliding-window pages, in training a page per window that every block of the window reads. The layers
 are Beam's sliding-window layers with a dense MLP (gated attention, sandwich norms, depth-scaled
 residuals) and run through the same fusion points as the target (`qkvg_proj`, `qk_prep`, `attn_out`,
 `boundary`, `dense_mlp`, `head`); the block attention itself is one PyTorch attention call. The mask
@@ -16,6 +19,7 @@ vocabulary has no mask token).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -110,33 +114,58 @@ class BeamDrafter(nn.Module):
         x = linear(tapped.to(self.dtype), self.fc.weight)
         return rms_norm(x, self.hidden_norm.weight, self.config.rms_norm_eps).to(self.dtype)
 
-    def block_logits(self, first_ids: torch.Tensor, starts: torch.Tensor, context: torch.Tensor,
-                     context_valid: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+    def context_store(self, pages: int, page_size: int) -> list[torch.Tensor]:
+        """Empty pages for the context's keys and values, one store per draft layer, each
+        [pages, 2, page_size, kv_heads, head_dim] (the paged KV cache's layout; zeros, so that a masked-
+        out key never holds a NaN that the attention's weighted sum would spread)."""
+        c = self.config
+        return [torch.zeros(pages, 2, page_size, c.num_key_value_heads, c.head_dim, dtype=self.dtype,
+                            device=self.device) for _ in self.layers]
+
+    def page_bytes(self, page_size: int) -> int:
+        """What `context_store` holds per page."""
+        c = self.config
+        return len(self.layers) * 2 * page_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+
+    def write_context(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      store: list[torch.Tensor]) -> None:
+        """Every draft layer's keys and values of context features [N, hidden] at `positions` [N], into
+        `store` at `slots` [N] (page * page_size + offset). A context position's keys depend on its
+        feature alone, so they are written once, when the target computes the position."""
+        cfg = self.config
+        for layer, pages in zip(self.layers, store):
+            q, k, v, _ = self.ops.qkvg_proj(features, layer.prepared["qkvg_proj"])  # the queries go unused
+            self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=pages, slot_mapping=slots,
+                             positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)
+
+    def context_kv(self, starts: torch.Tensor, context: torch.Tensor, valid: torch.Tensor) -> "ContextKV":
+        """The ContextKV of S blocks at `starts` [S] from their context features [S, C, hidden] of positions
+        starts - C .. starts - 1 (right-aligned; `valid` [S, C]: which exist): a page of C per block."""
+        s, c_len, _ = context.shape
+        positions = (starts[:, None] - c_len + torch.arange(c_len, device=context.device)).clamp(min=0)
+        store = self.context_store(s, c_len)
+        slots = torch.arange(s * c_len, device=context.device)
+        self.write_context(context.reshape(s * c_len, -1).to(self.dtype), positions.reshape(-1), slots, store)
+        pages = torch.arange(s, device=context.device)[:, None].expand(s, c_len)
+        return ContextKV(store, pages, torch.arange(c_len, device=context.device).expand(s, c_len), valid)
+
+    def block_logits(self, first_ids: torch.Tensor, starts: torch.Tensor, context: "ContextKV",
+                     block_size: int | None = None) -> torch.Tensor:
         """FP32 logits [S, B - 1, vocab] of the mask positions of S blocks.
 
         first_ids [S]: each block's first token (the last accepted one), at position starts[s];
-        context [S, C, hidden]: context features of positions starts[s] - C .. starts[s] - 1 (right-
-        aligned); context_valid [S, C] bool: which of those exist (a sequence shorter than C)."""
+        context: where each block finds the keys and values of the C positions before it."""
         cfg = self.config
         b = block_size or cfg.block_size
-        s, c_len = context.shape[:2]
-        h_dim, dev, span = cfg.hidden_size, context.device, c_len + b
+        s, h_dim, dev = first_ids.shape[0], cfg.hidden_size, first_ids.device
         emb = self.target.embed(first_ids).to(self.dtype)
         h = torch.cat([emb[:, None, :], self.mask_embedding.to(self.dtype).expand(s, b - 1, h_dim)], 1)
         h = h.reshape(s * b, h_dim)
-        # A layer projects every context row, then every block row; their keys and values go to one page
-        # per sequence, context then block, at positions starts - C .. starts + B - 1
-        offsets = torch.arange(span, device=dev)
-        slots = torch.arange(s, device=dev)[:, None] * span + offsets[None, :]
-        positions = (starts[:, None] - c_len + offsets[None, :]).clamp(min=0)
-        keys_at = (torch.cat([slots[:, :c_len].reshape(-1), slots[:, c_len:].reshape(-1)]),
-                   torch.cat([positions[:, :c_len].reshape(-1), positions[:, c_len:].reshape(-1)]))
-        # keys: the context (where valid) then the whole block, seen by every block position
-        valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool, device=dev)], 1)
-        ctx = context.reshape(s * c_len, h_dim).to(self.dtype)
+        # the block's own keys and values: a page of B per block, at positions starts .. starts + B - 1
+        block_at = (torch.arange(s * b, device=dev), (starts[:, None] + torch.arange(b, device=dev)).reshape(-1))
         x = rms_norm(h, self.layers[0].input_layernorm.weight, cfg.rms_norm_eps).to(self.dtype)
-        for layer in self.layers:
-            y = self._attention(layer, x, ctx, keys_at, valid, s, b)
+        for i, layer in enumerate(self.layers):
+            y = self._attention(layer, x, context.keys_values(i), context.valid, block_at, s, b)
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_attn"], eps=cfg.rms_norm_eps)
             y = self.ops.dense_mlp(x, layer.prepared["dense_mlp"])
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=cfg.rms_norm_eps)
@@ -145,24 +174,55 @@ class BeamDrafter(nn.Module):
         logits = self.ops.head(masks, head, eps=cfg.rms_norm_eps, softcap=cfg.final_logit_softcapping)
         return logits.float().view(s, b - 1, -1)
 
-    def _attention(self, layer: DraftLayer, x, ctx, keys_at, valid, s: int, b: int):
-        """A layer's block attention: `qkvg_proj` over the context rows and the block rows (the context's
-        queries and gates go unused), `qk_prep` (head norms, RoPE at each row's position, the keys and
-        values into this layer's pages), one attention call, `attn_out`."""
+    def _attention(self, layer: DraftLayer, x, context_kv, context_valid, block_at, s: int, b: int):
+        """A layer's block attention: `qkvg_proj` over the block rows, `qk_prep` (head norms, RoPE at each
+        row's position, the block's keys and values into a page of its own), one attention call from the
+        block to [the context's keys and values where valid; the block's], `attn_out`."""
         cfg = self.config
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        span, n_ctx = valid.shape[1], ctx.shape[0]
-        q, k, v, g = self.ops.qkvg_proj(torch.cat([ctx, x]), layer.prepared["qkvg_proj"])
-        # a layer's own pages: autograd keeps each layer's keys for the backward pass
-        cache = torch.empty(s, 2, span, kv_heads, d, dtype=self.dtype, device=x.device)
-        slots, positions = keys_at
+        q, k, v, g = self.ops.qkvg_proj(x, layer.prepared["qkvg_proj"])
+        # the block's pages: autograd keeps each layer's keys for the backward pass
+        cache = torch.empty(s, 2, b, kv_heads, d, dtype=self.dtype, device=x.device)
+        slots, positions = block_at
         q = self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=cache, slot_mapping=slots,
-                             positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)[n_ctx:]
-        keys, values = cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2)  # [S, kv_heads, C + B, d]
+                             positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)
+        ctx_k, ctx_v = context_kv
+        keys = torch.cat([ctx_k.to(cache.dtype), cache[:, 0]], 1).transpose(1, 2)   # [S, kv_heads, C + B, d]
+        values = torch.cat([ctx_v.to(cache.dtype), cache[:, 1]], 1).transpose(1, 2)
+        valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool, device=x.device)], 1)
         # Every block position sees the same keys, so the query heads that share a kv head are one longer
         # query sequence [S, kv_heads, rep * B, d]: one attention call, no repeated keys or values
         rep = heads // kv_heads
         q = q.reshape(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid[:, None, None, :])
         out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d)
-        return self.ops.attn_out(out, g[n_ctx:], layer.prepared["attn_out"])
+        return self.ops.attn_out(out, g, layer.prepared["attn_out"])
+
+
+@dataclass
+class ContextKV:
+    """Where S blocks find the keys and values of their context (positions starts - C .. starts - 1):
+    per draft layer a store of pages [pages, 2, page_size, kv_heads, head_dim] (`write_context` fills
+    it), and per block the page and the offset of each context position, and whether it exists. In the
+    engine the store's pages are the target's sliding-window pages, so a sequence's page table finds them."""
+    store: list[torch.Tensor]
+    pages: torch.Tensor    # [S, C] int64
+    offsets: torch.Tensor  # [S, C] int64
+    valid: torch.Tensor    # [S, C] bool
+
+    @classmethod
+    def from_page_table(cls, store: list[torch.Tensor], tables: torch.Tensor, starts: torch.Tensor, window: int,
+                        page_size: int) -> "ContextKV":
+        """Blocks at `starts` [S] reading the `window` positions before them through their sequences' page
+        tables [S, pages] (-1: a page the sequence no longer holds): a position exists if it is not
+        negative and its page is held. Host-free, so a CUDA graph captures it."""
+        at = starts[:, None] - window + torch.arange(window, device=starts.device)[None, :]
+        index = (at.clamp(min=0) // page_size).clamp(max=tables.shape[1] - 1)
+        pages = tables.gather(1, index).long()
+        return cls(store, pages, at.clamp(min=0) % page_size, (at >= 0) & (pages >= 0))
+
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s context keys and values, each [S, C, kv_heads, head_dim]."""
+        pages = self.store[layer]
+        at = self.pages.clamp(min=0), self.offsets  # a page the table lacks (-1) is masked out
+        return pages[at[0], 0, at[1]], pages[at[0], 1, at[1]]

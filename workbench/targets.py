@@ -126,7 +126,9 @@ class StepRunner:
         self._capture()
 
     def _eager(self) -> torch.Tensor:
-        if self.drafter is not None:  # the engine's greedy drafts
+        if self.drafter is not None:  # the engine's drafter side of a verify step, greedy
+            tapped, positions, slots, store = self.draft_writes
+            self.drafter.write_context(self.drafter.context_features(tapped), positions, slots, store)
             return self.drafter.block_logits(*self.draft_inputs).argmax(-1)
         logits = self.model.step(self.input_ids, self.cache, self.step, all_logits=self.target.all_logits)
         return self.model.ops.sample(logits, **self.sampling)
@@ -169,8 +171,10 @@ class StepRunner:
 
 def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator, drafter=None):
     """The drafter (`drafter`, else one for the runner's model: random weights in its dtype), bound to the
-    model's points, and the block step's inputs: each sequence's last token at position `context`, a full
-    window of random context features before it."""
+    model's points, and its side of a verify step as the engine runs it: the keys and values of the
+    block's fed rows (random tapped hidden states) written to its store, then the block after each
+    sequence's last token at position `context`, reading a full window of random keys before it."""
+    from beam_model.drafter import ContextKV
     from beam_model.drafter_config import DrafterConfig
     from workbench.training.drafter import converted, initial_drafter
 
@@ -180,8 +184,16 @@ def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator, drafter=None)
         drafter = converted(initial_drafter(config, model, seed=0, device=model.device), model.dtype)
     config = drafter.config
     drafter.use_ops(model.ops)
-    b, window, dev = target.batch, min(config.sliding_window, target.context), model.device
-    features = torch.randn(b, window, config.hidden_size, device=dev, generator=gen).to(model.dtype)
-    runner.draft_inputs = (runner.input_ids[:b], torch.full((b,), target.context, device=dev), features,
-                           torch.ones(b, window, dtype=torch.bool, device=dev))
+    b, t, c_len, dev = target.batch, target.tokens_per_seq, config.sliding_window, model.device
+    store = drafter.context_store(b, c_len)  # a page of the window per sequence
+    for layer in store:
+        layer.normal_(generator=gen)
+    tapped = torch.randn(b * t, config.feature_width, device=dev, generator=gen).to(model.dtype)
+    fed = torch.arange(t, device=dev)  # the fed rows: positions context - t .. context - 1, the window's last
+    runner.draft_writes = (tapped, (target.context - t + fed).clamp(min=0).repeat(b),
+                           (torch.arange(b, device=dev)[:, None] * c_len + c_len - t + fed).reshape(-1), store)
+    window = torch.arange(c_len, device=dev).expand(b, c_len)
+    context = ContextKV(store, torch.arange(b, device=dev)[:, None].expand(b, c_len), window,
+                        window >= c_len - min(c_len, target.context))
+    runner.draft_inputs = (runner.input_ids[:b], torch.full((b,), target.context, device=dev), context)
     return drafter

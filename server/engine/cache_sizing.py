@@ -26,18 +26,21 @@ def page_bytes(config, group: str, dtype: torch.dtype, page_size: int) -> int:
     return layers * 2 * page_size * config.num_key_value_heads * config.head_dim * dtype.itemsize
 
 
-def sliding_pages_needed(config, *, max_num_seqs: int, max_num_batched_tokens: int, page_size: int) -> int:
-    """Enough sliding pages for every sequence's window and a full step of new tokens, + page 0.
+def sliding_pages_needed(config, *, max_num_seqs: int, max_num_batched_tokens: int, page_size: int,
+                         window: int | None = None) -> int:
+    """Enough sliding pages for every sequence's window (`window`, default the model's: a drafter reads
+    one position further back) and a full step of new tokens, + page 0.
 
     L consecutive positions touch at most ceil((L-1)/ps)+1 pages; each sequence spans W-1 old
     positions plus its chunk, and the chunks add up to at most the token budget."""
-    per_seq = math.ceil(max(config.sliding_window - 2, 0) / page_size) + 2
+    window = window or config.sliding_window
+    per_seq = math.ceil(max(window - 2, 0) / page_size) + 2
     return max_num_seqs * per_seq + math.ceil(max_num_batched_tokens / page_size) + 1
 
 
-def min_sliding_pages(config, *, max_num_batched_tokens: int, page_size: int) -> int:
+def min_sliding_pages(config, *, max_num_batched_tokens: int, page_size: int, window: int | None = None) -> int:
     """The fewest sliding pages with which one sequence can still feed a full chunk (+ page 0)."""
-    return math.ceil((config.sliding_window - 2 + max_num_batched_tokens) / page_size) + 2
+    return math.ceil(((window or config.sliding_window) - 2 + max_num_batched_tokens) / page_size) + 2
 
 
 @torch.inference_mode()
@@ -63,13 +66,17 @@ def cuda_kv_budget(model, utilization: float, num_tokens: int) -> int:
 
 
 def plan_pages(config, dtype: torch.dtype, budget_bytes: int, *, max_num_seqs: int,
-               max_num_batched_tokens: int, page_size: int) -> dict[str, int]:
-    """Split a byte budget: the sliding pool what it needs (at most half), the full pool the rest."""
+               max_num_batched_tokens: int, page_size: int, window: int | None = None,
+               sliding_extra_bytes: int = 0) -> dict[str, int]:
+    """Split a byte budget: the sliding pool what it needs (at most half), the full pool the rest.
+    `sliding_extra_bytes`: what else a sliding page holds (a drafter's keys and values on its ids)."""
     full_b, slide_b = (page_bytes(config, g, dtype, page_size) for g in (FULL, SLIDING))
-    sliding = sliding_pages_needed(config, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, page_size=page_size)
+    slide_b += sliding_extra_bytes if slide_b else 0
+    sliding = sliding_pages_needed(config, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   page_size=page_size, window=window)
     if slide_b:
-        floor = min_sliding_pages(config, max_num_batched_tokens=max_num_batched_tokens, page_size=page_size)
+        floor = min_sliding_pages(config, max_num_batched_tokens=max_num_batched_tokens, page_size=page_size,
+                                  window=window)
         sliding = max(floor, min(sliding, budget_bytes // 2 // slide_b))
     full = (budget_bytes - sliding * slide_b) // full_b if full_b else 2
     if full < 2:

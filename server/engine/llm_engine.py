@@ -88,10 +88,13 @@ class Engine:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
         self.page_size = PAGE_SIZE
-        self.num_pages = self._plan_pages(num_pages, num_sliding_pages, gpu_memory_utilization)
         c = self.config
+        # The sliding pages hold what any reader needs: the target's window before its next query, and
+        # with a drafter also its window before the block it drafts at that query's position
+        self.window = max(c.sliding_window, drafter.config.sliding_window + 1 if drafter is not None else 0)
+        self.num_pages = self._plan_pages(num_pages, num_sliding_pages, gpu_memory_utilization, drafter)
         enabled = {g: any(t == g for t in c.layer_types) for g in GROUPS}
-        self.block_manager = BlockManager(self.num_pages, page_size=self.page_size, window=c.sliding_window,
+        self.block_manager = BlockManager(self.num_pages, page_size=self.page_size, window=self.window,
                                           enabled=enabled, prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.max_num_seqs,
                                    max_num_batched_tokens=self.max_num_batched_tokens)
@@ -136,10 +139,11 @@ class Engine:
         self.last_first_uses: list[str] = []
         first_use.install()
 
-    def _plan_pages(self, num_pages, num_sliding_pages, utilization) -> dict[str, int]:
+    def _plan_pages(self, num_pages, num_sliding_pages, utilization, drafter) -> dict[str, int]:
         c, m, ps = self.config, self.model, PAGE_SIZE
         need = dict(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                    page_size=ps)
+                    page_size=ps, window=self.window)
+        extra = dict(sliding_extra_bytes=drafter.page_bytes(ps) if drafter is not None else 0)
         if num_pages is not None:
             sliding = cache_sizing.sliding_pages_needed(c, **need)
             pages = {FULL: num_pages, SLIDING: sliding}
@@ -147,12 +151,13 @@ class Engine:
             if not 0 < utilization <= 1:
                 raise ValueError("gpu_memory_utilization must be in (0, 1]")
             budget = cache_sizing.cuda_kv_budget(m, utilization, self.max_num_batched_tokens)
-            pages = cache_sizing.plan_pages(c, m.dtype, budget, **need)
+            pages = cache_sizing.plan_pages(c, m.dtype, budget, **need, **extra)
         else:
-            pages = cache_sizing.plan_pages(c, m.dtype, cache_sizing.CPU_KV_BYTES, **need)
+            pages = cache_sizing.plan_pages(c, m.dtype, cache_sizing.CPU_KV_BYTES, **need, **extra)
         if num_sliding_pages is not None:
             pages[SLIDING] = num_sliding_pages
-        floor = cache_sizing.min_sliding_pages(c, max_num_batched_tokens=self.max_num_batched_tokens, page_size=ps)
+        floor = cache_sizing.min_sliding_pages(c, max_num_batched_tokens=self.max_num_batched_tokens, page_size=ps,
+                                               window=self.window)
         if pages[FULL] < 2 or pages[SLIDING] < floor:
             raise ValueError(f"KV pools too small: {pages[FULL]} full-attention pages (need >= 2) and "
                              f"{pages[SLIDING]} sliding pages (need >= {floor} for a chunk of "

@@ -9,9 +9,11 @@ drafter's logits under the request's temperature, top-k and top-p). After the ke
 own token (the bonus) comes from the first row not kept. The KV of rejected drafts is rolled back by
 the engine (progress advances only over kept tokens; `BlockManager.trim` releases pages past it).
 
-The same step gives the target's tapped hidden states of every token it kept, which become the
-drafter's context features (`DraftState.context`); once the engine has appended the step's tokens the
-drafter proposes the next block after the last one (`propose`), a grammar's drafts each under its
+The same step gives the target's tapped hidden states of every token it fed, from which the drafter
+writes its layers' keys and values of those positions to its store of the target's sliding-window pages
+(the same page ids; a rejected draft's are overwritten when its position is fed again, as the target's
+are); once the engine has appended the step's tokens the drafter proposes the next block after the last
+one from the window of keys before it (`propose`), a grammar's drafts each under its
 matcher's mask after the drafts before it (`DraftState.masks`, which the verify step's rows are masked
 with). Rows that sample without drafts (a prompt's first token) draw through the runner's sampler,
 masks included; a logprobs request's kept tokens take their logprobs from the verify step's rows.
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from beam_model.config import SLIDING
+from beam_model.drafter import ContextKV
 from beam_model.kv_cache import build_step_metadata
 from server.engine.block_manager import GROUPS
 from server.engine.grammar import mask_words
@@ -37,26 +41,14 @@ from workbench.variants.sample import contract_probs, mask_logits
 
 @dataclass
 class DraftState:
-    """A sequence's drafter side: context features of positions [end - len(context), end), the drafts
-    proposed after its last token and, for a sampled request, the drafter's distribution of each."""
-    context: torch.Tensor | None = None
-    end: int = 0
+    """A sequence's drafter side: the drafts proposed after its last token and, for a sampled request,
+    the drafter's distribution of each."""
     ids: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None          # [len(ids), vocab] FP64, sampled requests only
     confidence: list[float] = field(default_factory=list)  # the drafter's probability of each draft
     # a request with a grammar: its masks (host [len(ids) + 1, words] int32) after its last token and
     # after each draft, the `sample` contract's `allowed` of the verify step's rows
     masks: torch.Tensor | None = None
-
-    def extend(self, start: int, features: torch.Tensor, window: int) -> None:
-        """Context features of positions start .. start + n - 1 (recomputed positions replace theirs; a gap
-        before `start`, positions served from the prefix cache, starts the context afresh)."""
-        if self.context is None or start > self.end or start <= self.end - len(self.context):
-            self.context = features[-window:]
-        else:
-            kept = self.context[:len(self.context) - (self.end - start)]
-            self.context = torch.cat([kept, features])[-window:]
-        self.end = start + len(features)
 
     def clear_drafts(self) -> None:
         self.ids, self.probs, self.confidence, self.masks = [], None, [], None
@@ -190,7 +182,12 @@ class Speculator:
         if not 1 <= num_speculative_tokens < drafter.config.block_size:
             raise ValueError(f"num_speculative_tokens must be in 1..{drafter.config.block_size - 1} (the "
                              f"drafter's block holds the last token and {drafter.config.block_size - 1} drafts)")
+        if not any(t == SLIDING for t in runner.model.config.layer_types):
+            raise ValueError("the drafter keeps its context's keys in the target's sliding-window pages; this "
+                             "target has no sliding-window layers")
         self.runner, self.drafter, self.k = runner, drafter, num_speculative_tokens
+        # the drafter's keys and values of every computed position, on the target's sliding page ids
+        self.store = drafter.context_store(runner.cache.num_pages[SLIDING], runner.page_size)
         self.taps = tuple(drafter.config.target_layer_ids)
         self.stats = SpecStats()
         self.adaptive, self.cost = adaptive, VerifyCost()
@@ -246,13 +243,21 @@ class Speculator:
                 out.append((n - k + kept, tokens))
             else:
                 out.append((n, [drawn[i]] if i in drawn else []))
-        features = self.drafter.context_features(tapped)  # every row at once; a sequence keeps its kept ones
-        for i, s in enumerate(seqs):
-            first = ends[i] - counts[i]
-            s.draft.extend(starts[i], features[first:first + out[i][0]], self.drafter.config.sliding_window)
+        self.write_context(tapped, step.positions, step.groups[SLIDING].slot_mapping)
+        for s in seqs:
             s.draft.clear_drafts()
         self.cost.record(sum(counts), time.perf_counter() - started)  # the tokens' values waited for: a full step
         return out
+
+    def write_context(self, tapped: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """The drafter's keys and values of a step's fed rows (their tapped hidden states [N, width], positions
+        and sliding-window cache slots [N]), kept or not: a later block reads only kept positions."""
+        self.drafter.write_context(self.drafter.context_features(tapped), positions, slots, self.store)
+
+    def context(self, tables: torch.Tensor, starts: torch.Tensor) -> ContextKV:
+        """Where blocks at `starts` [S] find their context: each sequence's sliding page table [S, pages]."""
+        return ContextKV.from_page_table(self.store, tables, starts, self.drafter.config.sliding_window,
+                                         self.runner.page_size)
 
     @torch.inference_mode()
     def propose(self, seqs: list) -> None:
@@ -276,20 +281,15 @@ class Speculator:
         """The next drafts of each (sequence, its last token, that token's position)."""
         if not items:
             return
-        dev, window = self.runner.device, self.drafter.config.sliding_window
-        k = self.k
-        width = min(window, max(len(s.draft.context) for s, _, _ in items))
-        context = torch.zeros(len(items), width, self.drafter.config.hidden_size, dtype=self.drafter.dtype,
-                              device=dev)
-        valid = torch.zeros(len(items), width, dtype=torch.bool, device=dev)
-        for j, (s, _, pos) in enumerate(items):
-            ctx = s.draft.context[-width:] if s.draft.end == pos else s.draft.context[:0]
-            if len(ctx):
-                context[j, width - len(ctx):] = ctx
-                valid[j, width - len(ctx):] = True
+        dev, k = self.runner.device, self.k
+        pages = [s.pages[SLIDING] for s, _, _ in items]
+        tables = torch.full((len(items), max(1, *map(len, pages))), -1, dtype=torch.int64)
+        for j, row in enumerate(pages):
+            tables[j, :len(row)] = torch.tensor(row, dtype=torch.int64)
         first = torch.tensor([t for _, t, _ in items], device=dev)
         starts = torch.tensor([p for _, _, p in items], device=dev)
-        logits = self.runner._in_vocab(self.drafter.block_logits(first, starts, context, valid, block_size=k + 1))
+        context = self.context(tables.to(dev), starts)
+        logits = self.runner._in_vocab(self.drafter.block_logits(first, starts, context, block_size=k + 1))
         for j, (s, _, _) in enumerate(items):
             if s.matcher is not None:
                 self._propose_in_grammar(s, logits[j])

@@ -11,9 +11,10 @@ runs, on the device:
 - the acceptance: greedy, the drafts kept are the leading ones equal to the target's argmax and the
   bonus token the target's argmax after them; sampled, rejection sampling against the drafter's
   distributions (as `speculative.accept`), drawn from the engine's generator, which the graph advances;
-- each sequence's context features moved past the tokens it kept (a window of the drafter's width,
-  right-aligned, with a mask of the positions that exist);
-- the drafter's next block after the bonus token, its drafts (greedy, or drawn) and their distributions.
+- the drafter's keys and values of every fed row, written to its store on the rows' sliding-window
+  slots (`Speculator.write_context`);
+- the drafter's next block after the bonus token, reading the window before it through the sequence's
+  sliding page table, its drafts (greedy, or drawn) and their distributions.
 
 A step whose rows are all greedy replays a graph without the sampling half (no distributions, no
 draws: argmaxes).
@@ -39,6 +40,7 @@ import time
 
 import torch
 
+from beam_model.config import SLIDING
 from server.engine.block_manager import GROUPS
 from server.engine.graph_inputs import GraphInputs
 from server.engine.model_runner import logits_width
@@ -57,7 +59,7 @@ class VerifyDraft:
     def __init__(self, speculator, *, max_num_seqs: int, graph_max_len: int, graphs: bool):
         runner, drafter = speculator.runner, speculator.drafter
         self.spec, self.runner, self.drafter, self.k = speculator, runner, drafter, speculator.k
-        self.window, dev = drafter.config.sliding_window, runner.device
+        dev = runner.device
         # b * (K + 1) rows at most what a decode graph holds
         top = max(1, min(max_num_seqs, 256 // (self.k + 1)))
         self.sizes = sorted({b for b in BATCH_SIZES if b < top} | {top})
@@ -65,12 +67,9 @@ class VerifyDraft:
         self.widths = sorted({w for w in BLOCK_WIDTHS if w < self.k + 1} | {self.k + 1})
         rows = max(self.sizes) * (self.k + 1)
         self.inputs = GraphInputs(rows, math.ceil(graph_max_len / runner.page_size), GROUPS, dev)
-        b, hidden = max(self.sizes), drafter.config.hidden_size
-        self.context = torch.zeros(b, self.window, hidden, dtype=drafter.dtype, device=dev)
-        self.valid = torch.zeros(b, self.window, dtype=torch.bool, device=dev)
+        b = max(self.sizes)
         # a sampled sequence's drafter distributions of its drafts (the `sample` contract's, FP64)
         self.draft_probs = torch.zeros(b, self.k, logits_width(runner.model), dtype=torch.float64, device=dev)
-        self._window_index = torch.arange(self.window, device=dev)
         # (batch size, width, whether any row samples) -> (graph, its metadata, its outputs)
         self.graphs: dict[tuple[int, int, bool], tuple] = {}
         self.steps = 0  # steps run here
@@ -103,7 +102,7 @@ class VerifyDraft:
         ids, row_starts, row_pages = block_rows(seqs, starts, counts, w)
         sampling = [(s.params.temperature, s.params.top_k, s.params.top_p) for s in seqs for _ in range(w)]
         lens = self.inputs.fill(size * w, ids, row_starts, row_pages, page, sampling)
-        before = self._fill_context(seqs, starts, counts)
+        self._fill_draft_probs(seqs, counts)
         if self.graphs:
             graph, meta, out = self.graphs[size, w, sampled]
             for g in GROUPS:  # host copies of the layout, for variants that plan on the host
@@ -115,42 +114,28 @@ class VerifyDraft:
         else:
             self.runner.launching(started)
             out = self._body(b, w, self.inputs.metadata(b * w, page, lens), sampled)
-        kept, bonus, drafts, context, probs, confidence = out
+        kept, bonus, drafts, probs, confidence = out
         picked = self.runner.fetched(torch.cat([kept[:b, None], bonus[:b, None], drafts[:b]], 1))
         confidence = confidence[:b].tolist() if self.spec.adaptive else [[]] * b  # ready: the step is done
         results = []
-        for i, (s, start, n, (n_kept, n_bonus, *next_drafts)) in enumerate(zip(seqs, starts, counts, picked)):
+        for i, (s, n, (n_kept, n_bonus, *next_drafts)) in enumerate(zip(seqs, counts, picked)):
             tokens = [TokenLogprob(t, 0.0) for t in s.draft.ids[:n_kept]] + [TokenLogprob(n_bonus, 0.0)]
             if n > 1:
                 self.spec.stats.record(n - 1, n_kept)
-            held = min(self.window, before[i] + n_kept + 1)
-            s.draft.context = context[i, self.window - held:].clone()
-            s.draft.end = start + n_kept + 1
             s.draft.ids, s.draft.confidence = next_drafts, confidence[i]
             s.draft.probs = probs[i].clone() if sampled and not s.params.greedy else None
             results.append((1 + n_kept, tokens))
         return results
 
-    def _fill_context(self, seqs: list, starts: list[int], counts: list[int]) -> list[int]:
-        """Each sequence's context features before its last token, right-aligned in the graph's buffer,
-        and a sampled one's draft distributions; returns how many features each holds (none after a gap:
-        positions served from the prefix cache)."""
-        held = []
-        for i, (s, start, n) in enumerate(zip(seqs, starts, counts)):
+    def _fill_draft_probs(self, seqs: list, counts: list[int]) -> None:
+        """A sampled sequence's drafter distributions of the drafts it feeds, where the graph reads them."""
+        for i, (s, n) in enumerate(zip(seqs, counts)):
             if not s.params.greedy and n > 1:
                 self.draft_probs[i, :n - 1] = s.draft.probs[:n - 1]
-            ctx = s.draft.context if s.draft.context is not None and s.draft.end == start else None
-            m = 0 if ctx is None else min(len(ctx), self.window)
-            self.valid[i, :self.window - m] = False
-            self.valid[i, self.window - m:] = True
-            if m:
-                self.context[i, self.window - m:] = ctx[-m:]
-            held.append(m)
-        return held
 
     def _body(self, b: int, w: int, meta, sampled: bool):
         """The step on the device for b sequences of w rows each: (kept [b], bonus [b], next drafts [b, K],
-        context [b, window, hidden], the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's; None
+        the drafts' distributions [b, K, vocab] FP64 (a sampled sequence's; None
         where no row samples), the drafts' confidences [b, K]). With `sampled` false every row is greedy and
         the step has no distributions to build or draws to make: argmaxes only."""
         k, x, runner, drafter = self.k, self.inputs, self.runner, self.drafter
@@ -165,25 +150,22 @@ class VerifyDraft:
             kept, bonus = self._accept(logits.view(b, w, -1), block[:, 1:], settings, greedy, limit)
         else:
             kept, bonus = self._accept_greedy(logits.view(b, w, -1), block[:, 1:], limit)
-        features = drafter.context_features(tapped).view(b, w, -1)
-        context = torch.cat([self.context[:b], features], 1)
-        valid = torch.cat([self.valid[:b], torch.ones(b, w, dtype=torch.bool, device=self.valid.device)], 1)
-        at = kept[:, None] + 1 + self._window_index[None, :]  # the window that ends at the last kept token
-        context = context.gather(1, at[..., None].expand(-1, -1, context.shape[-1]))
-        valid = valid.gather(1, at)
+        sliding = meta.groups[SLIDING]
+        self.spec.write_context(tapped, x.pos[:rows], sliding.slot_mapping)
         first = x.pos[:rows].view(b, w)[:, 0] + kept + 1
-        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, valid, block_size=k + 1))
+        context = self.spec.context(sliding.page_table.view(b, w, -1)[:, 0], first)  # a block's first row's table
+        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, block_size=k + 1))
         if not sampled:
             drafts = draft_logits.argmax(-1)
             confidence = draft_logits.softmax(-1).gather(2, drafts[..., None])[..., 0]
-            return kept, bonus, drafts, context, None, confidence
+            return kept, bonus, drafts, None, confidence
         # each sequence's K draft rows at its settings (those of its verify rows)
         probs = contract_probs(draft_logits.view(b * k, -1),
                                *(t.view(b, w)[:, :1].expand(b, k).reshape(-1) for t in settings)).view(b, k, -1)
         drafts = torch.where(greedy[:, None], draft_logits.argmax(-1), self._draw(probs))
         chosen = torch.where(greedy[:, None, None], draft_logits.softmax(-1), probs)
         confidence = chosen.gather(2, drafts[..., None])[..., 0]
-        return kept, bonus, drafts, context, probs, confidence
+        return kept, bonus, drafts, probs, confidence
 
     @staticmethod
     def _accept_greedy(logits, drafts, limit):

@@ -41,13 +41,14 @@ def test_a_drafter_round_trips_and_proposes_the_same_logits(target, tmp_path):
     context = torch.randn(2, c.sliding_window, c.hidden_size)
     valid = torch.ones(2, c.sliding_window, dtype=torch.bool)
     valid[1, :5] = False
-    args = (torch.tensor([3, 7]), torch.tensor([c.sliding_window, 11]), context, valid)
+    first, starts = torch.tensor([3, 7]), torch.tensor([c.sliding_window, 11])
     with torch.no_grad():
-        assert torch.equal(drafter.block_logits(*args), again.block_logits(*args))
-        assert drafter.block_logits(*args).shape == (2, 3, target.config.vocab_size)
+        logits = drafter.block_logits(first, starts, drafter.context_kv(starts, context, valid))
+        assert torch.equal(logits, again.block_logits(first, starts, again.context_kv(starts, context, valid)))
+        assert logits.shape == (2, 3, target.config.vocab_size)
 
 
-def _plain_attention(drafter, starts, layer, x, ctx, keys_at, valid, s: int, b: int):
+def _plain_attention(drafter, starts, context, layer, x, _keys_values, context_valid, _block_at, s: int, b: int):
     """A draft layer's block attention written out in plain PyTorch (FP32): the context's keys and
     values from its features, the block's from its rows, head norms and RoPE at each position (the
     context's before `starts`, the block's from it), every block row attending to the valid context and
@@ -56,7 +57,9 @@ def _plain_attention(drafter, starts, layer, x, ctx, keys_at, valid, s: int, b: 
 
     c, a = drafter.config, layer.self_attn
     heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    c_len = ctx.shape[0] // s
+    c_len = context.shape[1]
+    ctx = context.reshape(s * c_len, -1)
+    valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool)], 1)
     ctx_pos = (starts[:, None] - c_len + torch.arange(c_len)).clamp(min=0).reshape(-1)
     block_pos = (starts[:, None] + torch.arange(b)).reshape(-1)
 
@@ -84,12 +87,56 @@ def test_the_block_attention_through_the_fusion_points_is_the_plain_one(target, 
     context = torch.randn(2, c.sliding_window, c.hidden_size, generator=gen)
     valid = torch.ones(2, c.sliding_window, dtype=torch.bool)
     valid[1, :c.sliding_window - 11] = False  # the second sequence is 11 tokens long
-    args = (torch.tensor([3, 7]), torch.tensor([c.sliding_window + 5, 11]), context, valid)
+    first, starts = torch.tensor([3, 7]), torch.tensor([c.sliding_window + 5, 11])
     with torch.no_grad():
-        through_points = drafter.block_logits(*args)
-        monkeypatch.setattr(drafter, "_attention", lambda *a: _plain_attention(drafter, args[1], *a))
-        plain = drafter.block_logits(*args)
+        through_points = drafter.block_logits(first, starts, drafter.context_kv(starts, context, valid))
+        monkeypatch.setattr(drafter, "_attention", lambda *a: _plain_attention(drafter, starts, context, *a))
+        plain = drafter.block_logits(first, starts, drafter.context_kv(starts, context, valid))
     torch.testing.assert_close(through_points, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_block_reads_through_page_tables_what_it_reads_from_features(target):
+    """The engine's drafter: each position's keys written once to pages the sequence's table names (out
+    of order, some released), then read by blocks at two positions; the same as the block over the
+    window's features (`context_kv`)."""
+    from beam_model.drafter import ContextKV
+
+    drafter = initial_drafter(DrafterConfig.for_target(target.config, num_hidden_layers=2, block_size=4), target,
+                              seed=0, device="cpu")
+    c, ps = drafter.config, 8
+    gen = torch.Generator().manual_seed(0)
+    length = c.sliding_window + 20
+    features = torch.randn(length, c.hidden_size, generator=gen)
+    n_pages = -(-length // ps)
+    table = torch.randperm(n_pages, generator=gen) + 3  # pages 0..2 stay unwritten
+    store = drafter.context_store(n_pages + 3, ps)
+    positions = torch.arange(length)
+    with torch.no_grad():
+        drafter.write_context(features, positions, table[positions // ps] * ps + positions % ps, store)
+        for p in (length, 9):  # a full window; a sequence shorter than the window
+            held = table.clone()
+            held[:max(0, p - c.sliding_window) // ps] = -1  # released: before the window
+            starts = torch.tensor([p])
+            paged = drafter.block_logits(torch.tensor([5]), starts,
+                                         ContextKV.from_page_table(store, held[None], starts, c.sliding_window, ps))
+            window = torch.zeros(1, c.sliding_window, c.hidden_size)
+            valid = torch.zeros(1, c.sliding_window, dtype=torch.bool)
+            m = min(p, c.sliding_window)
+            window[0, c.sliding_window - m:], valid[0, c.sliding_window - m:] = features[p - m:p], True
+            from_features = drafter.block_logits(torch.tensor([5]), starts, drafter.context_kv(starts, window, valid))
+            torch.testing.assert_close(paged, from_features, rtol=1e-5, atol=1e-5)
+
+
+def test_a_context_window_exists_where_its_position_does_and_its_page_is_held():
+    from beam_model.drafter import ContextKV
+
+    tables = torch.tensor([[-1, 7, 4], [2, -1, -1]])
+    kv = ContextKV.from_page_table([], tables, torch.tensor([9, 2]), window=4, page_size=4)
+    assert kv.pages.tolist() == [[7, 7, 7, 4], [2, 2, 2, 2]]
+    assert kv.offsets.tolist() == [[1, 2, 3, 0], [0, 0, 0, 1]]  # positions 5..8; -2..1 (below 0: at 0)
+    assert kv.valid.tolist() == [[True, True, True, True], [False, False, True, True]]
+    kv = ContextKV.from_page_table([], tables, torch.tensor([6, 2]), window=4, page_size=4)
+    assert kv.valid[0].tolist() == [False, False, True, True]  # positions 2, 3 sit on a released page
 
 
 def test_a_broken_drafter_checkpoint_is_refused_by_name(target, tmp_path):

@@ -18,7 +18,7 @@ from beam_model.drafter_config import DrafterConfig
 from beam_model.model import BeamForCausalLM
 from server.engine import Engine, SamplingParams
 from server.engine.block_manager import BlockManager
-from server.engine.speculative import DraftState, Speculator, accept
+from server.engine.speculative import Speculator, accept
 from tests.server.test_server_engine import FullVocabTokenizer, prompts, seq
 from workbench.training.drafter import initial_drafter
 from workbench.variants.sample import contract_probs
@@ -271,14 +271,60 @@ def test_the_fused_step_samples_the_targets_distribution(tiny, monkeypatch):
     assert 100 < stats.accepted < len(drafted) - 100  # drafts both kept and rejected
 
 
-def test_a_drafter_context_keeps_positions_in_order():
-    d = DraftState()
-    d.extend(0, torch.arange(10.0)[:, None], window=6)
-    assert d.end == 10 and d.context[:, 0].tolist() == [4, 5, 6, 7, 8, 9]
-    d.extend(8, torch.tensor([[80.0], [90.0], [100.0]]), window=6)  # positions 8, 9 computed again
-    assert d.end == 11 and d.context[:, 0].tolist() == [5, 6, 7, 80, 90, 100]
-    d.extend(20, torch.tensor([[1.0]]), window=6)  # a gap (prefix-cached positions): start afresh
-    assert d.end == 21 and d.context[:, 0].tolist() == [1]
+def test_every_block_reads_its_sequences_own_context_from_the_pages(tiny, monkeypatch):
+    """The drafter's keys live on the target's sliding pages, written as each position is computed (prompt
+    chunks, verify rows kept or not, another request's cached prefix) and read back through the page
+    table past window releases: each block's logits equal the block over the window of features that a
+    plain forward of the sequence's tokens gives."""
+    from beam_model.drafter import BeamDrafter
+    from beam_model.kv_cache import PagedKVCache
+
+    model, drafter = tiny
+    proposing, seen = [], []
+    propose, block_logits = Speculator._propose, BeamDrafter.block_logits
+
+    def noting(self, items):
+        proposing[:] = [list(s.token_ids) for s, _, _ in items]
+        return propose(self, items)
+
+    def recorded(self, first, starts, context, block_size=None):
+        out = block_logits(self, first, starts, context, block_size)
+        seen.extend(zip(proposing, out))
+        return out
+
+    monkeypatch.setattr(Speculator, "_propose", noting)
+    monkeypatch.setattr(BeamDrafter, "block_logits", recorded)
+    tok, ps = FullVocabTokenizer(), prompts([150, 9], seed=5)
+    ps.append(ps[0][:128] + [7, 8, 9])  # served after the others: its first 128 tokens from the prefix cache
+    engine = Engine(model, tok, num_pages=64, max_num_batched_tokens=64, drafter=drafter, num_speculative_tokens=7)
+    outs = engine.generate(ps[:2], GREEDY) + engine.generate(ps[2:], GREEDY)
+    assert engine.scheduler.prefix_hit_tokens >= 128
+    window, taps = drafter.config.sliding_window, tuple(drafter.config.target_layer_ids)
+    s = seq(list(range(100)))  # the sliding pages keep what the drafter reads: a block at position 79
+    engine.block_manager.allocate(s, 100)  # reads back to position 63, page 0's last
+    s.num_computed = 63 + window
+    engine.block_manager.release_window(s)
+    assert s.pages[SLIDING][0] >= 0
+    engine.block_manager.free(s)
+    features = []
+    for ids in (p + out for p, out in zip(ps, outs)):
+        cache = PagedKVCache.for_sequences(model.config, [len(ids)], dtype=torch.float32)
+        cache.add(0)
+        _, tapped = model.step(torch.tensor(ids), cache, cache.prepare_step([0], [len(ids)]), taps=taps)
+        features.append((ids, drafter.context_features(tapped)))
+    for tokens, logits in seen:
+        start = len(tokens) - 1  # the block starts at the last token
+        feats = next(f for ids, f in features if ids[:len(tokens)] == tokens)
+        m = min(start, window)
+        context = torch.zeros(1, window, drafter.config.hidden_size)
+        valid = torch.zeros(1, window, dtype=torch.bool)
+        context[0, window - m:], valid[0, window - m:] = feats[start - m:start], True
+        at = torch.tensor([start])
+        with torch.no_grad():
+            want = block_logits(drafter, torch.tensor([tokens[-1]]), at, drafter.context_kv(at, context, valid),
+                                len(logits) + 1)
+        torch.testing.assert_close(logits[None], want, rtol=1e-4, atol=1e-4)
+    assert len(seen) >= 3 * 5
 
 
 def test_pages_of_rejected_drafts_go_back():

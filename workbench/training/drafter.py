@@ -19,8 +19,8 @@ import dataclasses
 import time
 
 import torch
-import torch.nn.functional as F
 
+from beam_model.drafter import ContextKV
 from workbench.training.data import TokenStream, random_windows
 
 
@@ -94,14 +94,16 @@ def block_loss(drafter, windows, tapped, logits, starts) -> tuple[torch.Tensor, 
     cfg = drafter.config
     bsz, t = windows.shape
     blk, c_len = cfg.block_size, cfg.sliding_window
-    feats = drafter.context_features(tapped.reshape(bsz * t, -1)).view(bsz, t, -1)
-    padded = F.pad(feats, (0, 0, c_len, 0))                              # position q at index q + c_len
+    # every window's context keys written once, to a page of its own that each of its blocks reads
+    feats = drafter.context_features(tapped.reshape(bsz * t, -1))
+    store = drafter.context_store(bsz, t)
+    drafter.write_context(feats, torch.arange(t, device=windows.device).repeat(bsz),
+                          torch.arange(bsz * t, device=windows.device), store)
     rows = torch.arange(bsz, device=windows.device)[:, None].expand_as(starts).reshape(-1)
     p = starts.reshape(-1)
-    idx = p[:, None] + torch.arange(c_len, device=p.device)[None, :]   # positions p - C .. p - 1
-    context = padded[rows[:, None], idx]
-    valid = torch.arange(c_len, device=p.device)[None, :] >= (c_len - p)[:, None]
-    draft = drafter.block_logits(windows[rows, p], p, context, valid)   # [S, B - 1, V]
+    at = p[:, None] - c_len + torch.arange(c_len, device=p.device)[None, :]   # positions p - C .. p - 1
+    context = ContextKV(store, rows[:, None].expand_as(at), at.clamp(min=0), at >= 0)
+    draft = drafter.block_logits(windows[rows, p], p, context)         # [S, B - 1, V]
     want = logits[rows[:, None], p[:, None] + torch.arange(blk - 1, device=p.device)[None, :]]
     soft = -(want.softmax(-1) * draft.log_softmax(-1)).sum(-1)          # [S, B - 1]
     w = position_weights(blk, draft.device)

@@ -140,32 +140,51 @@ class BeamDrafter(nn.Module):
 
     def context_kv(self, starts: torch.Tensor, context: torch.Tensor, valid: torch.Tensor) -> "ContextKV":
         """The ContextKV of S blocks at `starts` [S] from their context features [S, C, hidden] of positions
-        starts - C .. starts - 1 (right-aligned; `valid` [S, C]: which exist): a page of C per block."""
+        starts - C .. starts - 1 (right-aligned; `valid` [S, C]: which exist): a page of the window per
+        block, then a page per block for its own keys."""
         s, c_len, _ = context.shape
-        positions = (starts[:, None] - c_len + torch.arange(c_len, device=context.device)).clamp(min=0)
-        store = self.context_store(s, c_len)
-        slots = torch.arange(s * c_len, device=context.device)
+        dev, page_size = context.device, max(c_len, self.config.block_size)
+        positions = (starts[:, None] - c_len + torch.arange(c_len, device=dev)).clamp(min=0)
+        store = self.context_store(2 * s, page_size)
+        window = torch.arange(c_len, device=dev).expand(s, c_len)
+        slots = (torch.arange(s, device=dev)[:, None] * page_size + window).reshape(-1)
         self.write_context(context.reshape(s * c_len, -1).to(self.dtype), positions.reshape(-1), slots, store)
-        pages = torch.arange(s, device=context.device)[:, None].expand(s, c_len)
-        return ContextKV(store, pages, torch.arange(c_len, device=context.device).expand(s, c_len), valid)
+        pages = torch.arange(s, device=dev)[:, None].expand(s, c_len)
+        return ContextKV(store, pages, window, valid, s + torch.arange(s, device=dev))
 
     def block_logits(self, first_ids: torch.Tensor, starts: torch.Tensor, context: "ContextKV",
-                     block_size: int | None = None) -> torch.Tensor:
+                     block_size: int | None = None, fed: tuple | None = None) -> torch.Tensor:
         """FP32 logits [S, B - 1, vocab] of the mask positions of S blocks.
 
         first_ids [S]: each block's first token (the last accepted one), at position starts[s];
-        context: where each block finds the keys and values of the C positions before it."""
+        context: where each block finds the keys and values of the C positions before it, and the page
+        its own go to; fed: (features [N, hidden], positions [N], slots [N]) of context positions whose
+        keys each layer writes first (`write_context`'s, in the layer's projection of the block rows:
+        one call where a step both computes positions and drafts after them)."""
         cfg = self.config
         b = block_size or cfg.block_size
         s, h_dim, dev = first_ids.shape[0], cfg.hidden_size, first_ids.device
+        page_size = context.store[0].shape[2]
+        if b > page_size:
+            raise ValueError(f"a block of {b} does not fit a page of the drafter's store ({page_size})")
         emb = self.target.embed(first_ids).to(self.dtype)
         h = torch.cat([emb[:, None, :], self.mask_embedding.to(self.dtype).expand(s, b - 1, h_dim)], 1)
         h = h.reshape(s * b, h_dim)
-        # the block's own keys and values: a page of B per block, at positions starts .. starts + B - 1
-        block_at = (torch.arange(s * b, device=dev), (starts[:, None] + torch.arange(b, device=dev)).reshape(-1))
+        # the block's own keys: its page, at positions starts .. starts + B - 1; fed rows' first
+        offsets = torch.arange(b, device=dev).expand(s, b)
+        slots = (context.block_pages[:, None] * page_size + offsets).reshape(-1)
+        positions = (starts[:, None] + offsets).reshape(-1)
+        features = None
+        if fed is not None:
+            features, fed_positions, fed_slots = fed
+            slots, positions = torch.cat([fed_slots, slots]), torch.cat([fed_positions, positions])
+        # what each block attends: its context where it exists, then its whole block
+        keys_at = (torch.cat([context.pages, context.block_pages[:, None].expand(s, b)], 1),
+                   torch.cat([context.offsets, offsets], 1))
+        valid = torch.cat([context.valid, torch.ones(s, b, dtype=torch.bool, device=dev)], 1)
         x = rms_norm(h, self.layers[0].input_layernorm.weight, cfg.rms_norm_eps).to(self.dtype)
-        for i, layer in enumerate(self.layers):
-            y = self._attention(layer, x, context.keys_values(i), context.valid, block_at, s, b)
+        for layer, store in zip(self.layers, context.store):
+            y = self._attention(layer, x, features, store, (slots, positions), keys_at, valid)
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_attn"], eps=cfg.rms_norm_eps)
             y = self.ops.dense_mlp(x, layer.prepared["dense_mlp"])
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=cfg.rms_norm_eps)
@@ -174,55 +193,52 @@ class BeamDrafter(nn.Module):
         logits = self.ops.head(masks, head, eps=cfg.rms_norm_eps, softcap=cfg.final_logit_softcapping)
         return logits.float().view(s, b - 1, -1)
 
-    def _attention(self, layer: DraftLayer, x, context_kv, context_valid, block_at, s: int, b: int):
-        """A layer's block attention: `qkvg_proj` over the block rows, `qk_prep` (head norms, RoPE at each
-        row's position, the block's keys and values into a page of its own), one attention call from the
-        block to [the context's keys and values where valid; the block's], `attn_out`."""
+    def _attention(self, layer: DraftLayer, x, features, store, written_at, keys_at, valid):
+        """A layer's block attention: `qkvg_proj` over [the fed context rows (their queries and gates go
+        unused); the block rows], `qk_prep` (head norms, RoPE at each row's position, the keys and
+        values into `store` at `written_at`'s slots), one attention call from the block to the keys and
+        values at `keys_at` (pages and offsets [S, C + B]) where `valid`, `attn_out`."""
         cfg = self.config
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v, g = self.ops.qkvg_proj(x, layer.prepared["qkvg_proj"])
-        # the block's pages: autograd keeps each layer's keys for the backward pass
-        cache = torch.empty(s, 2, b, kv_heads, d, dtype=self.dtype, device=x.device)
-        slots, positions = block_at
-        q = self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=cache, slot_mapping=slots,
-                             positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)
-        ctx_k, ctx_v = context_kv
-        keys = torch.cat([ctx_k.to(cache.dtype), cache[:, 0]], 1).transpose(1, 2)   # [S, kv_heads, C + B, d]
-        values = torch.cat([ctx_v.to(cache.dtype), cache[:, 1]], 1).transpose(1, 2)
-        valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool, device=x.device)], 1)
+        s, span = valid.shape
+        n = 0 if features is None else features.shape[0]
+        rows = x if features is None else torch.cat([features, x])
+        q, k, v, g = self.ops.qkvg_proj(rows, layer.prepared["qkvg_proj"])
+        slots, positions = written_at
+        q = self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=store, slot_mapping=slots,
+                             positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)[n:]
+        kv = store[keys_at[0].clamp(min=0), :, keys_at[1]]  # [S, C + B, 2, kv_heads, d]; a page not held: masked
+        keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # [S, kv_heads, C + B, d]
         # Every block position sees the same keys, so the query heads that share a kv head are one longer
         # query sequence [S, kv_heads, rep * B, d]: one attention call, no repeated keys or values
-        rep = heads // kv_heads
+        rep, b = heads // kv_heads, x.shape[0] // s
         q = q.reshape(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid[:, None, None, :])
         out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d)
-        return self.ops.attn_out(out, g, layer.prepared["attn_out"])
+        return self.ops.attn_out(out, g[n:], layer.prepared["attn_out"])
 
 
 @dataclass
 class ContextKV:
     """Where S blocks find the keys and values of their context (positions starts - C .. starts - 1):
     per draft layer a store of pages [pages, 2, page_size, kv_heads, head_dim] (`write_context` fills
-    it), and per block the page and the offset of each context position, and whether it exists. In the
-    engine the store's pages are the target's sliding-window pages, so a sequence's page table finds them."""
+    it), and per block the page and the offset of each context position and whether it exists, and the
+    page its own block's keys go to. In the engine the store's pages are the target's sliding-window
+    pages, so a sequence's page table finds them, and a page per block past them."""
     store: list[torch.Tensor]
-    pages: torch.Tensor    # [S, C] int64
-    offsets: torch.Tensor  # [S, C] int64
-    valid: torch.Tensor    # [S, C] bool
+    pages: torch.Tensor        # [S, C] int64
+    offsets: torch.Tensor      # [S, C] int64
+    valid: torch.Tensor        # [S, C] bool
+    block_pages: torch.Tensor  # [S] int64
 
     @classmethod
     def from_page_table(cls, store: list[torch.Tensor], tables: torch.Tensor, starts: torch.Tensor, window: int,
-                        page_size: int) -> "ContextKV":
+                        block_pages: torch.Tensor) -> "ContextKV":
         """Blocks at `starts` [S] reading the `window` positions before them through their sequences' page
         tables [S, pages] (-1: a page the sequence no longer holds): a position exists if it is not
         negative and its page is held. Host-free, so a CUDA graph captures it."""
+        page_size = store[0].shape[2] if store else 1
         at = starts[:, None] - window + torch.arange(window, device=starts.device)[None, :]
         index = (at.clamp(min=0) // page_size).clamp(max=tables.shape[1] - 1)
         pages = tables.gather(1, index).long()
-        return cls(store, pages, at.clamp(min=0) % page_size, (at >= 0) & (pages >= 0))
-
-    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `layer`'s context keys and values, each [S, C, kv_heads, head_dim]."""
-        pages = self.store[layer]
-        at = self.pages.clamp(min=0), self.offsets  # a page the table lacks (-1) is masked out
-        return pages[at[0], 0, at[1]], pages[at[0], 1, at[1]]
+        return cls(store, pages, at.clamp(min=0) % page_size, (at >= 0) & (pages >= 0), block_pages)

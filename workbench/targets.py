@@ -127,9 +127,9 @@ class StepRunner:
 
     def _eager(self) -> torch.Tensor:
         if self.drafter is not None:  # the engine's drafter side of a verify step, greedy
-            tapped, positions, slots, store = self.draft_writes
-            self.drafter.write_context(self.drafter.context_features(tapped), positions, slots, store)
-            return self.drafter.block_logits(*self.draft_inputs).argmax(-1)
+            tapped, positions, slots = self.draft_fed
+            fed = (self.drafter.context_features(tapped), positions, slots)
+            return self.drafter.block_logits(*self.draft_inputs, fed=fed).argmax(-1)
         logits = self.model.step(self.input_ids, self.cache, self.step, all_logits=self.target.all_logits)
         return self.model.ops.sample(logits, **self.sampling)
 
@@ -171,9 +171,9 @@ class StepRunner:
 
 def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator, drafter=None):
     """The drafter (`drafter`, else one for the runner's model: random weights in its dtype), bound to the
-    model's points, and its side of a verify step as the engine runs it: the keys and values of the
-    block's fed rows (random tapped hidden states) written to its store, then the block after each
-    sequence's last token at position `context`, reading a full window of random keys before it."""
+    model's points, and its side of a verify step as the engine's graph runs it: the block after each
+    sequence's last token at position `context`, reading a full window of random keys before it, whose
+    layers also write the keys of the step's fed rows (random tapped hidden states)."""
     from beam_model.drafter import ContextKV
     from beam_model.drafter_config import DrafterConfig
     from workbench.training.drafter import converted, initial_drafter
@@ -185,15 +185,16 @@ def _drafter_step_inputs(runner: StepRunner, gen: torch.Generator, drafter=None)
     config = drafter.config
     drafter.use_ops(model.ops)
     b, t, c_len, dev = target.batch, target.tokens_per_seq, config.sliding_window, model.device
-    store = drafter.context_store(b, c_len)  # a page of the window per sequence
+    page = max(c_len, t)
+    store = drafter.context_store(2 * b, page)  # a page of the window per sequence, then one for its block
     for layer in store:
         layer.normal_(generator=gen)
     tapped = torch.randn(b * t, config.feature_width, device=dev, generator=gen).to(model.dtype)
     fed = torch.arange(t, device=dev)  # the fed rows: positions context - t .. context - 1, the window's last
-    runner.draft_writes = (tapped, (target.context - t + fed).clamp(min=0).repeat(b),
-                           (torch.arange(b, device=dev)[:, None] * c_len + c_len - t + fed).reshape(-1), store)
+    runner.draft_fed = (tapped, (target.context - t + fed).clamp(min=0).repeat(b),
+                        (torch.arange(b, device=dev)[:, None] * page + c_len - t + fed).reshape(-1))
     window = torch.arange(c_len, device=dev).expand(b, c_len)
     context = ContextKV(store, torch.arange(b, device=dev)[:, None].expand(b, c_len), window,
-                        window >= c_len - min(c_len, target.context))
+                        window >= c_len - min(c_len, target.context), b + torch.arange(b, device=dev))
     runner.draft_inputs = (runner.input_ids[:b], torch.full((b,), target.context, device=dev), context)
     return drafter

@@ -113,7 +113,8 @@ class Engine:
         self.speculator = None
         if drafter is not None:
             k = num_speculative_tokens or drafter.config.block_size - 1
-            self.speculator = Speculator(self.runner, drafter, k, adaptive=adaptive_verification)
+            self.speculator = Speculator(self.runner, drafter, k, max_num_seqs=self.max_num_seqs,
+                                         adaptive=adaptive_verification)
             if graphs and cuda:  # verify + draft steps in one replay
                 self.speculator.fused = VerifyDraft(self.speculator, max_num_seqs=self.max_num_seqs,
                                                     graph_max_len=self.runner_plan["graph_max_len"], graphs=True)

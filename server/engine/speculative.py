@@ -178,7 +178,7 @@ class Speculator:
     """Runs the engine's steps when a drafter is loaded (`run` in place of `ModelRunner.run`), and
     proposes each sequence's next drafts after them."""
 
-    def __init__(self, runner, drafter, num_speculative_tokens: int, *, adaptive: bool = False):
+    def __init__(self, runner, drafter, num_speculative_tokens: int, *, max_num_seqs: int, adaptive: bool = False):
         if not 1 <= num_speculative_tokens < drafter.config.block_size:
             raise ValueError(f"num_speculative_tokens must be in 1..{drafter.config.block_size - 1} (the "
                              f"drafter's block holds the last token and {drafter.config.block_size - 1} drafts)")
@@ -186,8 +186,10 @@ class Speculator:
             raise ValueError("the drafter keeps its context's keys in the target's sliding-window pages; this "
                              "target has no sliding-window layers")
         self.runner, self.drafter, self.k = runner, drafter, num_speculative_tokens
-        # the drafter's keys and values of every computed position, on the target's sliding page ids
-        self.store = drafter.context_store(runner.cache.num_pages[SLIDING], runner.page_size)
+        # the drafter's keys and values of every computed position, on the target's sliding page ids, and
+        # past them a page for each block a step drafts
+        self.sliding_pages = runner.cache.num_pages[SLIDING]
+        self.store = drafter.context_store(self.sliding_pages + max_num_seqs, runner.page_size)
         self.taps = tuple(drafter.config.target_layer_ids)
         self.stats = SpecStats()
         self.adaptive, self.cost = adaptive, VerifyCost()
@@ -256,8 +258,8 @@ class Speculator:
 
     def context(self, tables: torch.Tensor, starts: torch.Tensor) -> ContextKV:
         """Where blocks at `starts` [S] find their context: each sequence's sliding page table [S, pages]."""
-        return ContextKV.from_page_table(self.store, tables, starts, self.drafter.config.sliding_window,
-                                         self.runner.page_size)
+        blocks = self.sliding_pages + torch.arange(len(starts), device=starts.device)
+        return ContextKV.from_page_table(self.store, tables, starts, self.drafter.config.sliding_window, blocks)
 
     @torch.inference_mode()
     def propose(self, seqs: list) -> None:

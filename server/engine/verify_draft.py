@@ -151,10 +151,11 @@ class VerifyDraft:
         else:
             kept, bonus = self._accept_greedy(logits.view(b, w, -1), block[:, 1:], limit)
         sliding = meta.groups[SLIDING]
-        self.spec.write_context(tapped, x.pos[:rows], sliding.slot_mapping)
         first = x.pos[:rows].view(b, w)[:, 0] + kept + 1
         context = self.spec.context(sliding.page_table.view(b, w, -1)[:, 0], first)  # a block's first row's table
-        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, block_size=k + 1))
+        # the fed rows' keys (`Speculator.write_context`) in the block's own projections
+        fed = (drafter.context_features(tapped), x.pos[:rows], sliding.slot_mapping)
+        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, block_size=k + 1, fed=fed))
         if not sampled:
             drafts = draft_logits.argmax(-1)
             confidence = draft_logits.softmax(-1).gather(2, drafts[..., None])[..., 0]

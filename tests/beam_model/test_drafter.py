@@ -48,7 +48,7 @@ def test_a_drafter_round_trips_and_proposes_the_same_logits(target, tmp_path):
         assert logits.shape == (2, 3, target.config.vocab_size)
 
 
-def _plain_attention(drafter, starts, context, layer, x, _keys_values, context_valid, _block_at, s: int, b: int):
+def _plain_attention(drafter, starts, context, layer, x, _features, _store, _written_at, _keys_at, valid):
     """A draft layer's block attention written out in plain PyTorch (FP32): the context's keys and
     values from its features, the block's from its rows, head norms and RoPE at each position (the
     context's before `starts`, the block's from it), every block row attending to the valid context and
@@ -57,9 +57,9 @@ def _plain_attention(drafter, starts, context, layer, x, _keys_values, context_v
 
     c, a = drafter.config, layer.self_attn
     heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    c_len = context.shape[1]
+    s, c_len = context.shape[:2]
+    b = x.shape[0] // s
     ctx = context.reshape(s * c_len, -1)
-    valid = torch.cat([context_valid, torch.ones(s, b, dtype=torch.bool)], 1)
     ctx_pos = (starts[:, None] - c_len + torch.arange(c_len)).clamp(min=0).reshape(-1)
     block_pos = (starts[:, None] + torch.arange(b)).reshape(-1)
 
@@ -108,34 +108,44 @@ def test_a_block_reads_through_page_tables_what_it_reads_from_features(target):
     length = c.sliding_window + 20
     features = torch.randn(length, c.hidden_size, generator=gen)
     n_pages = -(-length // ps)
-    table = torch.randperm(n_pages, generator=gen) + 3  # pages 0..2 stay unwritten
+    table = torch.randperm(n_pages, generator=gen) + 3  # pages 0..2 are not the sequence's; 0 takes the block's
     store = drafter.context_store(n_pages + 3, ps)
     positions = torch.arange(length)
     with torch.no_grad():
         drafter.write_context(features, positions, table[positions // ps] * ps + positions % ps, store)
-        for p in (length, 9):  # a full window; a sequence shorter than the window
+        for p in (9, length):  # a sequence shorter than the window; a full window
             held = table.clone()
             held[:max(0, p - c.sliding_window) // ps] = -1  # released: before the window
             starts = torch.tensor([p])
-            paged = drafter.block_logits(torch.tensor([5]), starts,
-                                         ContextKV.from_page_table(store, held[None], starts, c.sliding_window, ps))
+            context = ContextKV.from_page_table(store, held[None], starts, c.sliding_window, torch.tensor([0]))
+            paged = drafter.block_logits(torch.tensor([5]), starts, context)
             window = torch.zeros(1, c.sliding_window, c.hidden_size)
             valid = torch.zeros(1, c.sliding_window, dtype=torch.bool)
             m = min(p, c.sliding_window)
             window[0, c.sliding_window - m:], valid[0, c.sliding_window - m:] = features[p - m:p], True
             from_features = drafter.block_logits(torch.tensor([5]), starts, drafter.context_kv(starts, window, valid))
             torch.testing.assert_close(paged, from_features, rtol=1e-5, atol=1e-5)
+        # the last 3 positions' keys written by the block's own layers (the engine's verify + draft step)
+        for layer in store:
+            layer.zero_()
+        slots = table[positions // ps] * ps + positions % ps
+        drafter.write_context(features[:-3], positions[:-3], slots[:-3], store)
+        starts = torch.tensor([length])
+        context = ContextKV.from_page_table(store, table[None], starts, c.sliding_window, torch.tensor([0]))
+        fed = (features[-3:], positions[-3:], slots[-3:])
+        torch.testing.assert_close(drafter.block_logits(torch.tensor([5]), starts, context, fed=fed), paged,
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_a_context_window_exists_where_its_position_does_and_its_page_is_held():
     from beam_model.drafter import ContextKV
 
-    tables = torch.tensor([[-1, 7, 4], [2, -1, -1]])
-    kv = ContextKV.from_page_table([], tables, torch.tensor([9, 2]), window=4, page_size=4)
+    tables, store, blocks = torch.tensor([[-1, 7, 4], [2, -1, -1]]), [torch.zeros(8, 2, 4, 1, 2)], torch.tensor([0, 1])
+    kv = ContextKV.from_page_table(store, tables, torch.tensor([9, 2]), 4, blocks)
     assert kv.pages.tolist() == [[7, 7, 7, 4], [2, 2, 2, 2]]
     assert kv.offsets.tolist() == [[1, 2, 3, 0], [0, 0, 0, 1]]  # positions 5..8; -2..1 (below 0: at 0)
     assert kv.valid.tolist() == [[True, True, True, True], [False, False, True, True]]
-    kv = ContextKV.from_page_table([], tables, torch.tensor([6, 2]), window=4, page_size=4)
+    kv = ContextKV.from_page_table(store, tables, torch.tensor([6, 2]), 4, blocks)
     assert kv.valid[0].tolist() == [False, False, True, True]  # positions 2, 3 sit on a released page
 
 

@@ -287,8 +287,8 @@ def test_every_block_reads_its_sequences_own_context_from_the_pages(tiny, monkey
         proposing[:] = [list(s.token_ids) for s, _, _ in items]
         return propose(self, items)
 
-    def recorded(self, first, starts, context, block_size=None):
-        out = block_logits(self, first, starts, context, block_size)
+    def recorded(self, first, starts, context, block_size=None, fed=None):
+        out = block_logits(self, first, starts, context, block_size, fed)
         seen.extend(zip(proposing, out))
         return out
 

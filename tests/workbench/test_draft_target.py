@@ -25,10 +25,8 @@ def test_the_step_proposes_a_block_and_every_point_it_calls_is_the_models(runner
     assert runner.drafter.ops is runner.model.ops
     profile = profile_step(runner, workload_for=lambda kind: target.workload("beam-tiny", "fp32", kind))
     calls = {p.point: p.calls_by_kind for p in profile.points}
-    # each layer projects the fed rows' context keys (written to the store), then the block's
-    assert calls == {"qkvg_proj": {"model": 2 * layers}, "qk_prep": {"model": 2 * layers},
-                     "attn_out": {"model": layers}, "boundary": {"model": 2 * layers}, "dense_mlp": {"model": layers},
-                     "head": {"model": 1}}
+    assert calls == {"qkvg_proj": {"model": layers}, "qk_prep": {"model": layers}, "attn_out": {"model": layers},
+                     "boundary": {"model": 2 * layers}, "dense_mlp": {"model": layers}, "head": {"model": 1}}
     assert target.workload("beam-tiny", "fp32", "model").tokens == target.batch * target.tokens_per_seq
     runner.rebind({"qkvg_proj": "packed"})
     assert runner.drafter.ops is runner.model.ops and runner.drafter.ops.selection["qkvg_proj"] == "packed"

@@ -94,15 +94,21 @@ def block_loss(drafter, windows, tapped, logits, starts) -> tuple[torch.Tensor, 
     cfg = drafter.config
     bsz, t = windows.shape
     blk, c_len = cfg.block_size, cfg.sliding_window
-    # every window's context keys written once, to a page of its own that each of its blocks reads
-    feats = drafter.context_features(tapped.reshape(bsz * t, -1))
-    store = drafter.context_store(bsz, t)
-    drafter.write_context(feats, torch.arange(t, device=windows.device).repeat(bsz),
-                          torch.arange(bsz * t, device=windows.device), store)
-    rows = torch.arange(bsz, device=windows.device)[:, None].expand_as(starts).reshape(-1)
+    # every window's context keys written once, to pages of its own that each of its blocks reads; each
+    # block's own keys to a page past them
+    ps, dev = blk, windows.device
+    per = -(-t // ps)  # pages a window spans
+    s = starts.numel()
+    store = drafter.context_store(bsz * per + s, ps)
+    q = torch.arange(t, device=dev)
+    slots = ((torch.arange(bsz, device=dev)[:, None] * per + q // ps) * ps + q % ps).reshape(-1)
+    drafter.write_context(drafter.context_features(tapped.reshape(bsz * t, -1)), q.repeat(bsz), slots, store)
+    rows = torch.arange(bsz, device=dev)[:, None].expand_as(starts).reshape(-1)
     p = starts.reshape(-1)
-    at = p[:, None] - c_len + torch.arange(c_len, device=p.device)[None, :]   # positions p - C .. p - 1
-    context = ContextKV(store, rows[:, None].expand_as(at), at.clamp(min=0), at >= 0)
+    at = p[:, None] - c_len + torch.arange(c_len, device=dev)[None, :]  # positions p - C .. p - 1
+    near = at.clamp(min=0)
+    context = ContextKV(store, rows[:, None] * per + near // ps, near % ps, at >= 0,
+                        bsz * per + torch.arange(s, device=dev))
     draft = drafter.block_logits(windows[rows, p], p, context)         # [S, B - 1, V]
     want = logits[rows[:, None], p[:, None] + torch.arange(blk - 1, device=p.device)[None, :]]
     soft = -(want.softmax(-1) * draft.log_softmax(-1)).sum(-1)          # [S, B - 1]

@@ -200,7 +200,7 @@ class BeamDrafter(nn.Module):
         values at `keys_at` (pages and offsets [S, C + B]) where `valid`, `attn_out`."""
         cfg = self.config
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        s, span = valid.shape
+        s = valid.shape[0]
         n = 0 if features is None else features.shape[0]
         rows = x if features is None else torch.cat([features, x])
         q, k, v, g = self.ops.qkvg_proj(rows, layer.prepared["qkvg_proj"])

@@ -182,6 +182,9 @@ class Speculator:
         if not 1 <= num_speculative_tokens < drafter.config.block_size:
             raise ValueError(f"num_speculative_tokens must be in 1..{drafter.config.block_size - 1} (the "
                              f"drafter's block holds the last token and {drafter.config.block_size - 1} drafts)")
+        if num_speculative_tokens + 1 > runner.page_size:
+            raise ValueError(f"a block of {num_speculative_tokens + 1} tokens does not fit a KV page "
+                             f"({runner.page_size}): lower --num-speculative-tokens")
         if not any(t == SLIDING for t in runner.model.config.layer_types):
             raise ValueError("the drafter keeps its context's keys in the target's sliding-window pages; this "
                              "target has no sliding-window layers")

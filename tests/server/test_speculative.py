@@ -372,6 +372,14 @@ def test_speculative_tokens_must_fit_the_block(tiny):
     model, drafter = tiny
     with pytest.raises(ValueError, match="num_speculative_tokens must be in 1..7"):
         Engine(model, FullVocabTokenizer(), num_pages=16, drafter=drafter, num_speculative_tokens=8)
+    # the block's own keys take a page of the drafter's store; its context lives on sliding pages
+    wide = initial_drafter(DrafterConfig.for_target(model.config, num_hidden_layers=1, block_size=80), model,
+                           seed=0, device="cpu")
+    with pytest.raises(ValueError, match="a block of 71 tokens does not fit a KV page"):
+        Engine(model, FullVocabTokenizer(), num_pages=16, drafter=wide, num_speculative_tokens=70)
+    full_only = SimpleNamespace(page_size=64, model=SimpleNamespace(config=SimpleNamespace(layer_types=[FULL])))
+    with pytest.raises(ValueError, match="no sliding-window layers"):
+        Speculator(full_only, drafter, 3, max_num_seqs=1)
 
 
 @pytest.fixture(scope="module")

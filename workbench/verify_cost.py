@@ -18,23 +18,37 @@ from workbench import timing
 from workbench.targets import StepRunner, Target
 
 
-def shared_routing(route, share: float):
-    """`route` whose expert ids are rewritten so every token keeps round(share * k) experts of the step's
-    first token and its own for the rest (ids stay distinct per token; no host sync, so a graph captures
-    it). The weights are the route's own, slot for slot."""
+def shared_routing(route, share: float, num_experts: int, seed: int = 0):
+    """`route` whose expert ids are replaced by ones in which every token keeps round(share * k) experts of
+    the step's first token and has the rest drawn at random (ids distinct per token); the weights are the
+    route's own, slot for slot. The ids are made once per step shape, in the warm-up before a graph is
+    captured: the route's own kernels still run and the step gains none (a rewrite inside the step would
+    add kernels to every MoE layer, which at batch 1 cost more than the shared experts save)."""
+    made = {}
 
     def wrapped(x, w, **kw):
         ids, weights = route(x, w, **kw)
-        k = ids.shape[-1]
+        n, k = ids.shape
         m = round(share * k)
-        if m == 0 or ids.shape[0] < 2:
+        if m == 0 or n < 2:
             return ids, weights
-        common = ids[:1, :m].expand(ids.shape[0], m)
-        member = torch.isin(ids, ids[0, :m])
-        own = ids.gather(1, member.to(torch.int8).argsort(dim=1, stable=True))[:, :k - m]
-        return torch.cat([common, own], 1), weights
+        key = (n, k, ids.dtype, ids.device)
+        if key not in made:
+            made[key] = _shared_ids(n, k, m, num_experts, seed).to(device=ids.device, dtype=ids.dtype)
+        return made[key], weights
 
     return wrapped
+
+
+def _shared_ids(n: int, k: int, m: int, num_experts: int, seed: int) -> torch.Tensor:
+    """[n, k] expert ids: the first row k random experts, every other row its first m and k - m of its own."""
+    gen = torch.Generator().manual_seed(seed)
+    first = torch.randperm(num_experts, generator=gen)[:k]
+    rows = [first]
+    for _ in range(n - 1):
+        others = torch.randperm(num_experts, generator=gen)
+        rows.append(torch.cat([first[:m], others[~torch.isin(others, first[:m])][:k - m]]))
+    return torch.stack(rows)
 
 
 def verify_curve(model, tokens: list[int], *, context: int, overlap: float | None = None,
@@ -42,7 +56,7 @@ def verify_curve(model, tokens: list[int], *, context: int, overlap: float | Non
     """{n: time_fn's result} for the step of n new tokens at batch 1 (logits at each)."""
     graph, route = model.device.type == "cuda", model.ops.route
     if overlap is not None:
-        model.ops.route = shared_routing(route, overlap)
+        model.ops.route = shared_routing(route, overlap, model.config.n_routed_experts)
     try:
         curve = {}
         for n in tokens:  # fed as the engine's graphed verify step feeds a block: a decode row a token

@@ -145,16 +145,17 @@ class Engine:
         need = dict(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                     page_size=ps, window=self.window)
         extra = dict(sliding_extra_bytes=drafter.page_bytes(ps) if drafter is not None else 0)
+        blocks = self.max_num_seqs * drafter.page_bytes(ps) if drafter is not None else 0  # a page a drafted block
         if num_pages is not None:
             sliding = cache_sizing.sliding_pages_needed(c, **need)
             pages = {FULL: num_pages, SLIDING: sliding}
         elif m.device.type == "cuda":
             if not 0 < utilization <= 1:
                 raise ValueError("gpu_memory_utilization must be in (0, 1]")
-            budget = cache_sizing.cuda_kv_budget(m, utilization, self.max_num_batched_tokens)
+            budget = cache_sizing.cuda_kv_budget(m, utilization, self.max_num_batched_tokens) - blocks
             pages = cache_sizing.plan_pages(c, m.dtype, budget, **need, **extra)
         else:
-            pages = cache_sizing.plan_pages(c, m.dtype, cache_sizing.CPU_KV_BYTES, **need, **extra)
+            pages = cache_sizing.plan_pages(c, m.dtype, cache_sizing.CPU_KV_BYTES - blocks, **need, **extra)
         if num_sliding_pages is not None:
             pages[SLIDING] = num_sliding_pages
         floor = cache_sizing.min_sliding_pages(c, max_num_batched_tokens=self.max_num_batched_tokens, page_size=ps,

@@ -332,6 +332,18 @@ def test_every_block_reads_its_sequences_own_context_from_the_pages(tiny, monkey
     assert len(seen) >= len(served) * 5
 
 
+def test_the_kv_budget_holds_the_drafters_store(tiny):
+    """The drafter's keys sit on every sliding page and a page a drafted block: the default CPU budget
+    holds the target's pools and the drafter's store together."""
+    from server.engine.cache_sizing import CPU_KV_BYTES, page_bytes
+
+    model, drafter = tiny
+    engine = Engine(model, FullVocabTokenizer(), drafter=drafter, num_speculative_tokens=7)
+    held = sum(t.numel() * t.element_size() for t in [*engine.runner.cache.storage.values(), *engine.speculator.store])
+    full_page = page_bytes(model.config, FULL, model.dtype, 64)
+    assert CPU_KV_BYTES - full_page < held <= CPU_KV_BYTES  # short of the budget by less than a page
+
+
 def test_pages_of_rejected_drafts_go_back():
     bm = BlockManager({FULL: 8, SLIDING: 8}, page_size=64, window=16)
     s = seq(list(range(60)))

@@ -237,7 +237,7 @@ class ContextKV:
         """Blocks at `starts` [S] reading the `window` positions before them through their sequences' page
         tables [S, pages] (-1: a page the sequence no longer holds): a position exists if it is not
         negative and its page is held. Host-free, so a CUDA graph captures it."""
-        page_size = store[0].shape[2] if store else 1
+        page_size = store[0].shape[2]
         at = starts[:, None] - window + torch.arange(window, device=starts.device)[None, :]
         index = (at.clamp(min=0) // page_size).clamp(max=tables.shape[1] - 1)
         pages = tables.gather(1, index).long()

@@ -288,12 +288,11 @@ class Speculator:
             return
         dev, k = self.runner.device, self.k
         pages = [s.pages[SLIDING] for s, _, _ in items]
-        tables = torch.full((len(items), max(1, *map(len, pages))), -1, dtype=torch.int64)
-        for j, row in enumerate(pages):
-            tables[j, :len(row)] = torch.tensor(row, dtype=torch.int64)
+        width = max(1, *map(len, pages))
+        tables = torch.tensor([p + [-1] * (width - len(p)) for p in pages], dtype=torch.int64, device=dev)
         first = torch.tensor([t for _, t, _ in items], device=dev)
         starts = torch.tensor([p for _, _, p in items], device=dev)
-        context = self.context(tables.to(dev), starts)
+        context = self.context(tables, starts)
         logits = self.runner._in_vocab(self.drafter.block_logits(first, starts, context, block_size=k + 1))
         for j, (s, _, _) in enumerate(items):
             if s.matcher is not None:

@@ -1,9 +1,11 @@
 """The torch.compile baselines of the optimize report: the step built with torch.compile, timed end to end.
 
 "points": every point's `torch_compile` variant (each point's reference compiled); a torch.compile
-mode ("default", "max-autotune-no-cudagraphs"): the whole reference step compiled in that mode. Each
-is a row of the report beside the locked build. A baseline that cannot be built is a row saying why,
-never a reason not to write the lock.
+mode ("default", "max-autotune-no-cudagraphs"): the whole reference step compiled in that mode;
+"plain-" and a mode: the whole step compiled in that mode, built from each point's fastest plain-PyTorch
+variant that passed its gate in the search (a packed projection where one was faster than the reference's
+four), as a careful user writes the model before compiling it. Each is a row of the report beside the
+locked build. A baseline that cannot be built is a row saying why, never a reason not to write the lock.
 
 What it must never do: choose or lock anything, or time a build in another way than the end-to-end
 stage does (`EndToEnd.time_build`).
@@ -19,9 +21,29 @@ from workbench import timing
 from workbench.events import StageStarted
 from workbench.registry import POINTS, REFERENCE, compiled, get
 from workbench.run_folder import RunFolder
+from workbench.search_results import CandidateResult
 from workbench.timing import describe_error
 
 POINTS_MODE = "points"  # every point's torch_compile variant
+PLAIN = "plain-"  # "plain-MODE": the step of the fastest gated plain-PyTorch variants, compiled whole in MODE
+
+
+def after_search(mode: str) -> bool:
+    """Whether a baseline is built from the search's results (timed at the end-to-end stage), not from
+    the reference step alone (timed before the search)."""
+    return mode == POINTS_MODE or mode.startswith(PLAIN)
+
+
+def plain_choices(results: dict) -> dict[str, CandidateResult]:
+    """Each searched point's fastest plain-PyTorch candidate (backend "torch") that passed its gate and was
+    timed faster than the point's reference; a point with none keeps its reference."""
+    out = {}
+    for point, r in results.items():
+        plain = [c for c in r.candidates if c.backend == "torch" and c.gate_passed and c.step_us is not None]
+        best = min(plain, key=lambda c: c.step_us, default=None)
+        if best is not None and best.step_us < r.reference_us and best.variant != REFERENCE:
+            out[point] = best
+    return out
 
 
 def whole_step_baselines(stage, modes: tuple[str, ...], key: dict, folder: RunFolder, on_event) -> dict:
@@ -34,7 +56,7 @@ def whole_step_baselines(stage, modes: tuple[str, ...], key: dict, folder: RunFo
     whole_key = {"profile": key, "torch": torch.__version__}
     whole = folder.saved(folder.COMPILE_BASELINES, whole_key, lambda saved: saved["modes"]) or {}
     for mode in modes:
-        if mode != POINTS_MODE and mode not in whole:
+        if not after_search(mode) and mode not in whole:
             on_event(StageStarted(f"torch.compile ({mode}) of the whole reference step"))
             whole[mode] = [*time_compile_baseline(stage, mode, {}), timing.PROCESS_ID]
             folder.write(folder.COMPILE_BASELINES, {"key": whole_key, "modes": whole})
@@ -53,6 +75,11 @@ def time_compile_baseline(stage, baseline: str, results: dict) -> tuple[float | 
     left_out = uncompilable(results) if baseline == POINTS_MODE else {}
     while True:
         try:
+            if baseline.startswith(PLAIN):
+                chosen = plain_choices(results)
+                return stage.time_build({p: c.variant for p, c in chosen.items()},
+                                        {p: c.config for p, c in chosen.items() if c.config},
+                                        compile_mode=baseline[len(PLAIN):])["median_us"], {}, None
             if baseline != POINTS_MODE:
                 return stage.time_build({}, compile_mode=baseline)["median_us"], {}, None
             return stage.time_build({p: "torch_compile" for p in POINTS if p not in left_out})["median_us"], \

@@ -300,7 +300,9 @@ def _report(opts: OptimizeOptions, dtype: str, env: dict, target, final: dict, b
         **({"torch_compile_error": compile_error} if compile_error else {}),
         "torch_compile_baselines": [
             {"mode": mode, "ms": us / 1e3 if us else None, "speedup": us / locked_us if us else None,
-             "left_out": left_out, **({"error": error} if error else {})}
+             "left_out": left_out, **({"error": error} if error else {}),
+             **({"variants": {p: c.variant for p, c in compile_baseline.plain_choices(results).items()}}
+                if mode.startswith(compile_baseline.PLAIN) else {})}
             for mode, (us, left_out, error, *_) in baselines.items()],
         "timed_apart": timed_apart(final, baselines),
         # choices the end-to-end stage dropped as noise, and the chosen set's step time before it did

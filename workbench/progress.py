@@ -13,7 +13,15 @@ from rich.table import Table
 from workbench import events
 from workbench.profiler.idle import idle_line
 from workbench.registry import COMPOUNDS
-from workbench.report import challenge_lines, compile_baselines, noise_line, paired_words, ranks_line, regated_words
+from workbench.report import (
+    challenge_lines,
+    compile_baselines,
+    noise_line,
+    paired_words,
+    plain_lines,
+    ranks_line,
+    regated_words,
+)
 
 
 class ConsoleProgress:
@@ -112,6 +120,8 @@ class ConsoleProgress:
                 self.console.print(f"torch.compile build: {point} kept at its reference: {why}")
             if b.get("error"):
                 self.console.print(b["error"])
+        for line in plain_lines(r):
+            self.console.print(line)
         for line in (ranks_line(r), noise_line(r)):
             if line:
                 self.console.print(line)

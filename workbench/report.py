@@ -230,7 +230,17 @@ def challenge_lines(r: dict) -> list[str]:
 def _compile_row(baseline: str) -> str:
     if baseline == "points":
         return "torch.compile (every point)"
+    if baseline.startswith("plain-"):
+        return f"torch.compile of the whole step from the fastest plain-PyTorch variants ({baseline.removeprefix('plain-')})"
     return f"torch.compile of the whole reference step ({baseline})"
+
+
+def plain_lines(r: dict) -> list[str]:
+    """What each plain-PyTorch compile baseline ran in place of the reference."""
+    return [f"The plain-PyTorch torch.compile build ({b['mode']}) runs "
+            + (", ".join(f"{p}:{v}" for p, v in b["variants"].items()) or "no variant faster than a reference")
+            + "; every other point its reference."
+            for b in compile_baselines(r) if "variants" in b]
 
 
 def code_line(env: dict) -> str:
@@ -262,6 +272,7 @@ def report_markdown(r: dict) -> str:
         *([line, ""] if (line := noise_line(r)) else []),
         *[line for c in challenge_lines(r) for line in (c, "")],
         *[line for b in compile_baselines(r) for line in ([b["error"], ""] if b.get("error") else [])],
+        *[line for plain in plain_lines(r) for line in (plain, "")],
         *[line for b in compile_baselines(r) for p, why in (b.get("left_out") or {}).items()
           for line in (f"The torch.compile build keeps the reference at {p}: {why}", "")],
         f"Roofline floor of the step: {r['floor_ms']:.3f} ms"

@@ -103,3 +103,35 @@ def _stalled_compile(point):
 
     stalled = CandidateResult(point, "torch_compile", "torch_compile", None, False, skipped="stalled")
     return PointResult(point, "torch", None, 9.0, 9.0, 0.02, [stalled])
+
+
+def test_the_plain_baseline_compiles_the_fastest_gated_plain_pytorch_variant_of_each_point():
+    """`--compile-baseline plain-MODE`: the whole step compiled in MODE from each point's fastest plain-PyTorch
+    candidate that passed its gate and beat the reference; a faster candidate that failed its gate, one of
+    another backend (a kernel, a compiled one) and a plain one slower than the reference are not taken."""
+    from workbench.compile_baseline import plain_choices, time_compile_baseline
+    from workbench.search_results import CandidateResult, PointResult
+
+    def cand(point, variant, backend, us, passed=True):
+        return CandidateResult(point, variant, backend, None, passed, step_us=us)
+
+    results = {
+        "qkvg_proj": PointResult("qkvg_proj", "triton", None, 30.0, 8.0, 0.02, [
+            cand("qkvg_proj", "packed_views", "torch", 12.0), cand("qkvg_proj", "packed", "torch", 10.0),
+            cand("qkvg_proj", "broken", "torch", 5.0, passed=False), cand("qkvg_proj", "triton", "triton", 8.0),
+            cand("qkvg_proj", "torch_compile", "torch_compile", 9.0)]),
+        "route": PointResult("route", "triton", None, 9.0, 4.0, 0.02, [
+            cand("route", "slow_plain", "torch", 11.0), cand("route", "triton", "triton", 4.0)]),
+    }
+    assert {p: c.variant for p, c in plain_choices(results).items()} == {"qkvg_proj": "packed"}
+
+    class Builds:
+        timed = []
+
+        def time_build(self, selection, configs=None, *, compile_mode=None):
+            self.timed.append((selection, configs, compile_mode))
+            return {"median_us": 1500.0}
+
+    us, left_out, error = time_compile_baseline(Builds(), "plain-max-autotune-no-cudagraphs", results)
+    assert (us, left_out, error) == (1500.0, {}, None)
+    assert Builds.timed == [({"qkvg_proj": "packed"}, {}, "max-autotune-no-cudagraphs")]

@@ -197,8 +197,9 @@ def test_a_run_ended_in_the_end_to_end_stage_resumes_its_builds(finished_run, tm
 
 
 def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(finished_run, tmp_path, monkeypatch):
-    """`--compile-baseline points max-autotune-no-cudagraphs`: one row each in the report (the issue's
-    baseline beside every point's torch_compile); each is saved to end_to_end.json once timed, so a
+    """`--compile-baseline points max-autotune-no-cudagraphs plain-default`: one row each in the report (the
+    issue's baseline beside every point's torch_compile, and the step of the fastest plain-PyTorch variants,
+    naming them); each is saved to end_to_end.json once timed, so a
     resumed run times none again (a whole-step max-autotune compile takes minutes), and the whole-step
     one is kept for later re-locks of the folder."""
 
@@ -208,23 +209,28 @@ def test_every_compile_baseline_is_a_report_row_and_is_kept_for_a_resumed_run(fi
     monkeypatch.setattr(compile_baseline, "time_compile_baseline", lambda search, mode, results: timed.append(mode) or
                         (None, {}, f"torch.compile ({mode}) of the whole step failed: planted"))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    opts = tiny_options(resumed, compile_baselines=("points", "max-autotune-no-cudagraphs"))
+    opts = tiny_options(resumed, compile_baselines=("points", "max-autotune-no-cudagraphs", "plain-default"))
     report = optimize(opts)
-    assert timed == ["max-autotune-no-cudagraphs"]
-    assert [b["mode"] for b in report["torch_compile_baselines"]] == ["points", "max-autotune-no-cudagraphs"]
+    assert timed == ["max-autotune-no-cudagraphs", "plain-default"]
+    assert [b["mode"] for b in report["torch_compile_baselines"]] == ["points", "max-autotune-no-cudagraphs",
+                                                                      "plain-default"]
     assert report["torch_compile_ms"] == finished_run[1]["torch_compile_ms"]  # the first row fills the old fields
+    plain = report["torch_compile_baselines"][2]["variants"]  # what the plain build ran instead of references
+    assert set(plain) <= {"qkvg_proj"} and set(plain.values()) <= {"packed", "packed_views"}
     with open(os.path.join(resumed, "report.md")) as f:
         md = f.read()
     assert "| torch.compile (every point) |" in md
     assert "| torch.compile of the whole reference step (max-autotune-no-cudagraphs) | failed | |" in md
     assert "torch.compile (max-autotune-no-cudagraphs) of the whole step failed: planted" in md
+    assert "| torch.compile of the whole step from the fastest plain-PyTorch variants (default) | failed | |" in md
+    assert "The plain-PyTorch torch.compile build (plain-default) runs " in md
     optimize(opts)
-    assert timed == ["max-autotune-no-cudagraphs"]
-    # A re-lock after a kernel change (here: end_to_end.json gone) times every point's build again,
-    # and reuses the whole reference step's compile, which did not change.
+    assert timed == ["max-autotune-no-cudagraphs", "plain-default"]
+    # A re-lock after a kernel change (here: end_to_end.json gone) times every build that depends on the
+    # search again, and reuses the whole reference step's compile, which did not change.
     os.remove(os.path.join(resumed, "end_to_end.json"))
     optimize(opts)
-    assert timed == ["max-autotune-no-cudagraphs", "points"]
+    assert timed == ["max-autotune-no-cudagraphs", "plain-default", "points", "plain-default"]
 
 
 def test_a_run_without_compile_baselines_reports_and_locks_without_them(finished_run, tmp_path, monkeypatch):
@@ -252,8 +258,9 @@ def test_whole_step_baselines_are_made_before_the_search(tmp_path, monkeypatch):
     monkeypatch.setattr(compile_baseline, "time_compile_baseline", lambda search, mode, results: timed.append(mode) or
                         (1234.0, {}, None))
     out = str(tmp_path / "stopped")
-    opts = tiny_options(out, budget_s=0.0, compile_baselines=("points", "max-autotune-no-cudagraphs"))
-    assert optimize(opts)["stopped"] and timed == ["max-autotune-no-cudagraphs"]
+    opts = tiny_options(out, budget_s=0.0, compile_baselines=("points", "max-autotune-no-cudagraphs",
+                                                               "plain-max-autotune-no-cudagraphs"))
+    assert optimize(opts)["stopped"] and timed == ["max-autotune-no-cudagraphs"]  # the plain one needs the search
     assert not os.path.exists(os.path.join(out, "search"))
     with open(os.path.join(out, "compile_baselines.json")) as f:
         assert f.read().count("1234.0") == 1

@@ -45,10 +45,13 @@ def add_arguments(p) -> None:
                         "compiler processes it runs (a JIT build, up to 30 min); the same command resumes and skips "
                         "it (default: %(default)s; 0: no limit)")
     p.add_argument("--compile-baseline", nargs="+", default=["points"], metavar="MODE",
-                   choices=("points", "default", "max-autotune-no-cudagraphs", "none"),  # the step is graphed already
+                   choices=("points", "default", "max-autotune-no-cudagraphs", "plain-default",
+                            "plain-max-autotune-no-cudagraphs", "none"),  # the step is graphed already
                    help="the report's torch.compile builds, a row each: 'points' (each point's torch_compile "
                         "variant, default) and/or a torch.compile mode for the whole reference step, e.g. "
-                        "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size); 'none': no "
+                        "max-autotune-no-cudagraphs (compiles the whole model: minutes at full size), and/or "
+                        "'plain-' and a mode: the whole step compiled from each point's fastest gated plain-PyTorch "
+                        "variant (a packed projection, say), as a careful user compiles the model; 'none': no "
                         "torch.compile row (the report then has no baseline but the reference)")
     p.add_argument("--in-step", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                    help="after the lock, time the locked step with each point replaced by a stand-in that launches "

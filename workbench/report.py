@@ -231,7 +231,8 @@ def _compile_row(baseline: str) -> str:
     if baseline == "points":
         return "torch.compile (every point)"
     if baseline.startswith("plain-"):
-        return f"torch.compile of the whole step from the fastest plain-PyTorch variants ({baseline.removeprefix('plain-')})"
+        mode = baseline.removeprefix("plain-")
+        return f"torch.compile of the whole step from the fastest plain-PyTorch variants ({mode})"
     return f"torch.compile of the whole reference step ({baseline})"
 
 

@@ -13,7 +13,9 @@ rank's slice is `tensor.chunk(world_size, dim)[rank]`):
 - attention: q / gate projections and gate_bias by query heads, k / v projections by kv heads
   (GQA: with contiguous blocks rank r's query heads use exactly rank r's kv heads), o_proj by its
   input columns (row-parallel: each rank produces a partial sum). q_norm / k_norm are per
-  head_dim, shared by every head, so they are replicated.
+  head_dim, shared by every head, so they are replicated. With more ranks than kv heads (a multiple
+  of them), each rank holds the one kv head its query heads read, as vLLM does: the W/kv ranks of a
+  kv head's query group each keep a copy of it (`kv_block`).
 - dense MLP: gate / up rows, down columns. MoE: every expert is sliced the same way (gate / up
   rows, down columns of its own d_ff); the router and its correction bias are replicated, so
   every rank routes identically and its experts' partial sums add up in the boundary all-reduce.
@@ -29,8 +31,8 @@ rank's slice is `tensor.chunk(world_size, dim)[rank]`):
 The KV cache needs nothing special: built from the shard's config it holds this rank's kv heads.
 
 What it never does: it never initialises or destroys process groups (the caller does, and passes
-the group in); it never pads or replicates a dimension that does not divide (`shard_config` raises
-a ValueError naming every offender instead); it never communicates while sharding (`shard_model`
+the group in); it never pads a dimension that does not divide, and replicates none but the kv heads
+(`shard_config` raises a ValueError naming every offender instead); it never communicates while sharding (`shard_model`
 and `load_shard` only slice local tensors; each rank reads its own slices); it never modifies the
 full model; it does no sequence parallelism and no all-to-all (expert parallelism sums through the
 boundary's all-reduce, as within one NVLink domain); and it does not change any numerics other than
@@ -49,9 +51,9 @@ from beam_model.config import PRESETS, BeamConfig
 from beam_model.model import BeamForCausalLM
 
 # Sharded fields of the config: each is divided by the world size (under expert parallelism the experts'
-# own width stays whole and their count must divide instead).
-_SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-                 "vocab_size")
+# own width stays whole and their count must divide instead). The kv heads divide too, or replicate
+# where the ranks outnumber them (`shard_config`).
+_SPLIT_FIELDS = ("num_attention_heads", "intermediate_size", "moe_intermediate_size", "vocab_size")
 _EXPERT_FIELDS = ("moe_intermediate_size",)
 
 _L = r"model\.layers\.\d+\."
@@ -76,9 +78,10 @@ _RULES: list[tuple[re.Pattern, int | None]] = [(re.compile(p), d) for p, d in [
 
 
 def shard_config(config: BeamConfig, world_size: int, expert_parallel: bool = False) -> BeamConfig:
-    """One rank's config: heads, kv heads, both FFN widths and the vocabulary divided by world_size
-    (under expert parallelism the experts' width stays whole: the rank holds E/world_size whole experts,
-    a count the config does not carry, since the router still scores all E).
+    """One rank's config: heads, kv heads, both FFN widths and the vocabulary divided by world_size (one
+    kv head a rank where the ranks outnumber the kv heads, a multiple of them; under expert parallelism
+    the experts' width stays whole: the rank holds E/world_size whole experts, a count the config does
+    not carry, since the router still scores all E).
 
     Everything else (hidden size, head_dim, layers, router, expert counts...) is unchanged. The
     preset label becomes `<preset>-tp<world_size>` when that preset exists, else None."""
@@ -86,10 +89,13 @@ def shard_config(config: BeamConfig, world_size: int, expert_parallel: bool = Fa
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     fields = [f for f in _SPLIT_FIELDS if not (expert_parallel and f in _EXPERT_FIELDS)]
     divided = fields + ["n_routed_experts"] * expert_parallel
-    bad = [f"{f}={getattr(config, f)}" for f in divided if getattr(config, f) % world_size]
+    bad = [f"{f}={getattr(config, f)} not divisible by {world_size}" for f in divided
+           if getattr(config, f) % world_size]
+    kv = config.num_key_value_heads
+    if kv % world_size and world_size % kv:  # fewer kv heads than ranks replicate; they must divide them
+        bad.append(f"num_key_value_heads={kv} neither divisible by {world_size} nor dividing it")
     if bad:
-        raise ValueError(f"cannot shard the config over {world_size} ranks: {', '.join(bad)} "
-                         f"not divisible by {world_size}")
+        raise ValueError(f"cannot shard the config over {world_size} ranks: {', '.join(bad)}")
     if expert_parallel and config.n_routed_experts // world_size < config.num_experts_per_tok:
         raise ValueError(f"expert parallelism over {world_size} ranks leaves {config.n_routed_experts // world_size} "
                          f"experts a rank, fewer than top_k = {config.num_experts_per_tok}")
@@ -98,7 +104,7 @@ def shard_config(config: BeamConfig, world_size: int, expert_parallel: bool = Fa
     label = f"{config.preset}-tp{world_size}" if config.preset and not expert_parallel else None
     return dataclasses.replace(
         config, layer_types=list(config.layer_types), preset=label if label in PRESETS else None,
-        **{f: getattr(config, f) // world_size for f in fields})
+        **{f: getattr(config, f) // world_size for f in fields}, num_key_value_heads=max(1, kv // world_size))
 
 
 def check_shardable(config: BeamConfig, world_size: int, expert_parallel: bool = False, quant=None) -> None:
@@ -188,17 +194,31 @@ def expert_owner(name: str, n_experts: int, world_size: int) -> tuple[int, str] 
     return e // per_rank, f"{m.group(1)}{e % per_rank}{m.group(3)}"
 
 
-def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int,
+_KV = re.compile(_L + r"self_attn\.(k_proj|v_proj)\.")  # a kv projection's weight and its scales
+
+
+def kv_block(name: str, rank: int, world_size: int, kv_heads: int) -> tuple[int, int]:
+    """(block, blocks): tensor `name`'s split dimension cut into `blocks` equal blocks, this rank's is
+    number `block`. Every tensor cuts into a block per rank, but a kv projection of a model with fewer kv
+    heads than ranks cuts into a block per kv head, and the W/kv ranks of a kv head's query group share it."""
+    if kv_heads < world_size and _KV.match(name):
+        return rank // (world_size // kv_heads), kv_heads
+    return rank, world_size
+
+
+def shard_tensor(name: str, tensor: torch.Tensor, rank: int, world_size: int, kv_heads: int,
                  expert_parallel: bool = False, fmt: str | None = None) -> torch.Tensor:
-    """This rank's slice of a full tensor (a view; the whole tensor when replicated)."""
+    """This rank's slice of a full tensor of a model with `kv_heads` kv heads (a view; the whole tensor
+    when replicated)."""
     dim = split_dim(name, expert_parallel, fmt)
     if dim is None or world_size == 1:
         return tensor
+    block, blocks = kv_block(name, rank, world_size, kv_heads)
     size = tensor.shape[dim]
-    if size % world_size:
-        raise ValueError(f"{name}: dimension {dim} of shape {list(tensor.shape)} does not divide by {world_size}")
-    n = size // world_size
-    return tensor.narrow(dim, rank * n, n)
+    if size % blocks:
+        raise ValueError(f"{name}: dimension {dim} of shape {list(tensor.shape)} does not divide by {blocks}")
+    n = size // blocks
+    return tensor.narrow(dim, block * n, n)
 
 
 class TensorParallel:
@@ -293,8 +313,8 @@ def shard_model(full_model: BeamForCausalLM, rank: int, world_size: int, group=N
         src = full[name]
         if src.is_meta:
             raise ValueError(f"full model parameter {name} is not materialised (meta device)")
-        t = shard_tensor(name, src, rank, world_size, expert_parallel, fmt).clone(
-            memory_format=torch.contiguous_format)
+        t = shard_tensor(name, src, rank, world_size, full_model.config.num_key_value_heads, expert_parallel,
+                         fmt).clone(memory_format=torch.contiguous_format)
         if t.shape != p.shape:
             raise ValueError(f"{name}: slice has shape {list(t.shape)}, the shard expects {list(p.shape)}")
         _set_param(model, name, t)
@@ -337,8 +357,9 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
                 if dim is None or world_size == 1:
                     t = f.get_tensor(name)
                 else:
-                    n = expected[name][dim] // world_size
-                    index = (slice(None),) * dim + (slice(rank * n, (rank + 1) * n),)
+                    block, blocks = kv_block(name, rank, world_size, full_config.num_key_value_heads)
+                    n = expected[name][dim] // blocks
+                    index = (slice(None),) * dim + (slice(block * n, (block + 1) * n),)
                     t = f.get_slice(name)[index]
                 _target(params, name).copy_(t)
     model.set_variants(variants)

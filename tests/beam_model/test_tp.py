@@ -1,4 +1,4 @@
-"""Tensor and expert parallelism: shard_config shapes, and 2 gloo ranks on the CPU against the unsharded
+"""Tensor and expert parallelism: shard_config shapes, and 2 or 4 gloo ranks on the CPU against the unsharded
 model."""
 
 import dataclasses
@@ -73,14 +73,14 @@ def _rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _run_ranks(tmp_path, expert_parallel, weights="bf16"):
+def _run_ranks(tmp_path, expert_parallel, weights="bf16", world=WORLD):
     """Each rank's results (forward, prefill + decode logits, parameter shapes), and the full model."""
     full = _full_model(weights)
     ckpt = tmp_path / "ckpt"
     full.save_pretrained(str(ckpt))
-    mp.spawn(_worker, args=(WORLD, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt), expert_parallel, weights),
-             nprocs=WORLD, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)], full
+    mp.spawn(_worker, args=(world, str(tmp_path / "rendezvous"), str(tmp_path), str(ckpt), expert_parallel, weights),
+             nprocs=world, join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)], full
 
 
 def _check_against_full(results, full):
@@ -97,8 +97,9 @@ def _check_against_full(results, full):
             assert _rel_err(res["decode"][s], ref_decode[s]) < 1e-4, f"rank {r} step {s}"
         assert res["load_shard_mismatch"] == [], f"rank {r}: load_shard differs from shard_model"
     # the gathered logits are the same bits on every rank
-    assert torch.equal(results[0]["forward"], results[1]["forward"])
-    assert torch.equal(results[0]["decode"], results[1]["decode"])
+    for res in results[1:]:
+        assert torch.equal(results[0]["forward"], res["forward"])
+        assert torch.equal(results[0]["decode"], res["decode"])
 
 
 def test_two_ranks_match_unsharded(tmp_path):
@@ -126,6 +127,42 @@ def test_two_expert_parallel_ranks_match_unsharded(tmp_path):
     assert shapes["model.layers.6.mlp.gate.weight"] == (c.n_routed_experts, c.hidden_size)
     assert shapes["model.layers.0.self_attn.q_proj.weight"] == (c.q_width // 2, c.hidden_size)
     assert shapes["model.layers.0.mlp.down_proj.weight"] == (c.hidden_size, c.intermediate_size // 2)
+
+
+def test_four_ranks_share_the_kv_heads_and_match_unsharded(tmp_path):
+    """beam-tiny has 2 kv heads: over 4 ranks each holds the one its query head reads (ranks 0 and 1 kv
+    head 0, ranks 2 and 3 kv head 1), sharded from the model and loaded from its checkpoint alike."""
+    results, full = _run_ranks(tmp_path, expert_parallel=False, world=4)
+    _check_against_full(results, full)
+    c = full.config
+    assert results[0]["shapes"]["model.layers.0.self_attn.k_proj.weight"] == (c.head_dim, c.hidden_size)
+    assert results[0]["shapes"]["model.layers.0.self_attn.q_proj.weight"] == (c.q_width // 4, c.hidden_size)
+
+
+@pytest.mark.parametrize("weights,expert_parallel", [("bf16", True), ("fp8", False)])
+def test_four_ranks_match_unsharded(tmp_path, weights, expert_parallel):
+    """Four expert-parallel ranks (4 whole experts each, top_k of them), and four FP8 ranks, whose kv
+    projections' row scales are shared with their rows."""
+    results, full = _run_ranks(tmp_path, expert_parallel, weights, world=4)
+    _check_against_full(results, full)
+    c = full.config
+    if weights == "fp8":
+        assert results[3]["shapes"]["model.layers.0.self_attn.v_proj.weight_scale"] == (c.head_dim, 1)
+    else:
+        assert results[3]["shapes"]["model.layers.6.mlp.experts.down_proj"] == (c.n_routed_experts // 4,
+                                                                                c.hidden_size, c.moe_intermediate_size)
+
+
+def test_the_ranks_of_a_kv_heads_query_group_hold_that_kv_head():
+    from beam_model.tp import kv_block, shard_tensor
+
+    name = "model.layers.0.self_attn.k_proj.weight"
+    assert [kv_block(name, r, 8, 2) for r in range(8)] == [(0, 2)] * 4 + [(1, 2)] * 4
+    assert [kv_block(name, r, 2, 2) for r in range(2)] == [(0, 2), (1, 2)]
+    assert kv_block("model.layers.0.self_attn.q_proj.weight", 5, 8, 2) == (5, 8)
+    rows = torch.arange(6.0)[:, None]  # 2 kv heads of 3 rows
+    assert [shard_tensor(name, rows, r, 4, 2).flatten().tolist() for r in range(4)] == \
+        [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]]
 
 
 def test_local_experts_keep_only_the_ranks_pairs():
@@ -170,8 +207,9 @@ def test_shard_config_rejects_non_divisible_world():
     tiny = BeamConfig.from_preset("beam-tiny")  # 4 heads, 2 kv heads, vocab 288
     with pytest.raises(ValueError, match="num_attention_heads=4.*not divisible by 3"):
         shard_config(tiny, 3)
-    with pytest.raises(ValueError, match="num_key_value_heads=2"):
-        shard_config(tiny, 4)
+    with pytest.raises(ValueError, match="num_key_value_heads=3 neither divisible by 2 nor dividing it"):
+        shard_config(dataclasses.replace(tiny, num_attention_heads=6, num_key_value_heads=3), 2)
+    assert shard_config(tiny, 4).num_key_value_heads == 1  # two ranks a kv head
     with pytest.raises(ValueError, match="positive integer"):
         shard_config(tiny, 0)
     assert shard_config(tiny, 1).config_hash() == tiny.config_hash()

@@ -1,5 +1,5 @@
 """`workbench serve --tp 2` on the CPU (gloo): two processes, each with half of every layer of beam-tiny
-(`--ep`: half of the experts, whole), rank 0 serving. Its greedy completions are the single-process
+(`--ep`: half of the experts, whole), rank 0 serving (and `--tp 4`, two ranks to a kv head). Its greedy completions are the single-process
 engine's; streamed and not agree; requests at once all finish; a rank killed while serving ends the
 server with exit code 1 and the rank named, the request in flight getting an error rather than a hang."""
 
@@ -116,6 +116,19 @@ def test_expert_parallel_ranks_serve_the_single_process_engines_completions():
         for prompt, ids in zip(PROMPTS, expected):
             assert _greedy(srv.client(), prompt).choices[0].text == tok.decode(ids), prompt
         assert "TP2 EP" in srv.log()
+    finally:
+        assert srv.stop() in (0, -signal.SIGTERM), srv.log()
+
+
+def test_four_ranks_sharing_the_kv_heads_serve_the_single_process_engines_completions():
+    """`--tp 4` on beam-tiny's 2 kv heads: each rank holds the kv head its query head reads."""
+    srv = ServerProcess("--tp", "4", scripted=False, num_pages=64)
+    try:
+        tok = ByteTokenizer()
+        engine = Engine(BeamForCausalLM.from_preset(MODEL, dtype=torch.float32, seed=0), tok, num_pages=64)
+        expected = engine.generate([tok.encode(p) for p in PROMPTS[:2]], SamplingParams(max_tokens=8, temperature=0.0))
+        for prompt, ids in zip(PROMPTS, expected):
+            assert _greedy(srv.client(), prompt).choices[0].text == tok.decode(ids), prompt
     finally:
         assert srv.stop() in (0, -signal.SIGTERM), srv.log()
 

@@ -2,6 +2,7 @@
 model."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -151,6 +152,35 @@ def test_four_ranks_match_unsharded(tmp_path, weights, expert_parallel):
     else:
         assert results[3]["shapes"]["model.layers.6.mlp.experts.down_proj"] == (c.n_routed_experts // 4,
                                                                                 c.hidden_size, c.moe_intermediate_size)
+
+
+MINI = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "models",
+                    "beam-mini")
+
+
+def _mini_worker(rank, world, init_file, out_dir, ids):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model = load_shard(MINI, rank, world, dist.group.WORLD, dtype=torch.float32)
+        with torch.inference_mode():
+            torch.save(model(ids), f"{out_dir}/mini{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(MINI, "model.safetensors")), reason="no committed beam-mini")
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_trained_beam_mini_loaded_on_ranks_matches_one_process(tmp_path, world):
+    """The committed beam-mini checkpoint, each rank reading its slices (two ranks to a kv head at 4), gives
+    the single process's logits."""
+    full = BeamForCausalLM.from_pretrained(MINI, dtype=torch.float32)
+    ids = torch.randint(0, full.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
+    mp.spawn(_mini_worker, args=(world, str(tmp_path / "rendezvous"), str(tmp_path), ids), nprocs=world, join=True)
+    with torch.inference_mode():
+        expected = full(ids)
+    for r in range(world):
+        assert _rel_err(torch.load(tmp_path / f"mini{r}.pt"), expected) < 1e-4, f"rank {r}"
 
 
 def test_the_ranks_of_a_kv_heads_query_group_hold_that_kv_head():

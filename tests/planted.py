@@ -258,6 +258,59 @@ def quant_planted(name: str) -> Variant:
     return Variant(point, f"planted_{name}", "torch", factory(), formats=(fmt,))
 
 
+# ---- faults of variants that quantize their activations to E4M3 (held to the looser FP8-activation
+# tolerance, PointSpec.activation_tolerance) ------------------------------------------------------------
+
+def _dense_mlp_fp8_rows(quantize_rows):
+    from workbench.variants.kernels.fp8_scaled_mm import fp8_gemm
+
+    def dense_mlp(x, w):  # dense_mlp:fp8_scaled_mm with `quantize_rows` in place of the per-token rule
+        g = fp8_gemm(*quantize_rows(x), w["gate_proj"], x.dtype).float()
+        u = fp8_gemm(*quantize_rows(x), w["up_proj"], x.dtype).float()
+        return fp8_gemm(*quantize_rows((torch.nn.functional.silu(g) * u).to(x.dtype)), w["down_proj"], x.dtype)
+    return dense_mlp
+
+
+def fp8_activation_scale_dropped():
+    from beam_model.quant.formats import quantize_fp8
+
+    def rows(x):  # E4M3 codes of x / its scale, the scale never applied to the GEMM
+        codes, scale = quantize_fp8(x)
+        return codes, torch.ones_like(scale)
+    return _dense_mlp_fp8_rows(rows)
+
+
+def fp8_activation_scale_of_the_first_token():
+    from beam_model.quant.formats import to_e4m3
+
+    def rows(x):  # one scale for every row, from the first row's amax: larger rows saturate at 448
+        scale = x[:1].float().abs().amax().clamp(min=1e-12) / 448.0
+        return to_e4m3(x.float() / scale), scale.expand(x.shape[0], 1).contiguous()
+    return _dense_mlp_fp8_rows(rows)
+
+
+def fp8_activation_rounding_undeclared():
+    # the right per-token rule, but the variant does not say it quantizes activations: held to the
+    # reference's BF16 tolerance, which the rounding of 3 mantissa bits is far outside
+    from beam_model.quant.formats import quantize_fp8
+
+    return _dense_mlp_fp8_rows(quantize_fp8)
+
+
+# name -> (point, factory, the check that must catch it, the activation format it declares)
+ACTIVATION_PLANTED = {
+    "fp8_activation_scale_dropped": ("dense_mlp", fp8_activation_scale_dropped, "accuracy", "fp8"),
+    "fp8_activation_scale_of_the_first_token": ("dense_mlp", fp8_activation_scale_of_the_first_token, "accuracy",
+                                                "fp8"),
+    "fp8_activation_rounding_undeclared": ("dense_mlp", fp8_activation_rounding_undeclared, "accuracy", None),
+}
+
+
+def activation_planted(name: str) -> Variant:
+    point, factory, _, activations = ACTIVATION_PLANTED[name]
+    return Variant(point, f"planted_{name}", "torch", factory(), formats=("fp8",), activations=activations)
+
+
 # ---- faults across tensor-parallel ranks: each gated by the rank gate (workbench/rank_gate.py) ----------
 
 def skips_the_all_reduce():

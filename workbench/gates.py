@@ -300,7 +300,11 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
     def check(name, passed, error=None, threshold=None, detail=""):
         checks.append(CheckResult(name, case.label, bool(passed), error, threshold, detail))
 
-    tol = point_spec.tolerance[wl.dtype]
+    try:
+        tol = point_spec.tolerance_for(wl.dtype, variant.activations)
+    except ValueError as e:
+        check("tolerance", False, detail=str(e))
+        return checks
     hp = _hp_dtype(device, wl.dtype)
     inplace = [k for k in point_spec.inplace if isinstance(call.kwargs.get(k), torch.Tensor)]
     # Snapshot of every input before the weight-layout transform, which may re-lay the weights it is

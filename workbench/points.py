@@ -133,9 +133,23 @@ class PointSpec:
     # Weight format -> the keys of the weights dict that format stores quantized (beam_model.quant.scheme
     # says which checkpoint modules; these are the same projections as this point receives them)
     quantized: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Activation format -> max relative error vs the FP64 reference for a variant that quantizes its
+    # activations to that format (Variant.activations), whatever the dtype: the rounding it adds beside
+    # the weights' (each point's value says which measurement sets it). A point without one refuses them.
+    activation_tolerance: dict[str, float] = field(default_factory=dict)
     # The argument each tensor-parallel rank holds a partial sum of, which the contract all-reduces over
     # its `group` (workbench/rank_gate.py gates that); None: the point never communicates
     partial_sum: int | None = None
+
+    def tolerance_for(self, dtype: str, activations: str | None = None) -> float:
+        """The max relative error a variant computing in `dtype` may have; one that quantizes its
+        activations to a format (Variant.activations) is held to the point's tolerance for that format."""
+        if activations is None:
+            return self.tolerance[dtype]
+        if activations not in self.activation_tolerance:
+            raise ValueError(f"{self.name} declares no tolerance for {activations} activations "
+                             f"(PointSpec.activation_tolerance): its variants must not quantize them")
+        return self.activation_tolerance[activations]
 
     def make_inputs(self, workload: Workload, device, seed: int) -> Call:
         """The point's inputs at `workload`, its weights stored in the workload's format: drawn in BF16,

@@ -57,6 +57,9 @@ class Variant:
     pdl: bool = False
     # The weight formats it reads where its point's weights are quantized (PointSpec.quantized)
     formats: tuple[str, ...] = ("bf16",)
+    # The format it quantizes its activations to (e.g. "fp8": per token, dynamic), or None: the reference's
+    # weight-only numerics. The gates then hold it to its point's tolerance for that (activation_tolerance).
+    activations: str | None = None
     # The file of code that runs in another process (an agent's candidate, called through its sandbox):
     # what the lock keys and names, since `fn` here only forwards the call
     origin: str | None = None
@@ -112,6 +115,7 @@ class Variant:
     def unsupported_weights(self, fmt: str) -> str | None:
         """Why this variant cannot read its point's weights where a model's are stored as `fmt` (a format
         that leaves this point's projections alone leaves them in BF16), or None."""
+        _load(self.point)  # its spec says which formats quantize its weights (a variant made by hand may come first)
         stored = fmt if fmt in _QUANTIZED.get(self.point, ()) else "bf16"
         if stored in self.formats:
             return None

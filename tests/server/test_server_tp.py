@@ -1,7 +1,8 @@
 """`workbench serve --tp 2` on the CPU (gloo): two processes, each with half of every layer of beam-tiny
-(`--ep`: half of the experts, whole), rank 0 serving (and `--tp 4`, two ranks to a kv head). Its greedy completions are the single-process
-engine's; streamed and not agree; requests at once all finish; a rank killed while serving ends the
-server with exit code 1 and the rank named, the request in flight getting an error rather than a hang."""
+(`--ep`: half of the experts, whole), rank 0 serving; `--tp 4`: two ranks to a kv head. Its greedy
+completions are the single-process engine's; streamed and not agree; requests at once all finish; a rank
+killed while serving ends the server with exit code 1 and the rank named, the request in flight getting an
+error rather than a hang."""
 
 import os
 import signal

@@ -58,8 +58,10 @@ LARGER = {
     # decode on quantized weights (variants that read only those formats: experts:triton_quantized)
     "experts": [Workload(TINY, batch=2, tokens_per_seq=9, context=9)]
     + [Workload(TINY, context=20, weights=fmt) for fmt in ("nvfp4", "fp8")],
-    # decode on FP8 weights: the *:triton_fp8 GEMVs read only that format
-    **{p: [Workload(TINY, context=20, weights="fp8")] for p in ("qkvg_proj", "dense_mlp", "attn_out")},
+    # decode on FP8 weights: the *:triton_fp8 GEMVs read only that format; a prefill on them: *:fp8_scaled_mm
+    **{p: [Workload(TINY, context=20, weights="fp8"), Workload(TINY, batch=2, tokens_per_seq=9, context=20,
+                                                               weights="fp8")]
+       for p in ("qkvg_proj", "dense_mlp", "attn_out")},
     # 98 tokens: past the 96 up to which route:triton_cublas's GEMM plans all run route:triton's default
     "route": [Workload(TINY, batch=2, tokens_per_seq=49, context=49)],
 }
@@ -91,13 +93,18 @@ def _fp8_decode():
     return [wl.with_(weights="fp8") for wl in _decode(1, 8)]
 
 
+def _fp8_prefill():
+    """A prompt on FP8 weights: the *:fp8_scaled_mm GEMMs' sizes."""
+    return [wl.with_(weights="fp8") for wl in _prefill((2, 64, 128), PROMPT)]
+
+
 # GPU workloads past the standard ones, per point (the preset and layer kind are filled in). A prompt of
 # 2 x 512 tokens: the library GEMMs' and grouped MoE kernels' prefill at beam-tiny too.
 PROMPT = (2, 512, 512)
 GPU_EXTRA = {
     "boundary": _decode(8, 64, 2048),
     # past 16 rows: the CuTe GEMV's packed GEMM
-    "qkvg_proj": _decode(8, 16, 64) + _prefill((2, 64, 128), PROMPT) + _fp8_decode(),
+    "qkvg_proj": _decode(8, 16, 64) + _prefill((2, 64, 128), PROMPT) + _fp8_decode() + _fp8_prefill(),
     "qk_prep": _decode(8, 64),
     # 32K of context; prefill-8x2k and a chunk of 2K after 6K of context
     "attention": _decode(8, 64) + _decode(1, 8, 64, context=32768)
@@ -106,7 +113,7 @@ GPU_EXTRA = {
     "route": _decode(8, 64, 128, 512) + _prefill(PROMPT),  # route:triton's three GEMM regimes
     "experts": _decode(8, 64) + _prefill(PROMPT, (1, 2048, 2048))
     + [wl.with_(weights=fmt) for fmt in ("fp8", "nvfp4") for wl in _decode(1, 8)],  # quantized experts' decode
-    "dense_mlp": _decode(8, 64) + _fp8_decode(),
+    "dense_mlp": _decode(8, 64) + _fp8_decode() + _fp8_prefill(),
     "head": _decode(8, 64),
     "sample": _decode(8, 64),
     "attention_out": _decode(8) + _decode(1, 8, context=32768),

@@ -3,7 +3,7 @@ quantizes, every reference passes its own gate on them, a variant reads only the
 the faults particular to the formats (nibbles, scales, E4M3 overflow) are rejected by the op gate."""
 
 import pytest
-from planted import QUANT_PLANTED, quant_planted
+from planted import ACTIVATION_PLANTED, QUANT_PLANTED, activation_planted, quant_planted
 
 from beam_model.quant.tensors import is_quantized
 from workbench import registry
@@ -62,3 +62,27 @@ def test_planted_quantization_fault_is_rejected(name):
     report = op_gate(variant, workloads, seeds=(0, 1))
     failed = {c.name for c in report.failures}
     assert not report.passed and check in failed, f"{name} should fail {check!r}; failed {sorted(failed)}"
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATION_PLANTED))
+def test_planted_activation_quantization_fault_is_rejected(name):
+    """A variant that quantizes its activations per token is held to its point's FP8-activation tolerance,
+    a looser one: a dropped activation scale, one scale for every token (larger tokens saturate) and
+    activations quantized without saying so are still rejected; the honest variant passes."""
+    point, _, check, _ = ACTIVATION_PLANTED[name]
+    workloads = [DECODE.with_(weights="fp8"), PREFILL.with_(weights="fp8"),
+                 PREFILL.with_(weights="fp8", preset="beam-501b-tp8")]
+    report = op_gate(activation_planted(name), workloads, seeds=(0, 1))
+    failed = {c.name for c in report.failures}
+    assert not report.passed and check in failed, f"{name} should fail {check!r}; failed {sorted(failed)}"
+    honest = op_gate(registry.get(point, "fp8_scaled_mm"), workloads, seeds=(0, 1))
+    assert honest.passed, honest.first_failure()
+
+
+def test_a_point_without_an_activation_tolerance_refuses_quantized_activations():
+    import dataclasses
+
+    variant = dataclasses.replace(registry.get("attn_out", "torch"), name="quantizes", activations="fp8")
+    report = op_gate(variant, [DECODE.with_(weights="fp8")], seeds=(0,))
+    assert [c.name for c in report.failures] == ["tolerance"]
+    assert "attn_out declares no tolerance for fp8 activations" in report.failures[0].detail

@@ -39,5 +39,8 @@ declare(PointSpec(
     + weight_bytes(wl, QUANTIZED, _out_width(wl.config), wl.config.hidden_size),
     flops=lambda wl: 2 * wl.tokens * wl.config.hidden_size * _out_width(wl.config),
     tolerance={"fp32": 1e-5, "fp16": 8e-4, "bf16": 6e-3},  # ~2.5x the reference's worst vs FP64
+    # per-token E4M3 activations (its fp8_scaled_mm): 2x the worst norm-wise error measured on FP8 weights,
+    # random and beam-mini's on text (runs/fp8-activation-error-cpu/errors.json)
+    activation_tolerance={"fp8": 0.09},
     quantized=QUANTIZED,
 ))

@@ -2,7 +2,7 @@
 `PointSpec.activation_tolerance` (docs/decisions.md #42).
 
 Each `*:fp8_scaled_mm` variant through the op gate (tolerance lifted, so every case reports its error),
-on FP8 weights: random inputs at beam-tiny's and a TP8 rank's shapes (decode and a prefill, three seeds),
+on FP8 weights, on the CPU: random inputs at beam-tiny's and a TP8 rank's shapes (decode and a prefill, three seeds),
 and calls captured from the trained beam-mini, quantized to FP8, on held-out text. Writes OUT/errors.json:
 per point, the gate's errors per case (the norm-wise relative error, and the worst element's, which the
 gate holds to ELEMENT_FACTOR x the tolerance), and the largest of each.
@@ -15,17 +15,19 @@ import os
 import sys
 import tempfile
 
-import torch
+os.environ.setdefault("TRITON_INTERPRET", "1")  # on the CPU: the quantization kernel interpreted, before triton loads
 
-from beam_model.model import BeamForCausalLM
-from beam_model.quantized_checkpoint import quantize_checkpoint
-from beam_model.tokenizer import load_tokenizer
-from workbench import gates
-from workbench.commands.check import TEXT_WINDOWS
-from workbench.commands.common import embedded_model
-from workbench.points import Workload, spec
-from workbench.registry import get
-from workbench.training.data import held_out_batch
+import torch  # noqa: E402
+
+from beam_model.model import BeamForCausalLM  # noqa: E402
+from beam_model.quantized_checkpoint import quantize_checkpoint  # noqa: E402
+from beam_model.tokenizer import load_tokenizer  # noqa: E402
+from workbench import gates  # noqa: E402
+from workbench.commands.check import TEXT_WINDOWS  # noqa: E402
+from workbench.commands.common import embedded_model  # noqa: E402
+from workbench.points import Workload, spec  # noqa: E402
+from workbench.registry import get  # noqa: E402
+from workbench.training.data import held_out_batch  # noqa: E402
 
 POINTS = ("qkvg_proj", "dense_mlp")
 VARIANT = "fp8_scaled_mm"

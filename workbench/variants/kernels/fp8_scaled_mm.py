@@ -1,16 +1,16 @@
 """FP8 GEMMs on tensor cores with the activations quantized per token, as FP8 serving engines run their
 linear layers (vLLM's and TensorRT-LLM's FP8 "W8A8" path): each row of x scaled by its own amax / 448 to
-E4M3 (the weights' rule, `quant.formats.quantize_fp8`, on rows of activations), then `torch._scaled_mm`
-with the rows' scales and the weights' output-channel scales applied to the FP32 accumulator.
+E4M3 (the weights' rule, `quant.formats.quantize_fp8`, on rows of activations; one Triton launch,
+`kernels/fp8_rows.py`), then `torch._scaled_mm` with the rows' scales and the weights' output-channel
+scales applied to the FP32 accumulator.
 
 What the variants that use it give up: the activations' rounding to 3 mantissa bits, which the reference
 (weight-only, docs/decisions.md #42) does not do. Their points hold them to a tolerance of their own
-(`PointSpec.activation_tolerance`, with the measurement that sets it). Torch only.
+(`PointSpec.activation_tolerance`, with the measurement that sets it). Imports no triton itself.
 """
 
 import torch
 
-from beam_model.quant.formats import quantize_fp8
 from beam_model.quant.tensors import Fp8Weight
 
 ALIGN = 16  # _scaled_mm's FP8 operands: the reduction and output widths in multiples of 16
@@ -18,7 +18,14 @@ ALIGN = 16  # _scaled_mm's FP8 operands: the reduction and output widths in mult
 
 def fp8_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     """x [N, in] @ W.T, W an FP8 [out, in] weight with [out, 1] scales: [N, out] in x's dtype."""
-    return fp8_gemm(*quantize_fp8(x), w, x.dtype)
+    return fp8_gemm(*quantize_rows(x), w, x.dtype)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's rows quantized per token (`quantize_fp8`'s rule) in one Triton launch (`kernels/fp8_rows.py`)."""
+    from workbench.variants.kernels.fp8_rows import quantize_rows as kernel  # kernels: imported on use
+
+    return kernel(x.contiguous())
 
 
 def fp8_gemm(codes: torch.Tensor, scale: torch.Tensor, w: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:

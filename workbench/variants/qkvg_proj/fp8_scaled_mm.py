@@ -13,7 +13,7 @@ def _widths(c):
     return [(c.hidden_size, c.q_width + 2 * c.kv_width + c.q_width)]
 
 
-@register("qkvg_proj", "fp8_scaled_mm", "torch", prepare=pack_qkvg, formats=("fp8",), activations="fp8",
+@register("qkvg_proj", "fp8_scaled_mm", "triton", prepare=pack_qkvg, formats=("fp8",), activations="fp8",
           supports=scaled_mm_supports("qkvg_proj:fp8_scaled_mm", _widths))
 def qkvg_fp8_scaled_mm(x, w):
     return split_qkvg(fp8_linear(x, w["qkvg"]), w["sizes"])

@@ -1,0 +1,67 @@
+"""Per-token E4M3 quantization of activations in one launch: each row of x scaled by its own amax / 448
+(`beam_model.quant.formats.quantize_fp8`'s rule on rows of activations), codes and FP32 row scales out.
+
+One program a row reads it twice (its amax, then its codes; the second read mostly from L2), where the
+PyTorch rule makes an FP32 copy of x and several passes over it: at a prompt of 16K tokens that rule alone
+took longer than the FP8 GEMM it feeds (runs/fp8-prefill-h100/, `fp8-parts.json`).
+
+The codes round to nearest even, on the GPU by the cast, under the CPU interpreter through the bits
+(`_to_e4m3`). Imported on the variants' first
+call, so their modules import without triton and TRITON_INTERPRET can be set before this kernel is defined.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.variants.kernels.triton_common import INTERPRETED
+
+E4M3_MAX = 448.0
+BLOCK = 1024
+_INTERPRETED = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def _to_e4m3(x):
+    """FP32 `x` (finite, within +-448) rounded to nearest-even in E4M3, as torch's cast rounds. On the GPU
+    the cast itself (cvt.rn); the interpreter's cast truncates, so there the value is rounded first, through
+    the bits (3 mantissa bits kept), or on the 2^-9 grid of E4M3's subnormals below 2^-6, the sign kept."""
+    if _INTERPRETED:
+        bits = x.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        steps = tl.abs(x) * 512.0
+        up = tl.floor(steps + 0.5)
+        steps = up - tl.where((up == steps + 0.5) & (up % 2 != 0), 1.0, 0.0)
+        sub = tl.where((bits >> 31) != 0, -steps, steps) / 512.0
+        return tl.where(tl.abs(x) < 0.015625, sub, normal).to(tl.float8e4nv)
+    else:
+        return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quantize_rows(x_ptr, codes_ptr, scale_ptr, K, stride_x, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_x
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(0, K, BLOCK):
+        offs = k + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
+    m = tl.max(amax, 0)
+    scale = tl.where(m > 0, m / 448.0, 1.0)
+    for k in range(0, K, BLOCK):
+        offs = k + tl.arange(0, BLOCK)
+        v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        q = tl.clamp(v / scale, -448.0, 448.0)
+        tl.store(codes_ptr + row.to(tl.int64) * K + offs, _to_e4m3(q), mask=offs < K)
+    tl.store(scale_ptr + row, scale)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, K] (unit stride along K) -> (E4M3 codes [N, K], FP32 scales [N, 1])."""
+    n, k = x.shape
+    codes = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    if n:
+        _quantize_rows[(n,)](x, codes, scale, k, x.stride(0), BLOCK=min(BLOCK, triton.next_power_of_2(k)),
+                             num_warps=4)
+    return codes, scale

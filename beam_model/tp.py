@@ -32,11 +32,11 @@ The KV cache needs nothing special: built from the shard's config it holds this 
 
 What it never does: it never initialises or destroys process groups (the caller does, and passes
 the group in); it never pads a dimension that does not divide, and replicates none but the kv heads
-(`shard_config` raises a ValueError naming every offender instead); it never communicates while sharding (`shard_model`
-and `load_shard` only slice local tensors; each rank reads its own slices); it never modifies the
-full model; it does no sequence parallelism and no all-to-all (expert parallelism sums through the
-boundary's all-reduce, as within one NVLink domain); and it does not change any numerics other than
-the order of the partial-sum additions in the all-reduces.
+(`shard_config` raises a ValueError naming every offender instead); it never communicates while
+sharding (`shard_model` and `load_shard` only slice local tensors; each rank reads its own slices); it
+never modifies the full model; it does no sequence parallelism and no all-to-all (expert parallelism
+sums through the boundary's all-reduce, as within one NVLink domain); and it does not change any
+numerics other than the order of the partial-sum additions in the all-reduces.
 """
 
 from __future__ import annotations

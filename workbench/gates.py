@@ -301,7 +301,7 @@ def _run_case(variant: Variant, point_spec, case: _Case, device) -> list[CheckRe
         checks.append(CheckResult(name, case.label, bool(passed), error, threshold, detail))
 
     try:
-        tol = point_spec.tolerance_for(wl.dtype, variant.activations)
+        tol = point_spec.tolerance_for(wl.dtype, variant.activations, wl.weights)
     except ValueError as e:
         check("tolerance", False, detail=str(e))
         return checks

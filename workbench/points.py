@@ -141,10 +141,12 @@ class PointSpec:
     # its `group` (workbench/rank_gate.py gates that); None: the point never communicates
     partial_sum: int | None = None
 
-    def tolerance_for(self, dtype: str, activations: str | None = None) -> float:
+    def tolerance_for(self, dtype: str, activations: str | None = None, weights: str = "bf16") -> float:
         """The max relative error a variant computing in `dtype` may have; one that quantizes its
-        activations to a format (Variant.activations) is held to the point's tolerance for that format."""
-        if activations is None:
+        activations to a format (Variant.activations) is held to the point's tolerance for that format
+        where the weights are stored in it too (W8A8), and to the dtype's anywhere else: declaring it
+        buys no slack on weights it does not apply to."""
+        if activations is None or activations != weights:
             return self.tolerance[dtype]
         if activations not in self.activation_tolerance:
             raise ValueError(f"{self.name} declares no tolerance for {activations} activations "

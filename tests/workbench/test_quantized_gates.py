@@ -86,3 +86,21 @@ def test_a_point_without_an_activation_tolerance_refuses_quantized_activations()
     report = op_gate(variant, [DECODE.with_(weights="fp8")], seeds=(0,))
     assert [c.name for c in report.failures] == ["tolerance"]
     assert "attn_out declares no tolerance for fp8 activations" in report.failures[0].detail
+
+
+def test_declared_activation_quantization_buys_no_slack_on_other_weights():
+    """The looser tolerance holds only on the format's own weights: on BF16 weights a variant that says it
+    quantizes activations to FP8 is held to the reference's tolerance (it passes on FP8 weights)."""
+    import dataclasses
+
+    from beam_model.quant.formats import quantize_fp8
+
+    def dense_mlp(x, w):  # per-token E4M3 activations, dequantized, on whatever weights it is given
+        codes, scale = quantize_fp8(x)
+        return registry.reference("dense_mlp").fn((codes.float() * scale).to(x.dtype), w)
+
+    variant = dataclasses.replace(registry.reference("dense_mlp"), name="w16a8", fn=dense_mlp,
+                                  formats=("bf16", "fp8"), activations="fp8")
+    assert op_gate(variant, [PREFILL.with_(weights="fp8")], seeds=(0, 1)).passed
+    report = op_gate(variant, [PREFILL], seeds=(0, 1))
+    assert not report.passed and "accuracy" in {c.name for c in report.failures}

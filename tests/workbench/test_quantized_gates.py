@@ -68,15 +68,21 @@ def test_planted_quantization_fault_is_rejected(name):
 def test_planted_activation_quantization_fault_is_rejected(name):
     """A variant that quantizes its activations per token is held to its point's FP8-activation tolerance,
     a looser one: a dropped activation scale, one scale for every token (larger tokens saturate) and
-    activations quantized without saying so are still rejected; the honest variant passes."""
+    activations quantized without saying so are still rejected."""
     point, _, check, _ = ACTIVATION_PLANTED[name]
-    workloads = [DECODE.with_(weights="fp8"), PREFILL.with_(weights="fp8"),
-                 PREFILL.with_(weights="fp8", preset="beam-501b-tp8")]
-    report = op_gate(activation_planted(name), workloads, seeds=(0, 1))
+    report = op_gate(activation_planted(name), [DECODE.with_(weights="fp8"), PREFILL.with_(weights="fp8")],
+                     seeds=(0, 1))
     failed = {c.name for c in report.failures}
     assert not report.passed and check in failed, f"{name} should fail {check!r}; failed {sorted(failed)}"
-    honest = op_gate(registry.get(point, "fp8_scaled_mm"), workloads, seeds=(0, 1))
-    assert honest.passed, honest.first_failure()
+
+
+@pytest.mark.parametrize("point", ["qkvg_proj", "dense_mlp"])
+def test_the_w8a8_variants_pass_at_a_tp8_ranks_prompt(point):
+    """The honest per-token FP8 variants, where the planted ones above fail, and at a TP8 rank's widths."""
+    workloads = [DECODE.with_(weights="fp8"), PREFILL.with_(weights="fp8"),
+                 Workload("beam-501b-tp8", batch=1, tokens_per_seq=16, context=16, weights="fp8")]
+    report = op_gate(registry.get(point, "fp8_scaled_mm"), workloads, seeds=(0,))
+    assert report.passed, report.first_failure()
 
 
 def test_a_point_without_an_activation_tolerance_refuses_quantized_activations():

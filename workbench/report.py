@@ -14,6 +14,7 @@ import json
 import math
 
 from workbench.bench_report import config_text
+from workbench.compile_baseline import PLAIN
 from workbench.lock import run_by
 from workbench.profiler.idle import idle_line
 from workbench.registry import COMPOUNDS, REFERENCE
@@ -230,8 +231,8 @@ def challenge_lines(r: dict) -> list[str]:
 def _compile_row(baseline: str) -> str:
     if baseline == "points":
         return "torch.compile (every point)"
-    if baseline.startswith("plain-"):
-        mode = baseline.removeprefix("plain-")
+    if baseline.startswith(PLAIN):
+        mode = baseline.removeprefix(PLAIN)
         return f"torch.compile of the whole step from the fastest plain-PyTorch variants ({mode})"
     return f"torch.compile of the whole reference step ({baseline})"
 

@@ -6,17 +6,17 @@ PyTorch rule makes an FP32 copy of x and several passes over it: at a prompt of 
 took longer than the FP8 GEMM it feeds (runs/fp8-prefill-h100/, `fp8-parts.json`).
 
 The codes round to nearest even, on the GPU by the cast, under the CPU interpreter through the bits
-(`_to_e4m3`). Imported on the variants' first
-call, so their modules import without triton and TRITON_INTERPRET can be set before this kernel is defined.
+(`_to_e4m3`). Imported on the variants' first call, so their modules import without triton and
+TRITON_INTERPRET can be set before this kernel is defined.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from beam_model.quant.formats import E4M3_MAX
 from workbench.variants.kernels.triton_common import INTERPRETED
 
-E4M3_MAX = 448.0
 BLOCK = 1024
 _INTERPRETED = tl.constexpr(INTERPRETED)
 
@@ -39,7 +39,7 @@ def _to_e4m3(x):
 
 
 @triton.jit
-def _quantize_rows(x_ptr, codes_ptr, scale_ptr, K, stride_x, BLOCK: tl.constexpr):
+def _quantize_rows(x_ptr, codes_ptr, scale_ptr, K, stride_x, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_x
     amax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -47,11 +47,11 @@ def _quantize_rows(x_ptr, codes_ptr, scale_ptr, K, stride_x, BLOCK: tl.constexpr
         offs = k + tl.arange(0, BLOCK)
         amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
     m = tl.max(amax, 0)
-    scale = tl.where(m > 0, m / 448.0, 1.0)
+    scale = tl.where(m > 0, m / E4M3_MAX, 1.0)
     for k in range(0, K, BLOCK):
         offs = k + tl.arange(0, BLOCK)
         v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = tl.clamp(v / scale, -448.0, 448.0)
+        q = tl.clamp(v / scale, -E4M3_MAX, E4M3_MAX)
         tl.store(codes_ptr + row.to(tl.int64) * K + offs, _to_e4m3(q), mask=offs < K)
     tl.store(scale_ptr + row, scale)
 
@@ -62,6 +62,6 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(n, 1, dtype=torch.float32, device=x.device)
     if n:
-        _quantize_rows[(n,)](x, codes, scale, k, x.stride(0), BLOCK=min(BLOCK, triton.next_power_of_2(k)),
-                             num_warps=4)
+        _quantize_rows[(n,)](x, codes, scale, k, x.stride(0), E4M3_MAX=E4M3_MAX,
+                             BLOCK=min(BLOCK, triton.next_power_of_2(k)), num_warps=4)
     return codes, scale

@@ -12,6 +12,7 @@ What the variants that use it give up: the activations' rounding to 3 mantissa b
 import torch
 
 from beam_model.quant.tensors import Fp8Weight
+from workbench.variants.kernels.fp8_decode import e4m3_unsupported
 
 ALIGN = 16  # _scaled_mm's FP8 operands: the reduction and output widths in multiples of 16
 
@@ -37,12 +38,11 @@ def fp8_gemm(codes: torch.Tensor, scale: torch.Tensor, w: Fp8Weight, dtype: torc
 
 
 def scaled_mm_supports(qualname: str, widths):
-    """The `supports` of a variant on `fp8_linear`: a GPU with FP8 tensor cores (sm_89 or later), and
-    `widths(config)`, every (in, out) pair of its GEMMs, in multiples of ALIGN."""
+    """The `supports` of a variant on `fp8_linear`: a GPU that converts E4M3 (sm_89 or later, where the FP8
+    tensor cores are too), and `widths(config)`, every (in, out) pair of its GEMMs, in multiples of ALIGN."""
     def supports(wl):
-        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
-            major, minor = torch.cuda.get_device_capability()
-            return f"{qualname} needs FP8 tensor cores (sm_89 or later), not sm_{major}{minor}"
+        if why := e4m3_unsupported(qualname):  # its quantization kernel writes E4M3 in Triton
+            return why
         odd = [f"{k} x {n}" for k, n in widths(wl.config) if k % ALIGN or n % ALIGN]
         if odd:
             return f"{qualname}: FP8 GEMMs take widths in multiples of {ALIGN}, not {', '.join(odd)}"

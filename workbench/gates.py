@@ -556,11 +556,12 @@ def _routing(model, recorded: list, agreement: list | None = None):
 
 def model_gate(selection, *more, configs: dict | None = None, preset: str = "beam-tiny", dtype: str | None = None,
                device="cpu", prompt_len: int = 24, decode_steps: int = 8, seed: int = 0,
-               weights: str = "bf16") -> GateReport:
+               weights: str = "bf16", prompts: tuple[list[torch.Tensor], str] | None = None) -> GateReport:
     """The build `selection` (at tuning `configs`) against the reference build, on one model whose
     variants are switched, so a full-size rank needs room for one copy of the weights. Builds the
     preset's model (`dtype`, default bf16) or, called as `model_gate(model, selection)`, uses that
-    built model at its own dtype and device and restores its variants afterwards."""
+    built model at its own dtype and device and restores its variants afterwards. The prompts are two
+    ragged sequences of random ids, or `prompts`: (token id tensors, what they are, e.g. "text")."""
     from beam_model.model import BeamForCausalLM
 
     given = isinstance(selection, torch.nn.Module)
@@ -575,15 +576,21 @@ def model_gate(selection, *more, configs: dict | None = None, preset: str = "bea
     subject = ", ".join(f"{p}:{v}" for p, v in sorted(selection.items())) or "reference"
     report = GateReport("model", subject)
     weights = "" if model.weights == "bf16" else f" {model.weights} weights"
-    case = f"{preset} {dtype}{weights} prompt{prompt_len} decode{decode_steps} seed{seed}"
+    if prompts is None:
+        gen = torch.Generator().manual_seed(seed)
+        # Two ragged sequences: a batch of one would hide cross-sequence mix-ups.
+        prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen)
+                   for n in (prompt_len, max(1, (2 * prompt_len) // 3))]
+        case = f"{preset} {dtype}{weights} prompt{prompt_len} decode{decode_steps} seed{seed}"
+    else:
+        prompts, source = prompts
+        lengths = ",".join(str(len(p)) for p in prompts)
+        case = f"{preset} {dtype}{weights} {source} prompts {lengths} decode{decode_steps}"
+    prompts = [p.to(model.device) for p in prompts]
 
     def check(name, passed, error=None, threshold=None, detail=""):
         report.checks.append(CheckResult(name, case, bool(passed), error, threshold, detail))
 
-    gen = torch.Generator().manual_seed(seed)
-    # Two ragged sequences: a batch of one would hide cross-sequence mix-ups.
-    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen).to(model.device)
-               for n in (prompt_len, max(1, (2 * prompt_len) // 3))]
     try:
         return _model_gate(model, selection, configs, prompts, decode_steps, dtype, check, report)
     finally:

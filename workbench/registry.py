@@ -268,10 +268,16 @@ def variants(point: str) -> dict[str, Variant]:
     return _VARIANTS[point]
 
 
+# Variants registered under another name than locks made before the rename give them:
+# (point, name in the lock) -> its name now. The code is the same; a lock naming the old one is made again.
+RENAMED = {("route", "cublas"): "triton_cublas"}
+
+
 def get(point: str, name: str) -> Variant:
     table = variants(point)
     if name not in table:
-        raise KeyError(f"no variant {name!r} for fusion point {point!r}; registered: {', '.join(table)}")
+        now = f" (now registered as {RENAMED[point, name]!r})" if (point, name) in RENAMED else ""
+        raise KeyError(f"no variant {name!r} for fusion point {point!r}{now}; registered: {', '.join(table)}")
     return table[name]
 
 

@@ -1,15 +1,29 @@
-"""Show or verify a lock file (`workbench lock show|verify FILE`)."""
+"""Show, verify or gate a lock file (`workbench lock show|verify|gate FILE`).
+
+`gate` runs the lock's build through the model gate on a model of your choice, e.g. the trained
+beam-mini on held-out text (`--model models/beam-mini`): a build tuned on one model's shapes must
+still give that model's answers. It judges the build's numerics, not the lock's provenance (`verify`).
+"""
 
 from __future__ import annotations
 
 from workbench.commands.common import print_json
 
+# The two ragged prompts of `gate` on a trained model: long enough to cross its sliding window.
+TEXT_PROMPT_TOKENS = 256
+
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=("show", "verify"))
+    p.add_argument("action", choices=("show", "verify", "gate"))
     p.add_argument("file", help="lock.yaml")
-    p.add_argument("--no-gates", action="store_true", help="verify hashes and environment only")
-    p.add_argument("--device", default=None, help="device to re-run the gates on (default: cuda when available)")
+    p.add_argument("--no-gates", action="store_true", help="verify: hashes and environment only")
+    p.add_argument("--device", default=None, help="device to run the gates on (default: cuda when available)")
+    p.add_argument("--model", metavar="DIR|PRESET",
+                   help="gate: a checkpoint folder (prompted with held-out text when it has a tokenizer.json) "
+                        "or a preset's random weights (default: the lock's preset)")
+    p.add_argument("--prompt-tokens", type=int, default=TEXT_PROMPT_TOKENS,
+                   help="gate: the longer text prompt's length (default: %(default)s)")
+    p.add_argument("--decode-steps", type=int, default=8, help="gate: greedy steps after the prompts (default: 8)")
     p.add_argument("--json", action="store_true")
 
 
@@ -21,6 +35,8 @@ def run(args) -> int:
     from workbench.lock import Lock, run_by, verify
 
     console = Console()
+    if args.action == "gate":
+        return gate(args, console)
     if args.action == "show":
         lock, problems = Lock.load(args.file)
         if args.json:
@@ -57,3 +73,69 @@ def run(args) -> int:
         for p in result.problems:
             console.print(f"[red]changed:[/] {p}")
     return 0 if result.ok else 1
+
+
+def _gate_model(args, lock, device):
+    """(model, prompts or None, what the model is): the folder's trained model on held-out text, or a
+    preset's random weights on the model gate's random ids."""
+    import os
+
+    import torch
+
+    from beam_model.model import BeamForCausalLM
+    from workbench.dtypes import dtype_of
+
+    dtype = dtype_of(lock.model.get("dtype", "bf16"))
+    name = args.model or lock.model.get("preset", "beam-tiny")
+    if not os.path.isdir(name):
+        weights = lock.model.get("weights", "bf16") if name == lock.model.get("preset") else "bf16"
+        return BeamForCausalLM.from_preset(name, dtype=dtype, device=device, weights=weights), None, \
+            f"preset {name} (random weights)"
+    if not os.path.isfile(os.path.join(name, "tokenizer.json")):
+        return BeamForCausalLM.from_pretrained(name, dtype=dtype, device=device), None, f"{name} (random ids)"
+    from beam_model.tokenizer import load_tokenizer
+    from workbench.training.data import held_out_batch
+
+    n = args.prompt_tokens
+    text = held_out_batch(load_tokenizer(name), 2, n)
+    prompts = [text[0], text[1, : max(1, (2 * n) // 3)]]  # ragged, as the gate's random prompts are
+    model = BeamForCausalLM.from_pretrained(name, dtype=dtype, device=device)
+    return model, ([torch.as_tensor(p) for p in prompts], "held-out text"), f"{name} (held-out text)"
+
+
+def gate(args, console) -> int:
+    from rich.table import Table
+
+    from workbench.commands.common import resolve_device
+    from workbench.gates import model_gate
+    from workbench.lock import Lock
+    from workbench.provenance import environment
+    from workbench.registry import RENAMED
+
+    lock, problems = Lock.load(args.file)
+    notes = [f"{p} (the gate runs the build all the same)" for p in problems]
+    selection = {}
+    for point, variant in lock.selection.items():
+        now = RENAMED.get((point, variant), variant)
+        if now != variant:
+            notes.append(f"{point}:{variant} is registered as {point}:{now} now")
+        selection[point] = now
+    device = resolve_device(args.device)
+    model, prompts, what = _gate_model(args, lock, device)
+    report = model_gate(model, selection, configs=lock.configs, decode_steps=args.decode_steps, prompts=prompts)
+    if args.json:
+        print_json({"lock": args.file, "target": lock.target, "locked_model": lock.model, "model": what,
+                    "device": str(device), "passed": report.passed, "notes": notes, "report": report.to_dict(),
+                    "environment": environment()})
+        return 0 if report.passed else 1
+    for n in notes:
+        console.print(f"[yellow]note:[/] {n}")
+    t = Table(title=f"model gate of {args.file} on {what}")
+    for col in ("check", "passed", "error / threshold", "detail"):
+        t.add_column(col)
+    for c in report.checks:
+        measured = f"{c.error:.3g} / {c.threshold:.3g}" if c.error is not None and c.threshold is not None else ""
+        t.add_row(c.name, "[green]yes[/]" if c.passed else "[bold red]no[/]", measured, c.detail)
+    console.print(t)
+    console.print(f"[green]passes[/] on {what}" if report.passed else f"[red]fails[/]: {report.first_failure()}")
+    return 0 if report.passed else 1

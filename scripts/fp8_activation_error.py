@@ -29,7 +29,7 @@ from workbench.points import Workload, spec  # noqa: E402
 from workbench.registry import get  # noqa: E402
 from workbench.training.data import held_out_batch  # noqa: E402
 
-POINTS = ("qkvg_proj", "dense_mlp")
+POINTS = ("qkvg_proj", "attn_out", "dense_mlp")
 VARIANT = "fp8_scaled_mm"
 
 

@@ -297,8 +297,21 @@ def fp8_activation_rounding_undeclared():
     return _dense_mlp_fp8_rows(quantize_fp8)
 
 
+def fp8_gate_bias_by_channel():
+    from beam_model.quant.formats import quantize_fp8
+    from workbench.variants.kernels.fp8_scaled_mm import fp8_gemm
+
+    def attn_out(o, g, w):  # attn_out:fp8_scaled_mm's gate with the bias indexed by channel, not by head
+        n, heads, hd = o.shape
+        bias = w["gate_bias"].float()[torch.arange(heads * hd, device=o.device) % heads]
+        gated = (o.float().reshape(n, heads * hd) * torch.sigmoid(g.float() + bias)).to(o.dtype)
+        return fp8_gemm(*quantize_fp8(gated), w["o_proj"], o.dtype)
+    return attn_out
+
+
 # name -> (point, factory, the check that must catch it, the activation format it declares)
 ACTIVATION_PLANTED = {
+    "fp8_gate_bias_by_channel": ("attn_out", fp8_gate_bias_by_channel, "accuracy", "fp8"),
     "fp8_activation_scale_dropped": ("dense_mlp", fp8_activation_scale_dropped, "accuracy", "fp8"),
     "fp8_activation_scale_of_the_first_token": ("dense_mlp", fp8_activation_scale_of_the_first_token, "accuracy",
                                                 "fp8"),

@@ -109,7 +109,7 @@ GPU_EXTRA = {
     # 32K of context; prefill-8x2k and a chunk of 2K after 6K of context
     "attention": _decode(8, 64) + _decode(1, 8, 64, context=32768)
     + _prefill((1, 2048, 2048), (1, 8192, 8192), (8, 2048, 2048), (2, 2048, 8192)),
-    "attn_out": _decode(8, 64) + _prefill(PROMPT) + _fp8_decode(),
+    "attn_out": _decode(8, 64) + _prefill(PROMPT) + _fp8_decode() + _fp8_prefill(),
     "route": _decode(8, 64, 128, 512) + _prefill(PROMPT),  # route:triton's three GEMM regimes
     "experts": _decode(8, 64) + _prefill(PROMPT, (1, 2048, 2048))
     + [wl.with_(weights=fmt) for fmt in ("fp8", "nvfp4") for wl in _decode(1, 8)],  # quantized experts' decode

@@ -76,7 +76,7 @@ def test_planted_activation_quantization_fault_is_rejected(name):
     assert not report.passed and check in failed, f"{name} should fail {check!r}; failed {sorted(failed)}"
 
 
-@pytest.mark.parametrize("point", ["qkvg_proj", "dense_mlp"])
+@pytest.mark.parametrize("point", ["qkvg_proj", "attn_out", "dense_mlp"])
 def test_the_w8a8_variants_pass_at_a_tp8_ranks_prompt(point):
     """The honest per-token FP8 variants, where the planted ones above fail, and at a TP8 rank's widths."""
     workloads = [DECODE.with_(weights="fp8"), PREFILL.with_(weights="fp8"),
@@ -88,10 +88,10 @@ def test_the_w8a8_variants_pass_at_a_tp8_ranks_prompt(point):
 def test_a_point_without_an_activation_tolerance_refuses_quantized_activations():
     import dataclasses
 
-    variant = dataclasses.replace(registry.get("attn_out", "torch"), name="quantizes", activations="fp8")
+    variant = dataclasses.replace(registry.get("experts", "torch"), name="quantizes", activations="fp8")
     report = op_gate(variant, [DECODE.with_(weights="fp8")], seeds=(0,))
     assert [c.name for c in report.failures] == ["tolerance"]
-    assert "attn_out declares no tolerance for fp8 activations" in report.failures[0].detail
+    assert "experts declares no tolerance for fp8 activations" in report.failures[0].detail
 
 
 def test_declared_activation_quantization_buys_no_slack_on_other_weights():

@@ -44,5 +44,8 @@ declare(PointSpec(
     "attn_out", inputs, bytes=_bytes,
     flops=lambda wl: 2 * wl.tokens * wl.config.q_width * wl.config.hidden_size + 4 * wl.tokens * wl.config.q_width,
     tolerance={"fp32": 1e-5, "fp16": 1e-3, "bf16": 8e-3},  # ~2.5x the reference's worst vs FP64
+    # per-token E4M3 activations (its fp8_scaled_mm): 2x the worst norm-wise error measured on FP8 weights,
+    # random and beam-mini's on text (runs/fp8-activation-error-cpu/errors.json)
+    activation_tolerance={"fp8": 0.06},
     quantized=QUANTIZED,
 ))

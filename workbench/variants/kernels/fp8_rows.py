@@ -1,5 +1,6 @@
 """Per-token E4M3 quantization of activations in one launch: each row of x scaled by its own amax / 448
-(`beam_model.quant.formats.quantize_fp8`'s rule on rows of activations), codes and FP32 row scales out.
+(`beam_model.quant.formats.quantize_fp8`'s rule on rows of activations), codes and FP32 row scales out;
+optionally with attention's output gate applied to the rows on the way (`attn_out:fp8_scaled_mm`).
 
 One program a row reads it twice (its amax, then its codes; the second read mostly from L2), where the
 PyTorch rule makes an FP32 copy of x and several passes over it: at a prompt of 16K tokens that rule alone
@@ -39,29 +40,48 @@ def _to_e4m3(x):
 
 
 @triton.jit
-def _quantize_rows(x_ptr, codes_ptr, scale_ptr, K, stride_x, E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr):
+def _row_values(x_row, g_row, b_ptr, offs, K, HEAD_DIM, GATED: tl.constexpr):
+    """FP32 values of a row at `offs`: x itself, or with GATED attention's output gate applied as
+    `attn_out`'s reference does (x * sigmoid(g + bias of the channel's head) in FP32, rounded once to x's
+    dtype), so the gated rows never go through memory."""
+    mask = offs < K
+    x = tl.load(x_row + offs, mask=mask, other=0.0)
+    if GATED:
+        g = tl.load(g_row + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs // HEAD_DIM, mask=mask, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * tl.sigmoid(g + b)).to(x_row.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _quantize_rows(x_ptr, g_ptr, b_ptr, codes_ptr, scale_ptr, K, HEAD_DIM, stride_x, stride_g,
+                   E4M3_MAX: tl.constexpr, BLOCK: tl.constexpr, GATED: tl.constexpr):
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_x
+    g_row = g_ptr + row.to(tl.int64) * stride_g
     amax = tl.zeros([BLOCK], dtype=tl.float32)
     for k in range(0, K, BLOCK):
         offs = k + tl.arange(0, BLOCK)
-        amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
+        amax = tl.maximum(amax, tl.abs(_row_values(x_row, g_row, b_ptr, offs, K, HEAD_DIM, GATED)))
     m = tl.max(amax, 0)
     scale = tl.where(m > 0, m / E4M3_MAX, 1.0)
     for k in range(0, K, BLOCK):
         offs = k + tl.arange(0, BLOCK)
-        v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        v = _row_values(x_row, g_row, b_ptr, offs, K, HEAD_DIM, GATED)
         q = tl.clamp(v / scale, -E4M3_MAX, E4M3_MAX)
         tl.store(codes_ptr + row.to(tl.int64) * K + offs, _to_e4m3(q), mask=offs < K)
     tl.store(scale_ptr + row, scale)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, K] (unit stride along K) -> (E4M3 codes [N, K], FP32 scales [N, 1])."""
+def quantize_rows(x: torch.Tensor, gate: tuple[torch.Tensor, torch.Tensor, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, K] (unit stride along K) -> (E4M3 codes [N, K], FP32 scales [N, 1]). With `gate` (g [N, K]
+    unit stride along K, bias [heads], head_dim): the rows of x gated first, as `attn_out` gates them."""
     n, k = x.shape
     codes = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(n, 1, dtype=torch.float32, device=x.device)
+    g, bias, head_dim = gate if gate is not None else (x, x, 1)  # ungated: never read
     if n:
-        _quantize_rows[(n,)](x, codes, scale, k, x.stride(0), E4M3_MAX=E4M3_MAX,
-                             BLOCK=min(BLOCK, triton.next_power_of_2(k)), num_warps=4)
+        _quantize_rows[(n,)](x, g, bias, codes, scale, k, head_dim, x.stride(0), g.stride(0), E4M3_MAX=E4M3_MAX,
+                             BLOCK=min(BLOCK, triton.next_power_of_2(k)), GATED=gate is not None, num_warps=4)
     return codes, scale

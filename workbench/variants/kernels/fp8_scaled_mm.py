@@ -22,11 +22,15 @@ def fp8_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     return fp8_gemm(*quantize_rows(x), w, x.dtype)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x's rows quantized per token (`quantize_fp8`'s rule) in one Triton launch (`kernels/fp8_rows.py`)."""
+def quantize_rows(x: torch.Tensor, gate=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's rows quantized per token (`quantize_fp8`'s rule) in one Triton launch (`kernels/fp8_rows.py`);
+    with `gate` (g, bias, head_dim), attention's output gate applied to them first."""
     from workbench.variants.kernels.fp8_rows import quantize_rows as kernel  # kernels: imported on use
 
-    return kernel(x.contiguous())
+    if gate is not None:
+        g, bias, head_dim = gate
+        gate = (g.contiguous(), bias, head_dim)
+    return kernel(x.contiguous(), gate)
 
 
 def fp8_gemm(codes: torch.Tensor, scale: torch.Tensor, w: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:

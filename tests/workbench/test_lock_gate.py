@@ -1,5 +1,6 @@
 """`workbench lock gate LOCK --model DIR`: a lock's build through the model gate on another model, the
-trained beam-mini on held-out text, where a fault that random weights hide shows."""
+trained beam-mini on held-out text, whose prompts reach past the sliding window where the gate's short
+random prompts do not."""
 
 import json
 

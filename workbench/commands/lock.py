@@ -76,11 +76,9 @@ def run(args) -> int:
 
 
 def _gate_model(args, lock, device):
-    """(model, prompts or None, what the model is): the folder's trained model on held-out text, or a
-    preset's random weights on the model gate's random ids."""
+    """(model, prompts or None, what the model is): a checkpoint folder's model, on held-out text where it
+    has a tokenizer, or a preset's random weights; None: the model gate's random ids."""
     import os
-
-    import torch
 
     from beam_model.model import BeamForCausalLM
     from workbench.dtypes import dtype_of
@@ -100,7 +98,7 @@ def _gate_model(args, lock, device):
     text = held_out_batch(load_tokenizer(name), 2, n)
     prompts = [text[0], text[1, : max(1, (2 * n) // 3)]]  # ragged, as the gate's random prompts are
     model = BeamForCausalLM.from_pretrained(name, dtype=dtype, device=device)
-    return model, ([torch.as_tensor(p) for p in prompts], "held-out text"), f"{name} (held-out text)"
+    return model, (prompts, "held-out text"), f"{name} (held-out text)"
 
 
 def gate(args, console) -> int:

@@ -122,10 +122,12 @@ class Sandbox(Child):
 
     # ---- the op gate's view ---------------------------------------------------------------------
     def variant(self) -> Variant:
-        """This sandbox's variant as the gate calls it (metadata from the sandbox, code in it)."""
+        """This sandbox's variant as the gate calls it (metadata from the sandbox, code in it): the weight
+        formats it reads and the format it quantizes activations to, as it declared them."""
         return Variant(self.point, self.name, self.info["backend"], self.call,
                        prepare=self.prepare if self.info["prepare"] else None,
-                       origin=os.path.abspath(self.file) if self.file else None)
+                       origin=os.path.abspath(self.file) if self.file else None,
+                       formats=tuple(self.info["formats"]), activations=self.info["activations"])
 
     def call(self, *args, **kwargs):
         """One call, run plain and poisoned (random order) in the sandbox; the two must agree bit for bit."""
@@ -202,7 +204,8 @@ def _serve(conn, point, name, file, config, device, threads, static_check) -> No
     except BaseException:  # noqa: BLE001 - reported to the judge, whatever the candidate raised
         conn.send(("raised", "the variant did not load:\n" + traceback.format_exc(limit=-8)))
         return
-    conn.send(("ready", {"backend": v.backend, "prepare": v.prepare is not None}))
+    conn.send(("ready", {"backend": v.backend, "prepare": v.prepare is not None, "formats": list(v.formats),
+                         "activations": v.activations}))
     batches: dict = {}
     cuda = torch.device(device).type == "cuda"
 

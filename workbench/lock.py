@@ -308,7 +308,7 @@ class Verification:
         return not self.problems
 
 
-def _register_outside_source(point: str, entry: dict, *, sandboxed: bool, device) -> None:
+def register_outside_source(point: str, entry: dict, *, sandboxed: bool, device) -> None:
     """A variant from outside the package (an agent's accepted file under runs/) is registered from
     the file the lock names; its source hash is then checked like any other. `sandboxed`: its code runs
     in a sandbox process, so what it does on import cannot reach the gates that verify it."""
@@ -349,7 +349,7 @@ def _verify(path: str, environment: dict | None, run_gates: bool, device) -> Ver
         if point not in POINTS:
             continue
         try:
-            _register_outside_source(point, e, sandboxed=run_gates, device=device)
+            register_outside_source(point, e, sandboxed=run_gates, device=device)
             get(point, e["variant"])
         except KeyError as err:
             problems.append(f"{point}: {err.args[0]}")

@@ -102,15 +102,27 @@ def _gate_model(args, lock, device):
 
 
 def gate(args, console) -> int:
-    from rich.table import Table
-
+    from workbench.agent.candidates import close_sandboxed, sandbox_count
     from workbench.commands.common import resolve_device
-    from workbench.gates import model_gate
     from workbench.lock import Lock
-    from workbench.provenance import environment
-    from workbench.registry import RENAMED
 
     lock, problems = Lock.load(args.file)
+    device = resolve_device(args.device)
+    keep = sandbox_count()
+    try:
+        return _gate(args, console, lock, problems, device)
+    finally:
+        close_sandboxed(keep)  # the sandboxes of variants from outside the package
+
+
+def _gate(args, console, lock, problems, device) -> int:
+    from rich.table import Table
+
+    from workbench.gates import model_gate
+    from workbench.lock import register_outside_source
+    from workbench.provenance import environment
+    from workbench.registry import POINTS, RENAMED
+
     notes = [f"{p} (the gate runs the build all the same)" for p in problems]
     selection = {}
     for point, variant in lock.selection.items():
@@ -118,7 +130,8 @@ def gate(args, console) -> int:
         if now != variant:
             notes.append(f"{point}:{variant} is registered as {point}:{now} now")
         selection[point] = now
-    device = resolve_device(args.device)
+        if point in POINTS:  # an agent's accepted file: its code runs in a sandbox, never imported here
+            register_outside_source(point, {**lock.points[point], "variant": now}, sandboxed=True, device=device)
     model, prompts, what = _gate_model(args, lock, device)
     report = model_gate(model, selection, configs=lock.configs, decode_steps=args.decode_steps, prompts=prompts)
     if args.json:

@@ -331,6 +331,18 @@ def test_lock_verify_gates_an_agent_variant_without_importing_it(agent_run):
     assert accepted["variant"] not in registry.variants("boundary")  # its sandbox ended with the verification
 
 
+def test_lock_gate_runs_an_agent_variant_in_its_sandbox(agent_run, capsys):
+    """`lock gate` runs a lock naming an accepted file as `lock verify` does: the variant in its sandbox."""
+    out, _, _, attempts = agent_run
+    accepted = next(a for a in attempts if a["accepted"])
+    assert main(["lock", "gate", os.path.join(out, "lock.yaml"), "--device", "cpu", "--json"]) == 0
+    gated = json.loads(capsys.readouterr().out)
+    assert gated["passed"] and f"boundary:{accepted['variant']}" in gated["report"]["subject"]
+    path = os.path.abspath(accepted["accepted_file"])
+    assert not [m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == path]
+    assert accepted["variant"] not in registry.variants("boundary")  # its sandbox ended with the gate
+
+
 def test_cli_passes_agent_options(monkeypatch, tmp_path):
     import workbench.optimize as opt
 

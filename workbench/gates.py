@@ -554,6 +554,12 @@ def _routing(model, recorded: list, agreement: list | None = None):
         ops.route = own
 
 
+def ragged_lengths(longer: int) -> tuple[int, int]:
+    """The model gate's two prompt lengths: ragged, since a batch of one (or of equal lengths) would hide
+    cross-sequence mix-ups."""
+    return longer, max(1, (2 * longer) // 3)
+
+
 def model_gate(selection, *more, configs: dict | None = None, preset: str = "beam-tiny", dtype: str | None = None,
                device="cpu", prompt_len: int = 24, decode_steps: int = 8, seed: int = 0,
                weights: str = "bf16", prompts: tuple[list[torch.Tensor], str] | None = None) -> GateReport:
@@ -578,9 +584,7 @@ def model_gate(selection, *more, configs: dict | None = None, preset: str = "bea
     weights = "" if model.weights == "bf16" else f" {model.weights} weights"
     if prompts is None:
         gen = torch.Generator().manual_seed(seed)
-        # Two ragged sequences: a batch of one would hide cross-sequence mix-ups.
-        prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen)
-                   for n in (prompt_len, max(1, (2 * prompt_len) // 3))]
+        prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in ragged_lengths(prompt_len)]
         case = f"{preset} {dtype}{weights} prompt{prompt_len} decode{decode_steps} seed{seed}"
     else:
         prompts, source = prompts

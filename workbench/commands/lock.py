@@ -92,11 +92,12 @@ def _gate_model(args, lock, device):
     if not os.path.isfile(os.path.join(name, "tokenizer.json")):
         return BeamForCausalLM.from_pretrained(name, dtype=dtype, device=device), None, f"{name} (random ids)"
     from beam_model.tokenizer import load_tokenizer
+    from workbench.gates import ragged_lengths
     from workbench.training.data import held_out_batch
 
-    n = args.prompt_tokens
-    text = held_out_batch(load_tokenizer(name), 2, n)
-    prompts = [text[0], text[1, : max(1, (2 * n) // 3)]]  # ragged, as the gate's random prompts are
+    lengths = ragged_lengths(args.prompt_tokens)
+    text = held_out_batch(load_tokenizer(name), 2, lengths[0])
+    prompts = [row[:n] for row, n in zip(text, lengths)]
     model = BeamForCausalLM.from_pretrained(name, dtype=dtype, device=device)
     return model, (prompts, "held-out text"), f"{name} (held-out text)"
 

@@ -75,7 +75,7 @@ class PagedKVCache:
         self.num_pages: dict[str, int] = {}
         self._free: dict[str, list[int]] = {}
         for g in GROUPS:
-            n = pool_sizes[g] if self.layers_of[g] else 1
+            n = pool_sizes[g]  # a group with no layers still hands out pages (its storage holds no bytes)
             if n < 2:
                 raise ValueError(f"cache group {g} needs at least 2 pages (page 0 is reserved), got {n}")
             shape = (len(self.layers_of[g]), n, 2, page_size, config.num_key_value_heads, config.head_dim)

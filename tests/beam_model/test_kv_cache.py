@@ -388,3 +388,18 @@ def test_for_sequences_sizes_the_pool(model):
         cache.add(i)
     cache.prepare_step([0, 1, 2], [64, 65, 1])
     assert cache.free_pages(FULL) == 0
+
+
+def test_a_model_without_full_layers_steps_through_the_cache():
+    """Every layer sliding (a config the checker allows): the empty full group still hands out pages,
+    holding no bytes, and decode after a prefill equals the one-shot prefill."""
+    import dataclasses
+
+    cfg = dataclasses.replace(TINY, layer_types=[SLIDING] * TINY.num_hidden_layers)
+    sliding = BeamForCausalLM.random(cfg, dtype=torch.float32)
+    ids = tokens(W + 5, seed=3)
+    cache = PagedKVCache.for_sequences(cfg, [len(ids)], dtype=torch.float32)
+    assert cache.storage[FULL].numel() == 0
+    cache.add(0)
+    run(sliding, cache, [0], [ids[:-1]])
+    assert_logits_close(run(sliding, cache, [0], [ids[-1:]]), sliding(ids[None])[:, -1])

@@ -208,6 +208,14 @@ PRESETS: dict[str, dict] = {
         num_attention_heads=6, num_key_value_heads=1, intermediate_size=2560,
         moe_intermediate_size=320, vocab_size=16384,
     ),
+    # That rank with the first 26 of its 52 layers in the same pattern (3 dense; full attention at 5, 11, 17,
+    # 23 and the last): ~59 GB in BF16, so it runs on an 80 GB GPU. Its layers are the rank's, so ratios
+    # between builds (a lock against the reference, a verify step against a decode step) stay close to the
+    # rank's; its step times are about half.
+    "beam-501b-tp8-half": dict(
+        num_attention_heads=6, num_key_value_heads=1, intermediate_size=2560,
+        moe_intermediate_size=320, vocab_size=16384, num_hidden_layers=26,
+    ),
     # A few GB in BF16: functional GPU tests and the server benchmark.
     "beam-small": dict(
         vocab_size=32768, hidden_size=2048, num_hidden_layers=12, num_attention_heads=16,

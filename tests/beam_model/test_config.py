@@ -149,6 +149,16 @@ def test_tp8_rank_parameters(tp8):
     assert rel(tp8.num_parameters * 2, 125 * B) < 0.01  # ~125 GB in BF16
 
 
+def test_tp8_half_is_the_rank_cut_to_its_first_26_layers(tp8):
+    """The same layers as the rank's first 26 (shapes, kinds, dense then MoE), under 80 GB in BF16."""
+    half = BeamConfig.from_preset("beam-501b-tp8-half")
+    same = {k: v for k, v in tp8.to_dict().items() if k not in ("num_hidden_layers", "layer_types", "preset")}
+    assert {k: v for k, v in half.to_dict().items() if k in same} == same
+    assert half.num_hidden_layers == 26 and half.layer_types[:25] == tp8.layer_types[:25]
+    assert half.first_k_dense_replace == 3 and half.layer_types[-1] == FULL  # the last layer is full, as ever
+    assert 55 * B < half.num_parameters * 2 < 60 * B  # ~59 GB in BF16: 23 of the rank's 49 MoE layers
+
+
 def test_tp8_decode_step_bytes(tp8):
     """Bytes one decode step reads at batch 1 in BF16 (router FP32): doc says ~5.9 GB."""
     h = tp8.hidden_size

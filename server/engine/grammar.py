@@ -15,6 +15,7 @@ model runner moves the masks.
 
 from __future__ import annotations
 
+import re
 import threading
 
 import torch
@@ -43,6 +44,12 @@ class _Vocabulary:
         return self.tokenizer.encode(text, allow_special=False)
 
 
+def _reason(error: str) -> str:
+    """llguidance's error without what only the server wrote: the position in the grammar text the
+    server made from the request, and that text's listing (which the client never sent)."""
+    return re.sub(r"^at \d+\(\d+\): ", "", error.strip().splitlines()[0])
+
+
 class Grammars:
     """The engine's grammar compiler over `tokenizer` (a ByteTokenizer or a byte-level HFTokenizer)
     and the model's `vocab_size`."""
@@ -68,7 +75,7 @@ class Grammars:
         grammar = self._llg.LLMatcher.grammar_from_lark(structure)
         error = self._llg.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error:
-            raise ValueError(f"the output structure cannot be compiled: {error}")
+            raise ValueError(f"the output structure cannot be compiled: {_reason(error)}")
         with self._lock:
             self._checked[structure] = grammar
         return grammar
@@ -76,7 +83,7 @@ class Grammars:
     def matcher(self, structure: str, thinking_token_budget: int | None = None) -> "Matcher":
         m = self._llg.LLMatcher(self._tokenizer, self.compile(structure), log_level=0)
         if m.is_error():
-            raise ValueError(f"the output structure cannot be compiled: {m.get_error()}")
+            raise ValueError(f"the output structure cannot be compiled: {_reason(m.get_error())}")
         budget = None
         if thinking_token_budget is not None:
             if self._tails is None:

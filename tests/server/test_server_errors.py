@@ -148,6 +148,15 @@ def test_invalid_chat_requests(server, extra, param):
     assert_error(post(server, "/v1/chat/completions", chat_body(**extra)), 400, param=param)
 
 
+def test_a_schema_the_grammar_engine_refuses_is_named_in_one_line(server):
+    """The engine's reason, without the grammar text the server wrote around the client's schema."""
+    body = chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}})
+    r = post(server, "/v1/chat/completions", body)
+    assert_error(r, 400, param="response_format")
+    message = r.json()["error"]["message"]
+    assert "frob" in message and "\n" not in message and "<|think|>" not in message, message
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": {"x": 1}}, "prompt"),
     ({"prompt": [1, 99999]}, "prompt"), ({"echo": True}, "echo"), ({"best_of": 3}, "best_of"),

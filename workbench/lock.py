@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from workbench.code_text import code_text
-from workbench.registry import COMPOUNDS, POINTS, REFERENCE, get
+from workbench.registry import COMPOUNDS, POINTS, REFERENCE, RENAMED, get
 
 SCHEMA = 2  # its code keys: the code a variant runs (`source_hash`); schema 1 hashed file bytes
 READABLE = (1, SCHEMA)  # schema 1 locks are read to be shown and to say they must be made again
@@ -240,6 +240,15 @@ class Lock:
     @property
     def configs(self) -> dict[str, dict]:
         return {p: e["config"] for p, e in self.points.items() if e.get("config")}
+
+    def current_selection(self) -> tuple[dict[str, str], list[str]]:
+        """The selection under today's variant names (`registry.RENAMED`), and a note for each renamed one."""
+        selection, notes = {}, []
+        for point, variant in self.selection.items():
+            selection[point] = RENAMED.get((point, variant), variant)
+            if selection[point] != variant:
+                notes.append(f"{point}:{variant} is registered as {point}:{selection[point]} now")
+        return selection, notes
 
     # ---- (de)serialisation -------------------------------------------------------------
     def _body(self) -> dict:

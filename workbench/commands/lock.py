@@ -1,8 +1,11 @@
-"""Show, verify or gate a lock file (`workbench lock show|verify|gate FILE`).
+"""Show, verify or gate a lock file, or compare several (`workbench lock show|verify|gate FILE`,
+`workbench lock compare FILE FILE ...`).
 
 `gate` runs the lock's build through the model gate on a model of your choice, e.g. the trained
 beam-mini on held-out text (`--model models/beam-mini`): a build tuned on one model's shapes must
 still give that model's answers. It judges the build's numerics, not the lock's provenance (`verify`).
+`compare` times the locks' builds of one target in one process (`workbench.lock_compare`), e.g. the
+BF16, FP8 and NVFP4 decode locks of a preset.
 """
 
 from __future__ import annotations
@@ -14,13 +17,19 @@ TEXT_PROMPT_TOKENS = 256
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=("show", "verify", "gate"))
-    p.add_argument("file", help="lock.yaml")
+    p.add_argument("action", choices=("show", "verify", "gate", "compare"))
+    p.add_argument("files", nargs="+", metavar="file", help="lock.yaml (compare: two or more)")
     p.add_argument("--no-gates", action="store_true", help="verify: hashes and environment only")
-    p.add_argument("--device", default=None, help="device to run the gates on (default: cuda when available)")
+    p.add_argument("--device", default=None, help="device to run the gates or the steps on (default: cuda when "
+                   "available)")
     p.add_argument("--model", metavar="DIR|PRESET",
                    help="gate: a checkpoint folder (prompted with held-out text when it has a tokenizer.json) "
-                        "or a preset's random weights (default: the lock's preset)")
+                        "or a preset's random weights (default: the lock's preset); compare: the preset every "
+                        "lock's model is built on, each in its lock's weight format (default: each lock's)")
+    p.add_argument("--rounds", type=int, default=3, help="compare: rounds of timing every lock (default: 3)")
+    p.add_argument("--budget", type=float, default=2.0, help="compare: timing seconds a lock a round (default: 2)")
+    p.add_argument("--force-lock", action="store_true", help="compare: time locks that fail verification too")
+    p.add_argument("--out", default=None, help="compare: folder for compare.json")
     p.add_argument("--prompt-tokens", type=int, default=TEXT_PROMPT_TOKENS,
                    help="gate: the longer text prompt's length (default: %(default)s)")
     p.add_argument("--decode-steps", type=int, default=8, help="gate: greedy steps after the prompts (default: 8)")
@@ -35,6 +44,11 @@ def run(args) -> int:
     from workbench.lock import Lock, run_by, verify
 
     console = Console()
+    if args.action == "compare":
+        return compare(args, console)
+    if len(args.files) != 1:
+        raise ValueError(f"lock {args.action} takes one lock file, got {len(args.files)}")
+    args.file = args.files[0]
     if args.action == "gate":
         return gate(args, console)
     if args.action == "show":
@@ -122,17 +136,13 @@ def _gate(args, console, lock, problems, device) -> int:
     from workbench.gates import model_gate
     from workbench.lock import register_outside_source
     from workbench.provenance import environment
-    from workbench.registry import POINTS, RENAMED
+    from workbench.registry import POINTS
 
-    notes = [f"{p} (the gate runs the build all the same)" for p in problems]
-    selection = {}
-    for point, variant in lock.selection.items():
-        now = RENAMED.get((point, variant), variant)
-        if now != variant:
-            notes.append(f"{point}:{variant} is registered as {point}:{now} now")
-        selection[point] = now
+    selection, renamed = lock.current_selection()
+    notes = [f"{p} (the gate runs the build all the same)" for p in problems] + renamed
+    for point, variant in selection.items():
         if point in POINTS:  # an agent's accepted file: its code runs in a sandbox, never imported here
-            register_outside_source(point, {**lock.points[point], "variant": now}, sandboxed=True, device=device)
+            register_outside_source(point, {**lock.points[point], "variant": variant}, sandboxed=True, device=device)
     model, prompts, what = _gate_model(args, lock, device)
     report = model_gate(model, selection, configs=lock.configs, decode_steps=args.decode_steps, prompts=prompts)
     if args.json:
@@ -151,3 +161,47 @@ def _gate(args, console, lock, problems, device) -> int:
     console.print(t)
     console.print(f"[green]passes[/] on {what}" if report.passed else f"[red]fails[/]: {report.first_failure()}")
     return 0 if report.passed else 1
+
+
+def compare(args, console) -> int:
+    import os
+
+    import torch
+    from rich.table import Table
+
+    from workbench.commands.common import given_command, resolve_device
+    from workbench.lock_compare import compare_locks
+    from workbench.provenance import environment
+    from workbench.run_folder import write_json
+
+    if len(args.files) < 2:
+        raise ValueError("lock compare takes two or more lock files")
+    device = resolve_device(args.device)
+    if args.model and os.path.isdir(args.model):
+        raise ValueError("lock compare builds random weights: --model names a preset, not a checkpoint folder")
+
+    def timed(path, r, us):
+        if not args.json:
+            console.print(f"round {r + 1}: {path} {us:.1f} us")
+
+    result = compare_locks(args.files, preset=args.model, rounds=args.rounds, budget_s=args.budget, device=device,
+                           force=args.force_lock, on_timed=timed)
+    result = {"command": given_command(args), **result, "environment": environment(),
+              **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})}
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        write_json(os.path.join(args.out, "compare.json"), result)
+    if args.json:
+        print_json(result)
+        return 0
+    t = Table(title=f"{result['target']} on {result.get('gpu', device)}, median of {args.rounds} rounds")
+    for col in ("lock", "preset", "weights", "step us", "over the first"):
+        t.add_column(col)
+    for row in result["locks"]:
+        t.add_row(row["lock"], str(row["preset"]), row["weights"], f"{row['median_us']:.1f}",
+                  f"{row['over_first']:.3f}")
+    console.print(t)
+    for row in result["locks"]:
+        for note in row["notes"]:
+            console.print(f"[yellow]note:[/] {row['lock']}: {note}")
+    return 0

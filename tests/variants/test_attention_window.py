@@ -1,4 +1,4 @@
-"""`attention:window` (the reference over a sliding decode query's window of pages) against the reference.
+"""`attention:window` (the reference's math over a sliding query's window of pages) against the reference.
 
 Hand-built caches (attention_cases.py) put NaN wherever a read must not reach (released pages, rows
 before the window, rows past a sequence's length), so a window that starts a page too late or reads a
@@ -30,12 +30,21 @@ def test_decode_matches_reference(window, dtype):
     _assert_close(got, want, f"window {window}")
 
 
-def test_prompts_and_full_layers_run_the_reference():
-    """A prefill chunk and a full-attention layer are the reference's own call, bit for bit."""
-    for new, window in (([3, 2], 5), ([1, 1], None)):
-        q, cache, meta = _case([6, 9], new, heads=4, kv_heads=2, hd=16, page=4, window=window, dtype=torch.float32)
-        got, want = _both(q, cache, meta, window)
-        assert torch.equal(got, want)
+@pytest.mark.parametrize("window", [None, 5, 9], ids=["full", "win5", "win9"])
+def test_prompt_chunks_match_the_reference(window):
+    """Chunks after contexts of 0 to past two windows (page 4), each read from its first query's window."""
+    q, cache, meta = _case([0, 3, 6, 13, 21], [3, 1, 5, 2, 4], heads=4, kv_heads=2, hd=16, page=4, window=window,
+                           dtype=torch.float32, seed=7)
+    got, want = _both(q, cache, meta, window)
+    _assert_close(got, want, f"prompt window {window}")
+
+
+def test_full_layer_decode_is_the_reference_bit_for_bit():
+    """Without a window every page is read, in the reference's order and math."""
+    q, cache, meta = _case([6, 9, 30], [1, 1, 1], heads=4, kv_heads=2, hd=16, page=4, window=None,
+                           dtype=torch.float32)
+    got, want = _both(q, cache, meta, None)
+    assert torch.equal(got, want)
 
 
 def test_compiles_whole():

@@ -8,7 +8,6 @@ there. Never edits variants or lock files.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 
 from workbench.agent import worker
@@ -18,6 +17,7 @@ from workbench.commands.common import (
     print_json,
     resolve_device,
     run_in_worker,
+    write_and_print,
 )
 from workbench.dtypes import DTYPES
 
@@ -224,18 +224,13 @@ def run(args) -> int:
 
 def _across_ranks(args, workload, device) -> int:
     """`--tp N`: the point on N ranks at once (`workbench.tp_bench`)."""
-    from workbench.run_folder import write_json
     from workbench.tp_bench import bench_across_ranks
 
     if args.configs or args.config_json or args.gate or args.kernels:
         raise ValueError("--tp times each variant at its default config: no --configs, --config, --gate or --kernels")
     result = bench_across_ranks(args.point, args.variants, workload, args.tp, device_type=device.type,
                                 reps=args.min_reps, seed=args.seed)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        write_json(os.path.join(args.out, "bench-tp.json"), result)
-    if args.json:
-        print_json(result)
+    if write_and_print(args, "bench-tp.json", result):
         return 0 if result["rows"][0]["error"] is None else 1
     print(f"{args.point}  {result['shape']}  on {args.tp} ranks ({result['backend']}"
           f"{', graphed' if result['rows'][0]['graph'] else ''}): us per call")

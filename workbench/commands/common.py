@@ -110,6 +110,19 @@ def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+def write_and_print(args, name: str, result: dict) -> bool:
+    """`result` written to `--out`/NAME when --out is given, and printed as JSON with --json; whether it
+    was printed (the command then prints nothing else)."""
+    from workbench.run_folder import write_json
+
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        write_json(os.path.join(args.out, name), result)
+    if args.json:
+        print_json(result)
+    return bool(args.json)
+
+
 def _limit(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):

@@ -169,10 +169,9 @@ def compare(args, console) -> int:
     import torch
     from rich.table import Table
 
-    from workbench.commands.common import given_command, resolve_device
+    from workbench.commands.common import given_command, resolve_device, write_and_print
     from workbench.lock_compare import compare_locks
     from workbench.provenance import environment
-    from workbench.run_folder import write_json
 
     if len(args.files) < 2:
         raise ValueError("lock compare takes two or more lock files")
@@ -188,11 +187,7 @@ def compare(args, console) -> int:
                            force=args.force_lock, on_timed=timed)
     result = {"command": given_command(args), **result, "environment": environment(),
               **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})}
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        write_json(os.path.join(args.out, "compare.json"), result)
-    if args.json:
-        print_json(result)
+    if write_and_print(args, "compare.json", result):
         return 0
     t = Table(title=f"{result['target']} on {result.get('gpu', device)}, median of {args.rounds} rounds")
     for col in ("lock", "preset", "weights", "step us", "over the first"):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 
-from workbench.commands.common import add_weights_argument, given_command, print_json, resolve_device, resolve_dtype
+from workbench.commands.common import (
+    add_weights_argument,
+    given_command,
+    resolve_device,
+    resolve_dtype,
+    write_and_print,
+)
 from workbench.dtypes import DTYPES, name_of
 
 # The public launches' tokens per verify step (../shared/docs/sources: agentic workload at temperature
@@ -41,7 +47,6 @@ def run(args) -> int:
     from beam_model import BeamForCausalLM
     from beam_model.drafter_config import DrafterConfig
     from workbench.lock import load_for_serving
-    from workbench.run_folder import write_json
     from workbench.training.drafter import converted, initial_drafter
     from workbench.verify_cost import draft_step_us, projected_speedup, verify_curve
 
@@ -76,11 +81,7 @@ def run(args) -> int:
                                                                 draft["median_us"], a, args.tokens - 1)
                                      for a in args.acceptance} for name, curve in curves.items()},
     }
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        write_json(os.path.join(args.out, "verify_cost.json"), result)
-    if args.json:
-        print_json(result)
+    if write_and_print(args, "verify_cost.json", result):
         return 0
     for name, curve in result["curves"].items():
         print(f"{name}: " + ", ".join(f"{n}: {c['median_us']:.0f} us ({c['over_decode']:.2f}x)"

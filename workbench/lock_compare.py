@@ -41,10 +41,11 @@ def compare_locks(paths: list[str], *, preset: str | None = None, rounds: int = 
         raise ValueError("the locks time different targets: "
                          + ", ".join(f"{path} ({t})" for path, t in targets.items()))
     target = for_device(get_target(next(iter(targets.values()))), device)  # a CPU step shrunk as optimize's
+    selections = {path: lock.current_selection() for path, lock in locks.items()}  # (today's names, notes)
     times = {path: [] for path in paths}
     for r in range(rounds):
         for path in (paths if r % 2 == 0 else paths[::-1]):
-            us = _time_lock(locks[path], target, preset, budget_s, device, seed)
+            us = _time_lock(locks[path], selections[path][0], target, preset, budget_s, device, seed)
             times[path].append(us)
             if on_timed is not None:
                 on_timed(path, r, us)
@@ -54,12 +55,13 @@ def compare_locks(paths: list[str], *, preset: str | None = None, rounds: int = 
         median = statistics.median(times[path])
         rows.append({"lock": path, "preset": preset or lock.model.get("preset"),
                      "weights": lock.model.get("weights", "bf16"), "dtype": lock.model.get("dtype", "bf16"),
-                     "notes": lock.current_selection()[1], "round_us": times[path], "median_us": median,
+                     "notes": selections[path][1], "round_us": times[path], "median_us": median,
                      "over_first": median / first})
     return {"target": target.name, "preset": preset, "rounds": rounds, "device": str(device), "locks": rows}
 
 
-def _time_lock(lock: Lock, target, preset: str | None, budget_s: float, device, seed: int) -> float:
+def _time_lock(lock: Lock, selection: dict[str, str], target, preset: str | None, budget_s: float, device,
+               seed: int) -> float:
     from beam_model.model import BeamForCausalLM
     from workbench.dtypes import dtype_of
 
@@ -69,7 +71,7 @@ def _time_lock(lock: Lock, target, preset: str | None, budget_s: float, device, 
     model = BeamForCausalLM.from_preset(name, seed=seed, dtype=dtype_of(lock.model.get("dtype", "bf16")),
                                         device=device, weights=lock.model.get("weights", "bf16"))
     runner = StepRunner(model, target)
-    runner.rebind(lock.current_selection()[0], lock.configs)
+    runner.rebind(selection, lock.configs)
     us = timing.time_fn(runner, device=device, budget_s=budget_s)["median_us"]
     del runner, model
     gc.collect()

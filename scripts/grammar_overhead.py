@@ -8,7 +8,7 @@ GPU); the medians go to OUT/results.json. On a GPU the decode steps are CUDA-gra
 graph reads the masks).
 
     PYTHONPATH=. python scripts/grammar_overhead.py runs/grammar-overhead-cpu [--device cuda --preset ...]
-        [--lock runs/optimize-decode-b1-beam-501b-tp8/lock.yaml]
+        [--lock runs/optimize-decode-b1-beam-501b-tp8/lock.yaml [--force-lock]]
 
 With `--lock` the step is the locked build's (as `workbench serve --lock` runs it), else the reference's.
 """
@@ -66,12 +66,19 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--steps", type=int, default=48, help="tokens generated per request")
     ap.add_argument("--lock", help="serve this lock's variants (verified as `workbench serve` does)")
+    ap.add_argument("--force-lock", action="store_true", help="serve the lock even if it fails verification")
     args = ap.parse_args()
     model = BeamForCausalLM.from_preset(args.preset, seed=0, dtype=dtype_of(args.dtype), device=args.device)
-    lock = load_for_serving(args.lock, device=args.device) if args.lock else None
+    lock = load_for_serving(args.lock, force=args.force_lock, device=args.device) if args.lock else None
     variants = dict(variants=lock.selection, variant_configs=lock.configs) if lock else {}
     tokenizer = ByteTokenizer()
     results = {}
+    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+           "torch_threads": torch.get_num_threads(), "device": args.device, "preset": args.preset,
+           "dtype": args.dtype, "lock": args.lock, **{name: version(name) for name in ("torch", "llguidance")},
+           "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "PYTHONPATH=. python scripts/grammar_overhead.py " + " ".join(sys.argv[1:])
     for b in args.batches:
         gc.collect()  # the last batch size's engine (its KV pages and graphs) goes before the next one plans
         if args.device.startswith("cuda"):
@@ -95,15 +102,10 @@ def main() -> int:
                             "overhead_ms": round((step_masked - step_free) * 1e3, 3),
                             "overhead_fraction": round(step_masked / step_free - 1, 4)}
         print(b, results[f"b{b}"], flush=True)
+        # Written after each batch size, so a command that runs out of time keeps the sizes it finished.
+        (args.out / "results.json").write_text(json.dumps({"command": command, "env": env, "schema": SCHEMA,
+                                                           "steps": args.steps, "results": results}, indent=2) + "\n")
         del engine
-    env = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-           "torch_threads": torch.get_num_threads(), "device": args.device, "preset": args.preset,
-           "dtype": args.dtype, "lock": args.lock, **{name: version(name) for name in ("torch", "llguidance")},
-           "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = "PYTHONPATH=. python scripts/grammar_overhead.py " + " ".join(sys.argv[1:])
-    (args.out / "results.json").write_text(json.dumps({"command": command, "env": env, "schema": SCHEMA,
-                                                       "steps": args.steps, "results": results}, indent=2) + "\n")
     return 0
 
 

@@ -132,3 +132,12 @@ def test_attn_out_gemv_gated_is_one_kernel_at_decode(launches):
     v = registry.get("attn_out", "triton_gemv_gated")
     kernels = _pdl_launches(v, v.configs[0], spec("attn_out").make_inputs(WORKLOADS["decode"], "cpu", 0), launches)
     assert [e["kernel"] for e in kernels] == ["_gated_gemv_fma"]
+
+
+def test_attention_out_tasks_is_one_kernel_at_decode(launches):
+    """Attention, merge-gate and o_proj tasks in one launch, every program waiting once before its
+    first ticket (two decode rows: the config that takes several)."""
+    v = registry.get("attention_out", "triton_tasks")
+    config = next(c for c in v.configs if c["max_tokens"] >= 2)
+    kernels = _pdl_launches(v, config, spec("attention_out").make_inputs(WORKLOADS["decode"], "cpu", 0), launches)
+    assert [e["kernel"] for e in kernels] == ["_tasks_kernel"]

@@ -240,6 +240,69 @@ def test_attention_out_merged_configs_do_not_spill():
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u
 
 
+
+TASKS = r"""
+import json, sys
+from workbench.sm90 import compile_sm90, resource_usage
+from workbench.variants.attention_out.triton_tasks import CONFIGS
+from workbench.variants.kernels import attention_tasks as at
+
+I32 = "i32"
+sig = dict(q_ptr="*bf16", cache_ptr="*bf16", table_ptr="*i32", seq_lens_ptr="*i32", pos_ptr="*i64", g_ptr="*bf16",
+           bias_ptr="*bf16", w_ptr="*bf16", gated_ptr="*bf16", y_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32",
+           acc_ptr="*fp32", queue_ptr="*i32", stride_qn=I32, stride_qh=I32, stride_cp=I32, stride_ckv=I32,
+           stride_ct=I32, stride_ch=I32, stride_tb=I32, g_stride=I32, max_pages=I32, window=I32, qk_scale="fp32",
+           n_tokens=I32, n_heads=I32, kv_heads=I32, head_dim=I32, hidden=I32, n_splits=I32)
+ints = dict(stride_qn=768, stride_qh=128, stride_cp=4096, stride_ckv=2048, stride_ct=128, stride_ch=128, g_stride=768,
+            head_dim=128, hidden=5120)
+out = []
+for c in CONFIGS:  # beam-501b-tp8's rank: 6 query heads of 128 on one kv head, o_proj 5120 x 768
+    a = c["attention"]
+    splits = min(a["MAX_SPLITS"], -(-511 // a["BLOCK_N"]) + 1)
+    kernel = compile_sm90(at._tasks_kernel, sig, dict(
+        GROUP=6, BLOCK_G=16, BLOCK_D=128, BLOCK_N=a["BLOCK_N"], PAGE=16, HAS_WINDOW=True, IEEE=False, INTERP=False,
+        EARLY_V=a["EARLY_V"], MERGE_BLOCK_S=1 << (splits - 1).bit_length(), MERGE_BLOCK_D=32, ROWS=c["tasks"]["ROWS"],
+        K_P2=1024, COUNTER_BLOCK=at.COUNTER_BLOCK, PDL=True), ints=ints, num_warps=c["tasks"]["num_warps"],
+        num_stages=1)
+    out.append(dict(tasks=c["tasks"], ptx=kernel.asm["ptx"], **resource_usage(kernel)))
+json.dump(out, sys.stdout)
+"""
+
+
+def test_attention_out_tasks_compiles_without_spills_with_its_queue_in_the_ptx():
+    """attention_out:triton_tasks at the TP8 rank's decode sizes, for sm_90: no config spills, and the
+    PTX holds what the queue relies on. Tickets are taken after the PDL wait, by one thread; after each
+    ticket the o_proj weight tile's loads come before any wait; each wait reads its counter with a
+    GPU-scope acquire by one thread, and the CTA meets before leaving the spin; each task counts
+    itself in with a GPU-scope release after a CTA barrier, its stores all before it; the last program
+    out resets the ticket and the exit count; the other programs' results are read from L2."""
+    usage = _compiled(TASKS)
+    assert len(usage) >= 6
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, {k: v for k, v in u.items() if k != "ptx"}
+    lines = [line.strip() for line in usage[0]["ptx"].splitlines()]
+    code = [line for line in lines if line and not line.startswith(("//", ".loc", "$L"))]
+    tickets = [i for i, line in enumerate(code) if "atom.global.gpu.relaxed.add" in line]
+    waits = [i for i, line in enumerate(code) if "ld.global.gpu.acquire" in line]
+    assert len(tickets) == 2 and waits, "a ticket before the loop and one at its end; the waits"
+    pdl_wait = next(i for i, line in enumerate(code) if line.startswith("griddepcontrol.wait"))
+    assert pdl_wait < tickets[0] and all(code[i].startswith("@%p") for i in tickets + waits)
+    for i in tickets:
+        nxt = min((w for w in waits if w > i), default=len(code))
+        weights = [line for line in code[i:nxt] if any(t.startswith("ld.global.v4") for t in line.split()[:2])]
+        assert len(weights) >= 8, "the weight tile is not loaded between the ticket and the next wait"
+    for i in waits:
+        branch = next(j for j in range(i, len(code)) if " bra" in code[j])
+        assert any(line.startswith("bar.sync") for line in code[i:branch]), "threads leave a spin before the read"
+    signals = [i for i, line in enumerate(code) if "red.global.gpu.release.add" in line]
+    assert len(signals) == 2, "the attention and merge tasks each count themselves in"
+    for i in signals:
+        meet = max(j for j in range(i) if code[j].startswith("bar.sync"))
+        assert not any("st.global" in line for line in code[meet:i]), "a store after the barrier before the release"
+    assert any("atom.global.gpu.acq_rel.add" in line for line in code), "programs do not count themselves out"
+    assert sum("atom.global.gpu.acq_rel.exch" in line for line in code) == 2, "ticket and exit count not reset"
+    assert any("ld.global.cg" in line for line in code), "other programs' results not read from L2"
+
 QUANTIZED = r'''
 import json
 from workbench.sm90 import compile_sm90, resource_usage

@@ -88,8 +88,7 @@ OWNER = '"attention_out_tasks"'
 FAULTS = {  # the one line of the kernel holding the marker, and what it becomes (None: `pass`)
     # no program counts itself out: the ticket stays past the tasks, the next launch runs none of them
     "queue_never_reset": ("queue.finish(", None),
-    # the weight tile of a ticket taken in the loop is never kept: every o_proj task multiplies the
-    # tile of the program's first ticket
+    # the next o_proj task's weight tile is never kept: a program's second task multiplies its first's
     "stale_weight_tile": ("        token, rows, w = _o_proj_rows(", ("rows, w =", "rows, _ =")),
     # o_proj tasks read the gated activations as soon as their weights are in
     "no_dependency_wait": ("queue.wait_for(gated_done", None),
@@ -97,8 +96,8 @@ FAULTS = {  # the one line of the kernel holding the marker, and what it becomes
 
 
 def planted_kernel(fault: str, tmp_path: Path) -> Variant:
-    """attention_out:triton_tasks (its first config) on a copy of its kernel with `fault` planted, and
-    its own counters."""
+    """attention_out:triton_tasks (its config of several decode rows) on a copy of its kernel with
+    `fault` planted, and its own counters."""
     marker, edit = FAULTS[fault]
     lines = KERNEL.read_text().splitlines(keepends=True)
     (at,) = [i for i, line in enumerate(lines) if marker in line]  # the kernel changed if this fails: re-plant
@@ -113,7 +112,7 @@ def planted_kernel(fault: str, tmp_path: Path) -> Variant:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[path.stem] = module  # triton resolves a kernel's globals through its module
     module_spec.loader.exec_module(module)
-    config = _variant().configs[0]
+    config = next(c for c in _variant().configs if c["max_tokens"] >= 2)
 
     def attention_out(q, cache, meta, g, w, *, window, scale):
         return module.decode_tasks(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window, scale=scale,
@@ -122,7 +121,13 @@ def planted_kernel(fault: str, tmp_path: Path) -> Variant:
 
 
 @pytest.mark.parametrize("fault", ["queue_never_reset", "stale_weight_tile"])
-def test_the_op_gate_rejects_a_planted_queue_fault(fault, tmp_path):
+def test_the_op_gate_rejects_a_planted_queue_fault(fault, tmp_path, monkeypatch):
+    """Two programs, so that each runs two of beam-tiny's four o_proj tasks (as some do of the TP8
+    rank's 320 tasks of 16 rows on 264 programs). One decode row: a queue left unreset for a launch of
+    another shape leaves its o_proj tasks waiting on counters nobody counts up (a hang, not a verdict)."""
+    from workbench.variants.kernels import task_queue
+
+    monkeypatch.setattr(task_queue, "programs", lambda device, per_sm, tasks: 2)
     report = op_gate(planted_kernel(fault, tmp_path), [B1], seeds=(0,))
     assert not report.passed
     assert {c.name for c in report.checks if not c.passed} & {"accuracy", "finite", "fresh_inputs", "deterministic"}
@@ -131,7 +136,7 @@ def test_the_op_gate_rejects_a_planted_queue_fault(fault, tmp_path):
 def test_without_its_wait_the_kernel_still_passes_where_tasks_run_one_at_a_time(tmp_path):
     """Under the interpreter a missing wait cannot show (every producer ran before its consumer's ticket
     was taken); the GPU test below is where the gate must reject it."""
-    assert op_gate(planted_kernel("no_dependency_wait", tmp_path), [B1], seeds=(0,)).passed
+    assert op_gate(planted_kernel("no_dependency_wait", tmp_path), [B1, B2], seeds=(0,)).passed
 
 
 # ---- on the GPU: the TP8 rank's shapes, PDL, tasks at once ----------------------------------------------
@@ -151,8 +156,8 @@ def test_gpu_tp8_gate_and_repeatable(layer, context):
 
 @pytest.mark.gpu
 def test_gpu_the_op_gate_rejects_a_task_that_does_not_wait(tmp_path):
-    """At the TP8 rank's shapes most o_proj tasks start while attention runs: without the wait they
-    multiply activations not written yet."""
+    """At the TP8 rank's shapes every o_proj task but those of the attention's programs starts while
+    attention runs: without the wait they multiply activations not written yet."""
     wl = Workload(preset="beam-501b-tp8", batch=1, context=4096)
     report = op_gate(planted_kernel("no_dependency_wait", tmp_path), [wl], device="cuda", seeds=(0, 1))
     assert not report.passed

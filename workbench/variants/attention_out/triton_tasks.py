@@ -1,9 +1,11 @@
-"""`attention_out:triton_tasks`: a decode step's attention, merge-gate and o_proj as tasks of one
-persistent launch (`kernels/attention_tasks.py`, on `kernels/task_queue.py`): per-tile counters hand the
-partials and the gated activations from task to task, and each o_proj task loads its weight tile before
-it waits for them, so o_proj's weights stream while attention runs. The first brick of a persistent
-decode layer (docs/decisions.md #47). Prefill, and decode past `max_tokens` rows, run attention_out:
-triton's sequence (`kernels/attention_three_launches.py`) at the config's `attention` and `gemv`.
+"""`attention_out:triton_tasks`: a decode step's attention, merge-gate and o_proj in one persistent
+launch (`kernels/attention_tasks.py`, on `kernels/task_queue.py`): attention and merge-gate tasks come
+from a ticket queue and hand their partials and gated activations on through per-tile counters; each
+program's o_proj rows are fixed, and their weight tile is loaded when the program starts, before the
+PDL wait, so o_proj's weights stream while the previous kernel and the attention run. The first brick
+of a persistent decode layer (docs/decisions.md #47). Prefill, and decode past `max_tokens` rows, run
+attention_out:triton's sequence (`kernels/attention_three_launches.py`) at the config's `attention` and
+`gemv`.
 
 A config: `attention` (one of `attention_configs.TRITON_CONFIGS`: splits, key block, EARLY_V), `tasks`
 (ROWS of o_proj a task, PER_SM programs a SM, num_warps of the launch), `gemv` (the fallback's o_proj
@@ -22,16 +24,18 @@ def _config(attention, rows, warps, per_sm=1, max_tokens=1):
 
 
 # The decode lock's attention config (17 splits of 32 keys over a 512-key window) and attention's
-# default (9 splits of 64); 16 or 32 o_proj rows a task (a [rows, 1024] BF16 weight tile held across
-# the wait at the TP8 rank's 768 columns: 64 registers a thread at 4 warps for 16 rows, at 8 for 32),
-# one or two programs a SM; and four decode rows a launch.
+# default (9 splits of 64); 16 or 32 o_proj rows a task (a [rows, 1024] BF16 weight tile held from the
+# kernel's start at the TP8 rank's 768 columns: 64 registers a thread at 4 warps for 16 rows, at 8 for
+# 32); programs a SM so that each o_proj task of the rank's 5120 rows has its own program (2 a SM for
+# 32 rows, 3 for 16) or so that all are resident at once (1 for 32 rows, 2 for 16; the rest then take
+# a second task); and four decode rows a launch.
 CONFIGS = [
-    _config(ATTENTION_CONFIGS[5], 16, 4),
-    _config(ATTENTION_CONFIGS[5], 32, 8),
     _config(ATTENTION_CONFIGS[5], 16, 4, per_sm=2),
-    _config(ATTENTION_CONFIGS[0], 16, 4),
-    _config(ATTENTION_CONFIGS[0], 32, 8),
-    _config(ATTENTION_CONFIGS[5], 16, 4, max_tokens=4),
+    _config(ATTENTION_CONFIGS[5], 32, 8, per_sm=1),
+    _config(ATTENTION_CONFIGS[5], 32, 8, per_sm=2),
+    _config(ATTENTION_CONFIGS[5], 16, 4, per_sm=3),
+    _config(ATTENTION_CONFIGS[0], 16, 4, per_sm=2),
+    _config(ATTENTION_CONFIGS[5], 16, 4, per_sm=2, max_tokens=4),
 ]
 
 

@@ -1,8 +1,7 @@
 """Triton kernel of `attention_out:triton_tasks`: a decode step's attention and o_proj as one persistent
-launch whose programs take tasks from a queue (`kernels/task_queue.py`) instead of three launches
-(attention_out:triton's split-K decode, merge-gate and GEMV kernels).
+launch (three launches in attention_out:triton: split-K decode, merge-gate, GEMV).
 
-Tasks, in ticket order (each after what it reads):
+Queued tasks, in ticket order (`kernels/task_queue.py`; each after what it reads):
 1. attention: one (sequence, kv head, split) of attention:triton's split-K decode: its GQA group's
    queries against its share of the visible keys, partials (max, sum, accumulator) stored; counted into
    the (sequence, kv head)'s counter.
@@ -10,9 +9,11 @@ Tasks, in ticket order (each after what it reads):
    them (attention's `merge_head`), rounds as `attention` does, gates as `attn_out` does, rounds again
    (`attention_gated_merge.gate_store`): the same bits as attention_out:triton's merge-gate kernel;
    counted into the token's counter.
-3. o_proj: ROWS rows of o_proj for one token. The weight tile is loaded as soon as the ticket is
-   taken, before the wait for the token's gated activations, so o_proj's weights stream while the
-   attention and merge tasks run on other SMs; then one FP32 dot per row, rounded once.
+Then each program's own o_proj tasks (ROWS rows of o_proj for one token: tasks p, p + programs, ...),
+once the queue is empty: every queued task is then held by a running program, so waiting on them cannot
+deadlock. A program loads its first task's weight tile when it starts, before the PDL wait (weights are
+never written), and the next one's after each task; it waits for the token's gated activations, then
+takes one FP32 dot per row, rounded once.
 
 Imported on the variant's first call (kernels need triton, and TRITON_INTERPRET set first under the
 CPU interpreter).
@@ -128,36 +129,39 @@ def _tasks_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, g_ptr, bia
                   PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
                   EARLY_V: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, MERGE_BLOCK_D: tl.constexpr,
                   ROWS: tl.constexpr, K_P2: tl.constexpr, COUNTER_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """Every program takes tickets until the queue is empty: attention tasks, then merge-gate tasks,
-    then o_proj tasks (module docstring)."""
-    pdl_enter(PDL)  # q and the cache are the last kernel's; the queue is the last launch's until here
+    """Every program loads the weight tile of its first o_proj task, takes attention and merge-gate
+    tickets until the queue has none left, then runs its o_proj tasks (module docstring)."""
+    pid, n_programs = tl.program_id(0), tl.num_programs(0)
     width = n_heads * head_dim
     n_attention = n_tokens * kv_heads * n_splits
-    n_merge = n_tokens * n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)
+    n_queued = n_attention + n_tokens * n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)
     n_o_proj = n_tokens * tl.cdiv(hidden, ROWS)
+    merged = n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)  # merge-gate tasks of a token
+    # o_proj is never written: its tile is read before the PDL wait, while the last kernel finishes
+    token, rows, w = _o_proj_rows(pid, n_o_proj, n_tokens, w_ptr, hidden, width, ROWS, K_P2)
+    pdl_enter(PDL)  # q and the cache are the last kernel's; the queue is the last launch's until here
     split_done = queue.counters(queue_ptr)
     gated_done = split_done + n_tokens * kv_heads
     t = queue.take(queue_ptr)
-    token, rows, w = _o_proj_rows(t - n_attention - n_merge, n_o_proj, n_tokens, w_ptr, hidden, width, ROWS, K_P2)
-    while t < n_attention + n_merge + n_o_proj:
+    while t < n_queued:
         if t < n_attention:
             _attention_task(t, q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, split_done,
                             stride_qn, stride_qh, stride_cp, stride_ckv, stride_ct, stride_ch, stride_tb,
                             max_pages, window, qk_scale, n_heads, kv_heads, head_dim, n_splits,
                             GROUP, BLOCK_G, BLOCK_D, BLOCK_N, PAGE, HAS_WINDOW, IEEE, INTERP, EARLY_V)
-        elif t < n_attention + n_merge:
+        else:
             _merge_task(t - n_attention, m_ptr, l_ptr, acc_ptr, g_ptr, bias_ptr, gated_ptr, split_done, gated_done,
                         g_stride, n_heads, kv_heads, head_dim, n_splits, GROUP, MERGE_BLOCK_S, MERGE_BLOCK_D)
-        else:
-            # the weight tile is in flight (loaded when the ticket was taken); now the activations
-            queue.wait_for(gated_done + token, n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D))
-            k = tl.arange(0, K_P2)
-            x = tl.load(gated_ptr + token * width + k, mask=k < width, other=0.0, cache_modifier=".cg")
-            y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-            tl.store(y_ptr + token * hidden + rows, round_to(y, y_ptr.dtype.element_ty), mask=rows < hidden)
         t = queue.take(queue_ptr)
-        token, rows, w = _o_proj_rows(t - n_attention - n_merge, n_o_proj, n_tokens, w_ptr, hidden, width, ROWS,
-                                      K_P2)
+    # Every queued task is held by a running program now: the o_proj tasks pid, pid + programs, ... wait
+    # only on those, with their weights in flight
+    for v in range(pid, n_o_proj, n_programs):
+        queue.wait_for(gated_done + token, merged)
+        k = tl.arange(0, K_P2)
+        x = tl.load(gated_ptr + token * width + k, mask=k < width, other=0.0, cache_modifier=".cg")
+        y = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        tl.store(y_ptr + token * hidden + rows, round_to(y, y_ptr.dtype.element_ty), mask=rows < hidden)
+        token, rows, w = _o_proj_rows(v + n_programs, n_o_proj, n_tokens, w_ptr, hidden, width, ROWS, K_P2)
     queue.finish(queue_ptr, n_tokens * (kv_heads + 1), COUNTER_BLOCK)
 
 

@@ -15,7 +15,9 @@ order), and a program takes the next number from one atomic ticket counter whene
 
 Why it cannot deadlock: a program waits only on tasks with lower tickets, and a ticket is only ever
 held by a program that is running (it took it), so the holder of the lowest unfinished ticket waits on
-nothing and finishes. No grid barrier and no cooperative launch are needed, and the grid may be
+nothing and finishes. Tasks fixed per program (a program's share of the last stage, its weights loaded
+before anything else) may follow once `take` has found the queue empty: every queued task is then held
+by a running program. No grid barrier and no cooperative launch are needed, and the grid may be
 smaller or larger than the task list. Under the Triton interpreter programs run one after another: the
 first takes every ticket in order, so each wait is already met when it is reached, and the rest find
 the queue empty.

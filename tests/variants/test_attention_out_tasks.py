@@ -1,9 +1,9 @@
-"""`attention_out:triton_tasks`: attention, merge-gate and o_proj as tasks of one persistent launch on a
-ticket queue (Triton interpreter at beam-tiny shapes; the TP8 rank's shapes, PDL and the dependency
-waits on the GPU). The planted faults are the real kernel with one thing taken out, so the gates are
-shown to reject what goes wrong in this design: a queue left for the next launch unreset, an o_proj
-task multiplying the weight tile loaded for an earlier ticket, a task that reads its inputs without
-waiting for them (only a GPU runs tasks at once)."""
+"""`attention_out:triton_tasks`: attention and merge-gate tasks from a ticket queue, then each program's
+own o_proj rows, in one persistent launch (Triton interpreter at beam-tiny shapes; the TP8 rank's shapes,
+PDL and the dependency waits on the GPU). The planted faults are the real kernel with one thing taken
+out, so the gates are shown to reject what goes wrong in this design: a queue left for the next launch
+unreset, a program's second o_proj task multiplying its first one's weight tile, an o_proj task that
+reads its activations without waiting for them (only a GPU runs tasks at once)."""
 
 import importlib.util
 import sys
@@ -134,8 +134,8 @@ def test_the_op_gate_rejects_a_planted_queue_fault(fault, tmp_path, monkeypatch)
 
 
 def test_without_its_wait_the_kernel_still_passes_where_tasks_run_one_at_a_time(tmp_path):
-    """Under the interpreter a missing wait cannot show (every producer ran before its consumer's ticket
-    was taken); the GPU test below is where the gate must reject it."""
+    """Under the interpreter a missing wait cannot show (the first program runs every queued task before
+    any program reaches its o_proj tasks); the GPU test below is where the gate must reject it."""
     assert op_gate(planted_kernel("no_dependency_wait", tmp_path), [B1, B2], seeds=(0,)).passed
 
 

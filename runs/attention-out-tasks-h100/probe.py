@@ -3,7 +3,8 @@ task kernel with stages taken out or its waits changed, against the three-launch
 as `workbench bench` times a point (CUDA graphs of back-to-back calls on rotated input copies), all in
 one process, in alternating rounds.
 
-The cut-down kernels are copies of `kernels/attention_tasks.py` (and `kernels/task_queue.py`) with one
+The cut-down kernels (also on a grid of one program for each task they run, against the config's
+programs a SM) are copies of `kernels/attention_tasks.py` (and `kernels/task_queue.py`) with one
 edit each, written next to OUT, as tests/variants/test_attention_out_tasks.py plants its faults: their
 outputs are not the point's (a stage is missing), only their time is read.
 
@@ -22,6 +23,8 @@ import torch
 from workbench import registry
 from workbench.points import Workload, spec
 from workbench.timing import time_call
+from workbench.variants.kernels import attention as attn
+from workbench.variants.kernels import task_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "workbench/variants/kernels"
@@ -87,14 +90,31 @@ def main():
     for name in ("triton", "triton_widemerge"):
         v = registry.get("attention_out", name)
         builds[f"attention_out:{name}"] = ("attention_out", v.at(dict(v.configs[0], pdl=True)))
+    # the tasks each cut runs, for the same cuts on a grid of one program a task
+    q, cache, meta, *_ = spec("attention_out").make_inputs(wl, "cuda", 0).args
+    splits = attn.decode_splits(1, cache.shape[3], meta.page_table.shape[1], cache.shape[2],
+                                wl.config.sliding_window if args.layer == "sliding" else None, config["attention"],
+                                q.device)
+    merges = q.shape[1] * -(-q.shape[2] // attn.MERGE_BLOCK_D)
+    one_each = {"tasks: attention + merge-gate only": splits + merges, "tasks: attention only": splits,
+                "tasks: o_proj only, activations ready": -(-wl.config.hidden_size // config["tasks"]["ROWS"])}
     for i, label in enumerate(CUTS):
         module = cut_kernel(i, label, args.out)
-
-        def fn(q, cache, meta, g, w, *, window, scale, _m=module):
-            return _m.decode_tasks(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window, scale=scale,
-                                   attention_cfg=dict(config["attention"], pdl=True), tasks_cfg=config["tasks"],
-                                   pdl=True)
-        builds[label] = ("attention_out", fn)
+        for grid in (None, one_each.get(label)):
+            def fn(q, cache, meta, g, w, *, window, scale, _m=module, _grid=grid):
+                programs = task_queue.programs
+                if _grid:  # the grid is sized on the host when the call is captured
+                    task_queue.programs = lambda device, per_sm, tasks: _grid
+                try:
+                    return _m.decode_tasks(q, cache, meta, g, w["gate_bias"], w["o_proj"], window=window,
+                                           scale=scale, attention_cfg=dict(config["attention"], pdl=True),
+                                           tasks_cfg=config["tasks"], pdl=True)
+                finally:
+                    task_queue.programs = programs
+            if grid is None:
+                builds[label] = ("attention_out", fn)
+            elif label in one_each:
+                builds[f"{label}, one program a task ({grid})"] = ("attention_out", fn)
     attention = registry.get("attention", "triton")
     builds["attention:triton (the decode kernel and its merge)"] = (
         "attention", attention.at(dict(config["attention"], pdl=True)))

@@ -31,8 +31,8 @@ KERNELS = ROOT / "workbench/variants/kernels"
 ATTENTION_TASKS = "from workbench.variants.kernels import task_queue as queue"
 
 NO_O_PROJ = ("n_o_proj = n_tokens * tl.cdiv(hidden, ROWS)", "n_o_proj = 0")
-NO_MERGE = ("n_queued = n_attention + n_tokens * n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)", "n_queued = n_attention")
-NO_QUEUE = ("n_queued = n_attention + n_tokens * n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)", "n_queued = 0")
+NO_MERGE = ("n_queued = n_attention + n_tokens * merged", "n_queued = n_attention")
+NO_QUEUE = ("n_queued = n_attention + n_tokens * merged", "n_queued = 0")
 NO_O_PROJ_WAIT = ("        queue.wait_for(gated_done + token, merged)\n", "")
 
 # label -> edits of the task kernel's source (old, new), and of the queue's (None: the real queue)

@@ -134,9 +134,9 @@ def _tasks_kernel(q_ptr, cache_ptr, table_ptr, seq_lens_ptr, pos_ptr, g_ptr, bia
     pid, n_programs = tl.program_id(0), tl.num_programs(0)
     width = n_heads * head_dim
     n_attention = n_tokens * kv_heads * n_splits
-    n_queued = n_attention + n_tokens * n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)
-    n_o_proj = n_tokens * tl.cdiv(hidden, ROWS)
     merged = n_heads * tl.cdiv(head_dim, MERGE_BLOCK_D)  # merge-gate tasks of a token
+    n_queued = n_attention + n_tokens * merged
+    n_o_proj = n_tokens * tl.cdiv(hidden, ROWS)
     # o_proj is never written: its tile is read before the PDL wait, while the last kernel finishes
     token, rows, w = _o_proj_rows(pid, n_o_proj, n_tokens, w_ptr, hidden, width, ROWS, K_P2)
     pdl_enter(PDL)  # q and the cache are the last kernel's; the queue is the last launch's until here

@@ -29,7 +29,7 @@ ticket, slot 1 the exit count, the rest the tasks' counters.
 import torch
 
 from workbench.variants.kernels.arrivals import arrival_counters
-from workbench.variants.kernels.triton_common import INTERPRETED, triton
+from workbench.variants.kernels.triton_common import triton
 
 TICKET, EXIT, FIRST_COUNTER = 0, 1, 2  # the queue's slots: the tasks' counters start at FIRST_COUNTER
 
@@ -82,7 +82,7 @@ def queue_counters(n_counters: int, device: torch.device, owner: str) -> torch.T
 
 
 def programs(device: torch.device, per_sm: int, tasks: int) -> int:
-    """The persistent grid: `per_sm` programs on each SM (4 "SMs" under the interpreter), never more
+    """The persistent grid: `per_sm` programs on each SM (4 "SMs" on a CPU, under the interpreter), never more
     than there are tasks."""
-    sms = 4 if INTERPRETED or device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     return max(1, min(tasks, sms * per_sm))

@@ -7,6 +7,7 @@ import types
 import pytest
 import torch
 
+from beam_model.quant.tensors import Fp8Weight, Nvfp4Weight
 from workbench import gates, registry
 from workbench.quarantine import quarantined
 
@@ -89,3 +90,22 @@ def _stand_in_module(monkeypatch, name: str, parent):
     if parent is not None:
         setattr(parent, name.rsplit(".", 1)[1], module)
     return module
+
+
+E4M3_NAN = 0x7F  # float8_e4m3fn's NaN (S.1111.111), set through a uint8 view: fp8 tensors take no fills
+
+
+def poisoned_experts(w, experts):
+    """Copies of the quantized weights with NaN in `experts`' scales (and FP8 values): no kernel may read them."""
+    out = {}
+    for k, v in w.items():
+        if isinstance(v, Fp8Weight):
+            v = Fp8Weight(v.weight.clone(), v.scale.clone())
+            v.weight.view(torch.uint8)[experts] = E4M3_NAN
+            v.scale[experts] = float("nan")
+        else:
+            v = Nvfp4Weight(v.weight, v.scale.clone(), v.scale_2.clone())
+            v.scale.view(torch.uint8)[experts] = E4M3_NAN
+            v.scale_2[experts] = float("nan")
+        out[k] = v
+    return out

@@ -1,15 +1,16 @@
 """`experts:triton_quantized`: the decode GEMV on FP8 / NVFP4 expert weights. The op gate at every config in both
-formats at beam-tiny decode of three sequences (of one: test_every_variant.py), only the selected experts read,
-the workloads it declines, and faults of the NVFP4 layout (nibbles swapped, scale_2 dropped) rejected by the
-gate. CPU: the kernels run interpreted (tests/conftest.py); their sm_90 compilation is checked in
-test_triton_sm90_compile.py."""
+formats at beam-tiny decode of three sequences (of one: test_every_variant.py), only the selected experts read (by
+experts:triton_quantized_rows too), the workloads it declines, and faults of the NVFP4 layout (nibbles swapped,
+scale_2 dropped) rejected by the gate. CPU: the kernels run interpreted (tests/conftest.py); their sm_90
+compilation is checked in test_triton_sm90_compile.py."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from beam_model.quant.tensors import Fp8Weight, Nvfp4Weight  # noqa: E402
+from beam_model.quant.tensors import Nvfp4Weight  # noqa: E402
+from tests.variants.helpers import poisoned_experts  # noqa: E402
 from workbench import gates, registry  # noqa: E402
 from workbench.points import Workload, spec  # noqa: E402
 from workbench.variants.experts.triton_quantized import CONFIGS  # noqa: E402
@@ -30,32 +31,15 @@ def test_op_gate_at_every_config(index, fmt, batch):
     assert report.passed, report.first_failure()
 
 
-E4M3_NAN = 0x7F  # float8_e4m3fn's NaN (S.1111.111), set through a uint8 view: fp8 tensors take no fills
-
-
-def _poisoned(w, experts):
-    """Copies of the quantized weights with NaN in `experts`' scales (and FP8 values): no kernel may read them."""
-    out = {}
-    for k, v in w.items():
-        if isinstance(v, Fp8Weight):
-            v = Fp8Weight(v.weight.clone(), v.scale.clone())
-            v.weight.view(torch.uint8)[experts] = E4M3_NAN
-            v.scale[experts] = float("nan")
-        else:
-            v = Nvfp4Weight(v.weight, v.scale.clone(), v.scale_2.clone())
-            v.scale.view(torch.uint8)[experts] = E4M3_NAN
-            v.scale_2[experts] = float("nan")
-        out[k] = v
-    return out
-
-
+@pytest.mark.parametrize("name", ["triton_quantized", "triton_quantized_rows"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_reads_only_the_selected_experts_bitwise_alike(fmt):
+def test_reads_only_the_selected_experts_bitwise_alike(fmt, name):
+    variant = registry.get("experts", name)
     x, ids, weights, w = spec("experts").make_inputs(_decode(1, fmt), "cpu", 0).args
     unselected = torch.ones(w["gate_proj"].shape[0], dtype=torch.bool)
     unselected[ids[0]] = False
-    clean = VARIANT.fn(x, ids, weights, w)
-    assert torch.equal(VARIANT.fn(x, ids, weights, _poisoned(w, unselected)).view(torch.int16), clean.view(torch.int16))
+    clean = variant.fn(x, ids, weights, w).view(torch.int16)
+    assert torch.equal(variant.fn(x, ids, weights, poisoned_experts(w, unselected)).view(torch.int16), clean)
 
 
 def test_declines_bf16_weights_and_prefill_sizes():
@@ -72,8 +56,8 @@ def test_declines_bf16_weights_and_prefill_sizes():
         VARIANT.fn(x, ids, weights, w)
 
 
-@pytest.mark.parametrize("qualname", ["experts:triton_quantized", "qkvg_proj:triton_fp8", "dense_mlp:triton_fp8",
-                                      "attn_out:triton_fp8"])
+@pytest.mark.parametrize("qualname", ["experts:triton_quantized", "experts:triton_quantized_rows",
+                                      "qkvg_proj:triton_fp8", "dense_mlp:triton_fp8", "attn_out:triton_fp8"])
 def test_e4m3_kernels_decline_gpus_before_sm89(qualname, monkeypatch):
     """Triton converts E4M3 on sm_89 and later: an A100 is told why, an H100 is offered the variant."""
     variant = registry.get(*qualname.split(":"))

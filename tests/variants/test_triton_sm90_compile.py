@@ -346,6 +346,57 @@ def test_quantized_experts_configs_do_not_spill_and_convert_e4m3_natively():
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u
 
 
+QUANTIZED_ROWS = r"""
+import json
+from workbench.sm90 import compile_sm90, resource_usage
+from workbench.variants.experts.triton_quantized_rows import CONFIGS
+from workbench.variants.kernels import moe_quantized_rows as mq
+from workbench.variants.kernels.moe_rows import pieces
+
+H, F = 5120, 320  # beam-501b-tp8's rank: hidden, ff
+out = []
+for fmt in ("fp8", "nvfp4"):
+    nvfp4 = fmt == "nvfp4"
+    w, s = ("*i64", "*fp8e4nv") if nvfp4 else ("*fp8e4nv", "*fp32")
+    unit = 16 if nvfp4 else 1  # inputs a stored element (NVFP4: a 64-bit word)
+    scales_h, scales_f = (H // 16, F // 16) if nvfp4 else (1, 1)  # scales a row
+    for c in CONFIGS:
+        a, b = pieces(H // unit)
+        gate_up = compile_sm90(mq.gate_up_quantized_rows_kernel, dict(
+            x_ptr="*bf16", ids_ptr="*i64", wg_ptr=w, wu_ptr=w, sg_ptr=s, su_ptr=s, sg2_ptr="*fp32", su2_ptr="*fp32",
+            act_ptr="*bf16", FF="i32", stride_we="i32", stride_wf="i32", stride_se="i32", stride_sf="i32"), dict(
+            HIDDEN=H, A=a, B=b, TOP_K=8, BLOCK_N=c["BLOCK_N"], STEPS=c.get("STEPS", 1), NVFP4=nvfp4, PDL=True),
+            ints=dict(FF=F, stride_we=F * H // unit, stride_wf=H // unit, stride_se=F * scales_h, stride_sf=scales_h),
+            num_warps=c["num_warps"], num_stages=1)
+        a, b = pieces(F // unit)
+        down = compile_sm90(mq.down_quantized_rows_kernel, dict(
+            act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*fp32", wd_ptr=w, sd_ptr=s, sd2_ptr="*fp32", y_ptr="*bf16",
+            HIDDEN="i32", stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
+            FF=F, A=a, B=b, TOP_K=8, K_P2=8, BLOCK_N=c["DOWN_BLOCK_N"], STEPS=c.get("DOWN_STEPS", 1), NVFP4=nvfp4,
+            PDL=True), ints=dict(HIDDEN=H, stride_we=H * F // unit, stride_wh=F // unit, stride_se=H * scales_f,
+                                 stride_sh=scales_f), num_warps=c["DOWN_WARPS"], num_stages=1)
+        for name, k in (("gate_up", gate_up), ("down", down)):
+            ptx = k.asm["ptx"]
+            out.append(dict(fmt=fmt, kernel=name, config=c, e4m3_cvt="e4m3x2" in ptx,
+                            int_to_float="cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx,
+                            waits="griddepcontrol.wait" in ptx, **resource_usage(k)))
+print(json.dumps(out))
+"""
+
+
+def test_quantized_rows_configs_do_not_spill_and_decode_without_integer_conversions():
+    """Every experts:triton_quantized_rows config, both kernels in both formats, with PDL, at the TP8 rank's decode
+    sizes for sm_90: no spills, E4M3 converted by the hardware's cvt from e4m3x2, a grid dependency wait, and no
+    integer-to-float conversion (NVFP4's codes become fp16 by their bits)."""
+    usage = _compiled(QUANTIZED_ROWS)
+    from workbench.variants.experts.triton_quantized_rows import CONFIGS
+
+    assert len(usage) == 2 * 2 * len(CONFIGS)
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u
+        assert not u["int_to_float"], u
+
+
 FP8_GEMV = r"""
 import json
 import importlib

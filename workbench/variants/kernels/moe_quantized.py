@@ -165,20 +165,19 @@ def _parts(w, fmt: str):
     return (w.weight, w.scale, w.scale_2) if fmt == "nvfp4" else (w.weight, w.scale, w.scale)
 
 
-def checked_weights(w: dict) -> tuple[str, tuple, tuple, tuple]:
+def checked_weights(w: dict, qualname: str = "experts:triton_quantized") -> tuple[str, tuple, tuple, tuple]:
     """(format, gate parts, up parts, down parts) as the kernels read them: one quantized format for all
     three, every tensor (scale_2 too) contiguous along its last dim, gate and up with one set of strides
     (the kernel takes one)."""
     fmts = {getattr(w[k], "format", "bf16") for k in ("gate_proj", "up_proj", "down_proj")}
     fmt = fmts.pop() if len(fmts) == 1 else None
     if fmt not in FORMATS:
-        raise ValueError(f"experts:triton_quantized reads {' or '.join(FORMATS)} expert weights, got {sorted(fmts)}")
+        raise ValueError(f"{qualname} reads {' or '.join(FORMATS)} expert weights, got {sorted(fmts)}")
     gate, up, down = (_parts(w[k], fmt) for k in ("gate_proj", "up_proj", "down_proj"))
     ok = all(t.stride(-1) == 1 for part in (gate, up, down) for t in part) \
         and all(a.stride() == b.stride() for a, b in zip(gate, up))
     if not ok:
-        raise ValueError("experts:triton_quantized needs its weights and scales contiguous along their last dim, "
-                         "gate/up alike")
+        raise ValueError(f"{qualname} needs its weights and scales contiguous along their last dim, gate/up alike")
     return fmt, gate, up, down
 
 

@@ -1,0 +1,66 @@
+"""`experts:triton_quantized_rows`: experts:triton_rows' decode GEMV (each program's weight rows loaded whole, a
+block of rows at a time, double-buffered) on expert weights stored as FP8 or NVFP4, dequantized in registers,
+NVFP4's codes decoded by placing their bits into fp16 (`kernels/moe_quantized_rows.py` says why). Reads only
+those formats; only decode sizes are offered to it (up to `moe.GEMV_MAX_PAIRS` routed pairs).
+
+The kernels are imported on the first call: this module must import without triton, and under the CPU
+interpreter TRITON_INTERPRET must be set before they are defined.
+"""
+
+from workbench.registry import register
+from workbench.variants.experts.triton_quantized import FORMATS
+from workbench.variants.kernels.fp8_decode import e4m3_unsupported
+from workbench.variants.kernels.moe_decode import decode_supports
+
+# BLOCK_N whole gate/up rows per program at num_warps, DOWN_BLOCK_N hidden rows (of all top_k experts) per down
+# program at DOWN_WARPS; STEPS / DOWN_STEPS such blocks per program, double-buffered (default 1). The first is
+# the default. A config runs only where its stored weight elements a thread stay within
+# MAX_ELEMENTS_PER_THREAD (`_config_supports`); none spills on sm_90 at beam-501b-tp8's decode sizes
+# (tests/variants/test_triton_sm90_compile.py).
+CONFIGS = [
+    dict(BLOCK_N=2, num_warps=8, DOWN_BLOCK_N=4, DOWN_WARPS=4),
+    dict(BLOCK_N=4, num_warps=8, DOWN_BLOCK_N=8, DOWN_WARPS=8),
+    dict(BLOCK_N=2, num_warps=8, STEPS=2, DOWN_BLOCK_N=4, DOWN_WARPS=4, DOWN_STEPS=2),
+    dict(BLOCK_N=1, num_warps=4, DOWN_BLOCK_N=2, DOWN_WARPS=4),
+    dict(BLOCK_N=8, num_warps=8, DOWN_BLOCK_N=8, DOWN_WARPS=4),
+]
+
+# Per thread: E4M3 weights (FP8) as experts:triton_rows' BF16 limit, or 64-bit NVFP4 words, each 16 codes
+# decoded in registers; past these the tiles spill on sm_90.
+MAX_ELEMENTS_PER_THREAD = {"fp8": 128, "nvfp4": 32}
+
+
+def _config_supports(config, wl):
+    from workbench.variants.kernels.moe_quantized_rows import weight_elements_per_thread
+
+    c, fmt = wl.config, wl.weights
+    if fmt not in MAX_ELEMENTS_PER_THREAD:
+        return True  # the variant's supports names the format it declines
+    per_thread = weight_elements_per_thread(config, fmt, c.hidden_size, c.moe_intermediate_size,
+                                            c.num_experts_per_tok)
+    if per_thread > MAX_ELEMENTS_PER_THREAD[fmt]:
+        return f"{per_thread} stored {fmt} weight elements a thread at hidden {c.hidden_size}, ff " \
+               f"{c.moe_intermediate_size} (more than {MAX_ELEMENTS_PER_THREAD[fmt]}: the tile would spill registers)"
+    return True
+
+
+_decode_sizes = decode_supports("triton_quantized_rows", "each pair re-reads its expert's weights (a decode GEMV)")
+
+
+def _supports(wl):
+    """Decode sizes on a GPU that loads E4M3 (FP8 weights, and NVFP4's block scales)."""
+    return e4m3_unsupported("experts:triton_quantized_rows") or _decode_sizes(wl)
+
+
+def _at(config=None):
+    config = config or CONFIGS[0]
+
+    def experts_triton_quantized_rows(x, ids, weights, w):
+        from workbench.variants.kernels.moe_quantized_rows import quantized_experts_rows  # kernels: imported on use
+
+        return quantized_experts_rows(x, ids, weights, w, config)
+    return experts_triton_quantized_rows
+
+
+register("experts", "triton_quantized_rows", "triton", supports=_supports, configs=CONFIGS, configure=_at,
+         config_supports=_config_supports, pdl=True, formats=FORMATS)(_at())

@@ -377,8 +377,10 @@ for fmt in ("fp8", "nvfp4"):
                                  stride_sh=scales_f), num_warps=c["DOWN_WARPS"], num_stages=1)
         for name, k in (("gate_up", gate_up), ("down", down)):
             ptx = k.asm["ptx"]
-            out.append(dict(fmt=fmt, kernel=name, config=c, e4m3_cvt="e4m3x2" in ptx,
+            steps = c.get("STEPS" if name == "gate_up" else "DOWN_STEPS", 1)
+            out.append(dict(fmt=fmt, kernel=name, config=c, e4m3_cvt="e4m3x2" in ptx, steps=steps,
                             int_to_float="cvt.rn.f32.s32" in ptx or "cvt.rn.f32.u32" in ptx,
+                            shared_stores=ptx.count("st.shared"),
                             waits="griddepcontrol.wait" in ptx, **resource_usage(k)))
 print(json.dumps(out))
 """
@@ -386,15 +388,17 @@ print(json.dumps(out))
 
 def test_quantized_rows_configs_do_not_spill_and_decode_without_integer_conversions():
     """Every experts:triton_quantized_rows config, both kernels in both formats, with PDL, at the TP8 rank's decode
-    sizes for sm_90: no spills, E4M3 converted by the hardware's cvt from e4m3x2, a grid dependency wait, and no
-    integer-to-float conversion (NVFP4's codes become fp16 by their bits)."""
+    sizes for sm_90: no spills, E4M3 converted by the hardware's cvt from e4m3x2, a grid dependency wait, no
+    integer-to-float conversion (NVFP4's codes become fp16 by their bits), and shared memory only for the
+    reductions across warps: a block's inputs sent through it to the weights' layout (a gate/up block of two rows
+    does that) store 30 or more times a program, each behind a CTA barrier."""
     usage = _compiled(QUANTIZED_ROWS)
     from workbench.variants.experts.triton_quantized_rows import CONFIGS
 
     assert len(usage) == 2 * 2 * len(CONFIGS)
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u
-        assert not u["int_to_float"], u
+        assert not u["int_to_float"] and u["shared_stores"] <= 8 * u["steps"], u
 
 
 FP8_GEMV = r"""

@@ -1,0 +1,66 @@
+"""`experts:triton_quantized_grouped`: experts:triton's grouped GEMMs on FP8 / NVFP4 expert weights, each tile
+dequantized exactly before its dot. The op gate at every config on a prompt in both formats (decode of one
+sequence: test_every_variant.py), and planted faults (each a one-line edit of the real kernel) rejected by the
+gate. CPU: the kernels run interpreted (tests/conftest.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from workbench import gates, registry  # noqa: E402
+from workbench.points import Workload  # noqa: E402
+from workbench.registry import Variant  # noqa: E402
+from workbench.variants.experts.triton_quantized_grouped import CONFIGS  # noqa: E402
+
+VARIANT = registry.get("experts", "triton_quantized_grouped")
+FORMATS = ("fp8", "nvfp4")
+KERNEL = Path(__file__).parents[2] / "workbench" / "variants" / "kernels" / "moe_quantized_grouped.py"
+# 18 tokens: 72 routed pairs over beam-tiny's 16 experts, several blocks an expert at BLOCK_M 16
+PROMPT = dict(batch=2, tokens_per_seq=9, context=9)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("index", range(len(CONFIGS)))
+def test_op_gate_on_a_prompt_at_every_config(index, fmt):
+    report = gates.op_gate(VARIANT, [Workload(weights=fmt, **PROMPT)], seeds=(0, 1), config=CONFIGS[index])
+    assert report.passed, report.first_failure()
+
+
+# A line of the kernel module (its marker) and the edit that plants a fault there.
+FAULTS = {
+    # each NVFP4 block scale read for the block beside it
+    "block_scale_shifted": ("scale = tl.load(s_ptr + e * stride_se", ("k0 // 16 + offs_s[None, :]", "k0 // 16 + 1")),
+    # scale_2 (NVFP4) never applied to the accumulator
+    "scale_2_dropped": ("return tl.zeros([offs_n.shape[0]], tl.float32) + tl.load", ("+ tl.load(s2_ptr + e)", "+ 1.0")),
+    # the codes' sign bit never reaches fp16's
+    "sign_dropped": ("lo = ((b & 7) << 9)", (" | ((b & 8) << 12)", "")),
+}
+
+
+def planted_kernel(fault: str, tmp_path: Path) -> Variant:
+    """experts:triton_quantized_grouped at its default config on a copy of its kernel module with `fault`."""
+    marker, edit = FAULTS[fault]
+    lines = KERNEL.read_text().splitlines(keepends=True)
+    (at,) = [i for i, line in enumerate(lines) if marker in line]  # the kernel changed if this fails: re-plant
+    assert edit[0] in lines[at]
+    lines[at] = lines[at].replace(*edit)
+    path = tmp_path / f"planted_moe_quantized_grouped_{fault}.py"
+    path.write_text("".join(lines))
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[path.stem] = module  # triton resolves a kernel's globals through its module
+    module_spec.loader.exec_module(module)
+
+    def experts(x, ids, weights, w):
+        return module.quantized_grouped_experts(x, ids, weights, w, CONFIGS[0])
+    return Variant("experts", f"planted_{fault}", "triton", experts, formats=FORMATS)
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_the_op_gate_rejects_a_planted_fault(fault, tmp_path):
+    report = gates.op_gate(planted_kernel(fault, tmp_path), [Workload(weights="nvfp4", **PROMPT)], seeds=(0,))
+    assert not report.passed and "accuracy" in {c.name for c in report.failures}, report.first_failure()

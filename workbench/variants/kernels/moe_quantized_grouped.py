@@ -1,0 +1,180 @@
+"""Grouped GEMM kernels of `experts:triton_quantized_grouped`: experts:triton's grouped path (`moe.py`: routed
+pairs sorted by expert into blocks of BLOCK_M rows, a gate/up GEMM with SwiGLU in its epilogue, a down GEMM into
+per-pair rows, a combine in FP32 rounded once) with the expert weights read as stored, FP8 or NVFP4
+(`beam_model/quant/tensors.py`), and dequantized in registers into the tensor cores' operand (W8A16 / W4A16).
+
+Each weight tile is loaded packed (the pipelined loads move the stored bytes) and turned into the model dtype
+exactly before its dot:
+- FP8: E4M3 values convert exactly; the row's scale multiplies the FP32 accumulator in the epilogue.
+- NVFP4: each byte's two codes go to fp16 by their bits (magnitude to exponent and mantissa, sign to sign:
+  E2M1 times 2^-14, as in `moe_quantized_rows.py`), times the block's E4M3 scale and 2^14, which is exact (at
+  most 6 significant bits); scale_2 multiplies the accumulator in the epilogue.
+So the dot sees each weight's exact dequantized value (the reference rounds code x scale x scale_2 to the model
+dtype; here scale_2, or FP8's row scale, applies in FP32 after the dot).
+
+Imported on the variant's first call, so the point imports without triton and TRITON_INTERPRET can be set
+before these kernels are defined.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.variants.kernels.moe import _INTERPRETED, _dot, align_by_expert, combine, swiglu
+from workbench.variants.kernels.moe_quantized import checked_weights
+from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
+
+E2M1_FROM_FP16 = tl.constexpr(16384.0)  # 2^14: an E2M1 value over the fp16 its bits are placed into
+
+
+@triton.jit
+def _e2m1_bytes(b):
+    """Each byte's two codes (the even input in the low nibble) as fp16 times 2^-14: [..., 2]."""
+    b = b.to(tl.int32)
+    lo = ((b & 7) << 9) | ((b & 8) << 12)
+    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
+    return tl.join(lo.to(tl.int16), hi.to(tl.int16)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def dequantized_tile(w_ptr, s_ptr, e, offs_n, n_ok, k0, K, stride_we, stride_wn, stride_se, stride_sn,
+                     BLOCK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr):
+    """Rows `offs_n` x inputs k0 .. k0 + BLOCK_K of expert e's weight, dequantized to DTYPE but for the row-wide
+    factor (FP8's row scale, NVFP4's scale_2), which the caller applies after the dot: [BLOCK_N, BLOCK_K]."""
+    if NVFP4:
+        offs_b = tl.arange(0, BLOCK_K // 2)
+        b_ok = n_ok[:, None] & (k0 // 2 + offs_b < K // 2)[None, :]
+        packed = tl.load(w_ptr + e * stride_we + offs_n[:, None] * stride_wn + k0 // 2 + offs_b[None, :], mask=b_ok,
+                         other=0)
+        offs_s = tl.arange(0, BLOCK_K // 16)
+        s_ok = n_ok[:, None] & (k0 // 16 + offs_s < K // 16)[None, :]
+        scale = tl.load(s_ptr + e * stride_se + offs_n[:, None] * stride_sn + k0 // 16 + offs_s[None, :], mask=s_ok,
+                        other=0.0).to(tl.float32) * E2M1_FROM_FP16
+        codes = tl.reshape(_e2m1_bytes(packed), [packed.shape[0], BLOCK_K // 16, 16]).to(tl.float32)
+        return tl.reshape(codes * scale[:, :, None], [packed.shape[0], BLOCK_K]).to(DTYPE)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        ok = n_ok[:, None] & (k0 + offs_k < K)[None, :]
+        return tl.load(w_ptr + e * stride_we + offs_n[:, None] * stride_wn + k0 + offs_k[None, :], mask=ok,
+                       other=0.0).to(DTYPE)
+
+
+@triton.jit
+def _row_factor(s_ptr, s2_ptr, e, offs_n, n_ok, stride_se, stride_sn, NVFP4: tl.constexpr):
+    """The factor a row's accumulator takes after the dot: [BLOCK_N] (NVFP4's scale_2 for every row)."""
+    if NVFP4:
+        return tl.zeros([offs_n.shape[0]], tl.float32) + tl.load(s2_ptr + e)
+    else:
+        return tl.load(s_ptr + e * stride_se + offs_n * stride_sn, mask=n_ok, other=0.0)
+
+
+@triton.jit
+def gate_up_quantized_grouped_kernel(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, sg2_ptr,
+                                     su2_ptr, act_ptr, N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
+                                     stride_se, stride_sf, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_BLOCKS_N: tl.constexpr,
+                                     NVFP4: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr,
+                                     PDL: tl.constexpr = False):
+    """act[block rows, n-block] = silu(X_e @ gate[e].T) * (X_e @ up[e].T) for one expert's block of BLOCK_M
+    routed rows, as `moe.gate_up_grouped_kernel`, each weight tile dequantized before its dot."""
+    pdl_enter(PDL)
+    pid_m = tl.program_id(0) // N_BLOCKS_N
+    pid_n = tl.program_id(0) % N_BLOCKS_N
+    e = tl.load(block_expert_ptr + pid_m)
+    if e >= N_EXPERTS:  # a worst-case block nobody needed
+        return
+    e = e.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pairs_ptr + offs_m)
+    tokens = tl.where(pairs < N_PAIRS, pairs // TOP_K, 0)  # padding rows read token 0, never stored
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < FF
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tokens.to(tl.int64)[:, None] * HIDDEN + offs_k[None, :]
+    dtype = x_ptr.dtype.element_ty
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, HIDDEN, BLOCK_K):
+        a = tl.load(x_ptrs + k0, mask=(offs_k + k0 < HIDDEN)[None, :], other=0.0)
+        bg = dequantized_tile(wg_ptr, sg_ptr, e, offs_n, n_ok, k0, HIDDEN, stride_we, stride_wf, stride_se,
+                              stride_sf, BLOCK_K, NVFP4, dtype)
+        bu = dequantized_tile(wu_ptr, su_ptr, e, offs_n, n_ok, k0, HIDDEN, stride_we, stride_wf, stride_se,
+                              stride_sf, BLOCK_K, NVFP4, dtype)
+        acc_g = _dot(a, tl.trans(bg), acc_g, PRECISION, INTERP)
+        acc_u = _dot(a, tl.trans(bu), acc_u, PRECISION, INTERP)
+    g = acc_g * _row_factor(sg_ptr, sg2_ptr, e, offs_n, n_ok, stride_se, stride_sf, NVFP4)[None, :]
+    u = acc_u * _row_factor(su_ptr, su2_ptr, e, offs_n, n_ok, stride_se, stride_sf, NVFP4)[None, :]
+    act = round_to(swiglu(g, u), act_ptr.dtype.element_ty)
+    tl.store(act_ptr + offs_m.to(tl.int64)[:, None] * FF + offs_n[None, :], act, mask=n_ok[None, :])
+
+
+@triton.jit
+def down_quantized_grouped_kernel(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, sd_ptr, sd2_ptr, out_ptr,
+                                  N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh, stride_se, stride_sh,
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                  N_BLOCKS_N: tl.constexpr, NVFP4: tl.constexpr, PRECISION: tl.constexpr,
+                                  INTERP: tl.constexpr, PDL: tl.constexpr = False):
+    """out[pair, n-block] = rw[pair] * (act[row] @ down[e].T) in FP32 for one expert's block of rows, each pair
+    its own row (scattered back to pair order) for `moe.combine`, as `moe.down_grouped_kernel`."""
+    pdl_enter(PDL)
+    pid_m = tl.program_id(0) // N_BLOCKS_N
+    pid_n = tl.program_id(0) % N_BLOCKS_N
+    e = tl.load(block_expert_ptr + pid_m)
+    if e >= N_EXPERTS:
+        return
+    e = e.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pairs_ptr + offs_m)
+    row_ok = pairs < N_PAIRS
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < HIDDEN
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + offs_m.to(tl.int64)[:, None] * FF + offs_k[None, :]
+    dtype = act_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for f0 in range(0, FF, BLOCK_K):
+        a = tl.load(a_ptrs + f0, mask=(offs_k + f0 < FF)[None, :], other=0.0)
+        b = dequantized_tile(wd_ptr, sd_ptr, e, offs_n, n_ok, f0, FF, stride_we, stride_wh, stride_se, stride_sh,
+                             BLOCK_K, NVFP4, dtype)
+        acc = _dot(a, tl.trans(b), acc, PRECISION, INTERP)
+    rows = acc * _row_factor(sd_ptr, sd2_ptr, e, offs_n, n_ok, stride_se, stride_sh, NVFP4)[None, :] \
+        * tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + offs_n[None, :], rows,
+             mask=row_ok[:, None] & n_ok[None, :])
+
+
+# ---- entry point -----------------------------------------------------------------------------------
+
+def quantized_grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: dict,
+                              cfg: dict) -> torch.Tensor:
+    """The `experts` contract on FP8 or NVFP4 expert weights through grouped GEMMs, at one of the variant's
+    tuning configs."""
+    fmt, (wg, sg, sg2), (wu, su, su2), (wd, sd, sd2) = checked_weights(w, "experts:triton_quantized_grouped")
+    nvfp4 = fmt == "nvfp4"
+    n, top_k = ids.shape
+    n_experts, ff, hidden = wg.shape[0], wg.shape[1], x.shape[1]
+    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous().float()
+    n_pairs = n * top_k
+    if n_pairs == 0:
+        return torch.empty(n, hidden, dtype=x.dtype, device=x.device)
+    pdl = cfg.get("pdl", False)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm, pdl)
+    n_blocks = block_expert.numel()
+    act = torch.empty(n_blocks * bm, ff, dtype=x.dtype, device=x.device)
+    common = dict(NVFP4=nvfp4, PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED,
+                  **pdl_launch(pdl))
+    grid_n = triton.cdiv(ff, bn)
+    gate_up_quantized_grouped_kernel[(n_blocks * grid_n,)](
+        x, sorted_pairs, block_expert, wg, wu, sg, su, sg2, su2, act, n_pairs, n_experts, hidden, ff, wg.stride(0),
+        wg.stride(1), sg.stride(0), sg.stride(1), TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+    out = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
+    bn, bk = cfg.get("DOWN_BLOCK_N", bn), cfg.get("DOWN_BLOCK_K", bk)
+    grid_n = triton.cdiv(hidden, bn)
+    down_quantized_grouped_kernel[(n_blocks * grid_n,)](
+        act, sorted_pairs, block_expert, rw, wd, sd, sd2, out, n_pairs, n_experts, hidden, ff, wd.stride(0),
+        wd.stride(1), sd.stride(0), sd.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n,
+        num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]), num_stages=cfg.get("DOWN_STAGES", cfg["num_stages"]),
+        **common)
+    return combine(out, rw, top_k, weighted=False, dtype=x.dtype, pdl=pdl)

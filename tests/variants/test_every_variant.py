@@ -112,7 +112,7 @@ GPU_EXTRA = {
     "attn_out": _decode(8, 64) + _prefill(PROMPT) + _fp8_decode() + _fp8_prefill(),
     "route": _decode(8, 64, 128, 512) + _prefill(PROMPT),  # route:triton's three GEMM regimes
     "experts": _decode(8, 64) + _prefill(PROMPT, (1, 2048, 2048))
-    + [wl.with_(weights=fmt) for fmt in ("fp8", "nvfp4") for wl in _decode(1, 8)],  # quantized experts' decode
+    + [wl.with_(weights=fmt) for fmt in ("fp8", "nvfp4") for wl in _decode(1, 8, 64) + _prefill(PROMPT)],  # quantized
     "dense_mlp": _decode(8, 64) + _fp8_decode() + _fp8_prefill(),
     "head": _decode(8, 64),
     "sample": _decode(8, 64),

@@ -401,6 +401,58 @@ def test_quantized_rows_configs_do_not_spill_and_decode_without_integer_conversi
         assert not u["int_to_float"] and u["shared_stores"] <= 8 * u["steps"], u
 
 
+QUANTIZED_GROUPED = r"""
+import json
+from workbench.sm90 import compile_sm90, resource_usage
+from workbench.variants.experts.triton_quantized_grouped import CONFIGS
+from workbench.variants.kernels import moe_quantized_grouped as mg
+
+H, F, E, PAIRS = 5120, 320, 256, 8 * 2048 * 8  # beam-501b-tp8's rank: hidden, ff, experts; the 8 x 2K prefill
+out = []
+for fmt in ("fp8", "nvfp4"):
+    nvfp4 = fmt == "nvfp4"
+    w, s = ("*u8", "*fp8e4nv") if nvfp4 else ("*fp8e4nv", "*fp32")
+    per_byte, scales_h, scales_f = (2, H // 16, F // 16) if nvfp4 else (1, 1, 1)
+    for c in CONFIGS:
+        gate_up = compile_sm90(mg.gate_up_quantized_grouped_kernel, dict(
+            x_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", wg_ptr=w, wu_ptr=w, sg_ptr=s, su_ptr=s,
+            sg2_ptr="*fp32", su2_ptr="*fp32", act_ptr="*bf16", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32",
+            stride_we="i32", stride_wf="i32", stride_se="i32", stride_sf="i32"), dict(
+            TOP_K=8, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], N_BLOCKS_N=-(-F // c["BLOCK_N"]),
+            NVFP4=nvfp4, PRECISION=None, INTERP=False, PDL=True), ints=dict(
+            N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=F * H // per_byte, stride_wf=H // per_byte,
+            stride_se=F * scales_h, stride_sf=scales_h), num_warps=c["num_warps"], num_stages=c["num_stages"])
+        bn, bk = c.get("DOWN_BLOCK_N", c["BLOCK_N"]), c.get("DOWN_BLOCK_K", c["BLOCK_K"])
+        down = compile_sm90(mg.down_quantized_grouped_kernel, dict(
+            act_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32", wd_ptr=w, sd_ptr=s,
+            sd2_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32", stride_we="i32",
+            stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=H // bn, NVFP4=nvfp4, PRECISION=None, INTERP=False,
+            PDL=True), ints=dict(N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=H * F // per_byte,
+                                 stride_wh=F // per_byte, stride_se=H * scales_f, stride_sh=scales_f),
+            num_warps=c.get("DOWN_WARPS", c["num_warps"]), num_stages=c.get("DOWN_STAGES", c["num_stages"]))
+        for name, k in (("gate_up", gate_up), ("down", down)):
+            ptx = k.asm["ptx"]
+            out.append(dict(fmt=fmt, kernel=name, config=c, pipelined="cp.async" in ptx,
+                            tensor_cores="wgmma" in ptx or "mma.sync" in ptx, waits="griddepcontrol.wait" in ptx,
+                            **resource_usage(k)))
+print(json.dumps(out))
+"""
+
+
+def test_quantized_grouped_configs_do_not_spill_and_pipeline_their_packed_loads():
+    """Every experts:triton_quantized_grouped config, both kernels in both formats, with PDL, at the TP8 rank's
+    8 x 2K prefill for sm_90: no spills, the packed weight loads pipelined (cp.async) though dequantized before
+    the dot, tensor-core dots, a grid dependency wait, and shared memory within an SM's 227 KB."""
+    usage = _compiled(QUANTIZED_GROUPED)
+    from workbench.variants.experts.triton_quantized_grouped import CONFIGS
+
+    assert len(usage) == 2 * 2 * len(CONFIGS)
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u
+        assert u["pipelined"] and u["tensor_cores"] and u["waits"] and u["DYN_SHARED"] <= 227 * 1024, u
+
+
 FP8_GEMV = r"""
 import json
 import importlib

@@ -26,7 +26,7 @@ PROMPT = dict(batch=2, tokens_per_seq=9, context=9)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("index", range(len(CONFIGS)))
 def test_op_gate_on_a_prompt_at_every_config(index, fmt):
-    report = gates.op_gate(VARIANT, [Workload(weights=fmt, **PROMPT)], seeds=(0, 1), config=CONFIGS[index])
+    report = gates.op_gate(VARIANT, [Workload(weights=fmt, **PROMPT)], seeds=(0,), config=CONFIGS[index])
     assert report.passed, report.first_failure()
 
 

@@ -6,8 +6,9 @@ stored and dequantized in registers.
 - FP8: the rows are E4M3 bytes, split into two power-of-two pieces as in `moe_rows.py`; the row's scale
   multiplies its FP32 sum once.
 - NVFP4: a row is read as 64-bit words, one a scale block (16 codes, 8 bytes), beside its E4M3 block scales.
-  At batch 1 the 4-bit decode, not the bytes, bounds this format's GEMV, so each code costs a few integer
-  operations and no integer-to-float conversion: the three magnitude bits of a code go to fp16's exponent low
+  At a quarter of BF16's bytes the decode's arithmetic, not the bytes, can bound this GEMV (an integer-to-float
+  conversion issues at a quarter of the FMA rate), so each code costs a few integer operations and no such
+  conversion: the three magnitude bits of a code go to fp16's exponent low
   bits and mantissa top bit and its sign to fp16's sign, two codes a 32-bit word (nibbles k and k + 4 of a word
   land 16 bits apart, so one shift-and-mask places both), and each half converts to FP32 exactly. fp16's
   subnormal and normal grid at those bits is E2M1's scaled by 2^-14, so a block's 16 products are summed,

@@ -20,7 +20,6 @@ from workbench.variants.kernels.moe_decode import decode_supports
 # A config runs only where its stored weight elements a thread stay within MAX_ELEMENTS_PER_THREAD.
 CONFIGS = [
     dict(BLOCK_N=1, num_warps=4, DOWN_BLOCK_N=8, DOWN_WARPS=8),
-    dict(BLOCK_N=1, num_warps=8, DOWN_BLOCK_N=8, DOWN_WARPS=8),
     dict(BLOCK_N=1, num_warps=4, STEPS=4, DOWN_BLOCK_N=8, DOWN_WARPS=8, DOWN_STEPS=2),
 ]
 

@@ -1,8 +1,10 @@
 """Helpers shared by the variant tests."""
 
 import dataclasses
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,3 +111,19 @@ def poisoned_experts(w, experts):
             v.scale_2[experts] = float("nan")
         out[k] = v
     return out
+
+
+def edited_module(path: Path, marker: str, edit: tuple[str, str], tmp_path: Path, name: str):
+    """A copy of the module at `path` with `edit` (old, new) made on its one line holding `marker`, imported as
+    `name` from `tmp_path`: a planted fault in a real kernel, one line changed."""
+    lines = path.read_text().splitlines(keepends=True)
+    (at,) = [i for i, line in enumerate(lines) if marker in line]  # the kernel changed if this fails: re-plant
+    assert edit[0] in lines[at], (marker, edit)
+    lines[at] = lines[at].replace(*edit)
+    copy = tmp_path / f"{name}.py"
+    copy.write_text("".join(lines))
+    module_spec = importlib.util.spec_from_file_location(name, copy)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # triton resolves a kernel's globals through its module
+    module_spec.loader.exec_module(module)
+    return module

@@ -3,14 +3,13 @@ dequantized exactly before its dot. The op gate at every config on a prompt in b
 sequence: test_every_variant.py), and planted faults (each a one-line edit of the real kernel) rejected by the
 gate. CPU: the kernels run interpreted (tests/conftest.py)."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
+from tests.variants.helpers import edited_module  # noqa: E402
 from workbench import gates, registry  # noqa: E402
 from workbench.points import Workload  # noqa: E402
 from workbench.registry import Variant  # noqa: E402
@@ -43,17 +42,7 @@ FAULTS = {
 
 def planted_kernel(fault: str, tmp_path: Path) -> Variant:
     """experts:triton_quantized_grouped at its default config on a copy of its kernel module with `fault`."""
-    marker, edit = FAULTS[fault]
-    lines = KERNEL.read_text().splitlines(keepends=True)
-    (at,) = [i for i, line in enumerate(lines) if marker in line]  # the kernel changed if this fails: re-plant
-    assert edit[0] in lines[at]
-    lines[at] = lines[at].replace(*edit)
-    path = tmp_path / f"planted_moe_quantized_grouped_{fault}.py"
-    path.write_text("".join(lines))
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[path.stem] = module  # triton resolves a kernel's globals through its module
-    module_spec.loader.exec_module(module)
+    module = edited_module(KERNEL, *FAULTS[fault], tmp_path, f"planted_moe_quantized_grouped_{fault}")
 
     def experts(x, ids, weights, w):
         return module.quantized_grouped_experts(x, ids, weights, w, CONFIGS[0])

@@ -4,8 +4,6 @@ sequence: test_every_variant.py; only the selected experts read: test_experts_qu
 words refused, and planted decode faults (each a one-line edit of the real kernel) rejected by the gate. CPU: the
 kernels run interpreted (tests/conftest.py); their sm_90 compilation is checked in test_triton_sm90_compile.py."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from beam_model.quant.tensors import Nvfp4Weight  # noqa: E402
+from tests.variants.helpers import edited_module  # noqa: E402
 from workbench import gates, registry  # noqa: E402
 from workbench.points import Workload, spec  # noqa: E402
 from workbench.registry import Variant  # noqa: E402
@@ -62,17 +61,7 @@ FAULTS = {
 
 def planted_kernel(fault: str, tmp_path: Path) -> Variant:
     """experts:triton_quantized_rows (at WIDE) on a copy of its kernel module with `fault` planted."""
-    marker, edit = FAULTS[fault]
-    lines = KERNEL.read_text().splitlines(keepends=True)
-    (at,) = [i for i, line in enumerate(lines) if marker in line]  # the kernel changed if this fails: re-plant
-    assert edit[0] in lines[at]
-    lines[at] = lines[at].replace(*edit)
-    path = tmp_path / f"planted_moe_quantized_rows_{fault}.py"
-    path.write_text("".join(lines))
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[path.stem] = module  # triton resolves a kernel's globals through its module
-    module_spec.loader.exec_module(module)
+    module = edited_module(KERNEL, *FAULTS[fault], tmp_path, f"planted_moe_quantized_rows_{fault}")
 
     def experts(x, ids, weights, w):
         return module.quantized_experts_rows(x, ids, weights, w, WIDE)

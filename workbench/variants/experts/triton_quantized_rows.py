@@ -13,14 +13,15 @@ from workbench.variants.kernels.fp8_decode import e4m3_unsupported
 from workbench.variants.kernels.moe_decode import decode_supports
 
 # BLOCK_N whole gate/up rows per program at num_warps, DOWN_BLOCK_N hidden rows (of all top_k experts) per down
-# program at DOWN_WARPS; STEPS / DOWN_STEPS such blocks per program, double-buffered (default 1). The first is
-# the default. At these shapes the products keep the weights' layout (a block's inputs need no trip through
-# shared memory: wider gate/up blocks, or down programs of fewer warps, put one CTA barrier per input in each
-# program); none spills on sm_90 at beam-501b-tp8's decode sizes (tests/variants/test_triton_sm90_compile.py).
-# A config runs only where its stored weight elements a thread stay within MAX_ELEMENTS_PER_THREAD.
+# program at DOWN_WARPS; STEPS / DOWN_STEPS such blocks per program, double-buffered (default 1). The first, the
+# fastest in both formats at batch 1 on an H100 (docs/variants.md), is the default. At these
+# shapes the products keep the weights' layout (a block's inputs need no trip through shared memory: wider
+# gate/up blocks, or down programs of fewer warps, put one CTA barrier per input in each program); none spills on
+# sm_90 at beam-501b-tp8's decode sizes (tests/variants/test_triton_sm90_compile.py). A config runs only where
+# its stored weight elements a thread stay within MAX_ELEMENTS_PER_THREAD.
 CONFIGS = [
-    dict(BLOCK_N=1, num_warps=4, DOWN_BLOCK_N=8, DOWN_WARPS=8),
     dict(BLOCK_N=1, num_warps=4, STEPS=4, DOWN_BLOCK_N=8, DOWN_WARPS=8, DOWN_STEPS=2),
+    dict(BLOCK_N=1, num_warps=4, DOWN_BLOCK_N=8, DOWN_WARPS=8),
 ]
 
 # Stored weight elements a thread: E4M3 values (FP8), or 64-bit NVFP4 words of 16 codes each decoded in

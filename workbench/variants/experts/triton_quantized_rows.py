@@ -31,13 +31,14 @@ MAX_ELEMENTS_PER_THREAD = {"fp8": 160, "nvfp4": 32}
 
 
 def _config_supports(config, wl):
-    from workbench.variants.kernels.moe_quantized_rows import weight_elements_per_thread
+    from workbench.variants.kernels.moe_rows import elements_per_thread
 
     c, fmt = wl.config, wl.weights
     if fmt not in MAX_ELEMENTS_PER_THREAD:
         return True  # the variant's supports names the format it declines
-    per_thread = weight_elements_per_thread(config, fmt, c.hidden_size, c.moe_intermediate_size,
-                                            c.num_experts_per_tok)
+    unit = 16 if fmt == "nvfp4" else 1  # inputs a stored element: a row of NVFP4 is hidden / 16 words
+    per_thread = elements_per_thread(config, c.hidden_size // unit, c.moe_intermediate_size // unit,
+                                     c.num_experts_per_tok)
     if per_thread > MAX_ELEMENTS_PER_THREAD[fmt]:
         return f"{per_thread} stored {fmt} weight elements a thread at hidden {c.hidden_size}, ff " \
                f"{c.moe_intermediate_size} (more than {MAX_ELEMENTS_PER_THREAD[fmt]}: the tile would spill registers)"

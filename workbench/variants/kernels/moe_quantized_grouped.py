@@ -22,9 +22,8 @@ import triton.language as tl
 
 from workbench.variants.kernels.moe import _INTERPRETED, _dot, align_by_expert, combine, swiglu
 from workbench.variants.kernels.moe_quantized import checked_weights
+from workbench.variants.kernels.moe_quantized_rows import E2M1_FROM_FP16
 from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
-
-E2M1_FROM_FP16 = tl.constexpr(16384.0)  # 2^14: an E2M1 value over the fp16 its bits are placed into
 
 
 @triton.jit

@@ -235,19 +235,6 @@ def down_quantized_rows_kernel(act_ptr, ids_ptr, rw_ptr, wd_ptr, sd_ptr, sd2_ptr
 
 # ---- entry point -----------------------------------------------------------------------------------
 
-def weight_elements_per_thread(config: dict, fmt: str, hidden: int, ff: int, top_k: int) -> int:
-    """The larger of the two kernels' stored weight elements per thread at this config (register use): E4M3
-    values (FP8) or 64-bit words of 16 codes (NVFP4), a block in flight beside the one reduced where STEPS > 1."""
-    def row(n):
-        return sum(pieces(n // 16 if fmt == "nvfp4" else n))
-
-    gate_up = (2 if config.get("STEPS", 1) > 1 else 1) * 2 * config["BLOCK_N"] * row(hidden) \
-        // (32 * config["num_warps"])
-    down = (2 if config.get("DOWN_STEPS", 1) > 1 else 1) * triton.next_power_of_2(top_k) * config["DOWN_BLOCK_N"] \
-        * row(ff) // (32 * config["DOWN_WARPS"])
-    return max(gate_up, down)
-
-
 def _stored(parts, fmt: str):
     """(weight, scale, scale_2) as the kernels index them: NVFP4 bytes as int64 words, a scale block each."""
     weight, scale, scale_2 = parts

@@ -49,7 +49,7 @@ def test_declines_bf16_and_refuses_misaligned_nvfp4_words():
 # A line of the kernel module (its marker) and the edit that plants a decode fault there.
 FAULTS = {
     # the codes' sign bit never reaches fp16's: every weight counts as positive
-    "sign_dropped": ("halves = ((t << 9)", ("| ((t << 12) & SIGN_BITS)", "")),
+    "sign_dropped": ("return magnitude | (_shifted(", (" | (_shifted(word, 12 - 4 * K) & SIGN_BITS)", "")),
     # the second code of a pair taken from the word's nibble K + 3 instead of K + 4
     "wrong_nibble": ("hi = (halves >> 16)", ("halves >> 16", "halves >> 12")),
     # a block's second 8 codes multiplied by its first 8 inputs
@@ -76,6 +76,6 @@ def test_the_op_gate_rejects_a_planted_decode_fault(fault, tmp_path):
 
 def test_the_unplanted_copy_passes(tmp_path, monkeypatch):
     """The planting itself changes nothing but the line: with an edit that is no change, the copy passes."""
-    monkeypatch.setitem(FAULTS, "none", ("halves = ((t << 9)", ("t << 9", "t << 9")))
+    monkeypatch.setitem(FAULTS, "none", ("magnitude = _shifted(word, TOP - 4 * K)", ("TOP - 4 * K", "TOP - 4 * K")))
     report = gates.op_gate(planted_kernel("none", tmp_path), [_decode(1, "nvfp4")], seeds=(0,))
     assert report.passed, report.first_failure()

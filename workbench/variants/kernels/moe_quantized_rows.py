@@ -8,10 +8,10 @@ stored and dequantized in registers.
 - NVFP4: a row is read as 64-bit words, one a scale block (16 codes, 8 bytes), beside its E4M3 block scales.
   At a quarter of BF16's bytes the decode's arithmetic, not the bytes, can bound this GEMV (an integer-to-float
   conversion issues at a quarter of the FMA rate), so each code costs a few integer operations and no such
-  conversion: the three magnitude bits of a code go to fp16's exponent low
-  bits and mantissa top bit and its sign to fp16's sign, two codes a 32-bit word (nibbles k and k + 4 of a word
-  land 16 bits apart, so one shift-and-mask places both), and each half converts to FP32 exactly. fp16's
-  subnormal and normal grid at those bits is E2M1's scaled by 2^-14, so a block's 16 products are summed,
+  conversion: the three magnitude bits of a code go to fp16's exponent low bits and mantissa top bit and its
+  sign to fp16's sign, two codes a 32-bit word (nibbles k and k + 4 of a word land 16 bits apart, so two
+  shifts and two masks place both), and each half converts to FP32 exactly. fp16's subnormal and normal grid at
+  those bits is E2M1's scaled by 2^-14, so a block's 16 products are summed,
   times the block's scale, and the row's sum takes scale_2 and the 2^14 once.
 
 Every output element is written by one program in a fixed order, with no atomics: results are bitwise
@@ -30,15 +30,32 @@ from workbench.variants.kernels.moe_rows import down_tiles, gate_up_tiles, piece
 from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
 
 E2M1_FROM_FP16 = tl.constexpr(16384.0)  # 2^14: an E2M1 value over the fp16 its bits are placed into
-MAGNITUDE_BITS = tl.constexpr(0x0E000E00)  # fp16's exponent low bits and mantissa top bit, both halves of a word
-SIGN_BITS = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: fp16's sign bit in both halves
+SIGN_BITS = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: the sign bit of both 16-bit halves
+
+
+@triton.jit
+def _shifted(word, N: tl.constexpr):
+    """`word` shifted left by N bits (right by -N when N < 0)."""
+    if N >= 0:
+        return word << N
+    return word >> -N
+
+
+@triton.jit
+def e2m1_halves(word, K: tl.constexpr, BF16: tl.constexpr = False):
+    """The codes of nibbles K and K + 4 of each int32 `word` as the two halves of an int32 (nibble K low), each
+    fp16 (E2M1 times 2^-14), or bf16 (E2M1 times 2^-126) with BF16: the code's three magnitude bits (bits
+    4K..4K+2) go to the format's two lowest exponent bits and its top mantissa bit, its sign (bit 4K+3) to bit
+    15, and nibble K + 4 lands 16 bits higher by the same two shifts. The codes of magnitude 0.5 are subnormal."""
+    TOP: tl.constexpr = 6 if BF16 else 9  # the top mantissa bit
+    magnitude = _shifted(word, TOP - 4 * K) & ((7 << TOP) | (7 << (TOP + 16)))
+    return magnitude | (_shifted(word, 12 - 4 * K) & SIGN_BITS)
 
 
 @triton.jit
 def _e2m1_pair(word, K: tl.constexpr):
     """The codes of nibbles K and K + 4 of each int32 `word`, as FP32 values times 2^-14 (two tensors)."""
-    t = word >> (4 * K)  # nibble K in bits 0-3, nibble K + 4 in bits 16-19 (the sign fill stays above bit 19)
-    halves = ((t << 9) & MAGNITUDE_BITS) | ((t << 12) & SIGN_BITS)
+    halves = e2m1_halves(word, K)
     lo = halves.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (halves >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return lo, hi
@@ -90,8 +107,10 @@ def block_inputs(first, mask):
 def _nvfp4_gate_up_tiles(wg_ptr, wu_ptr, sg_ptr, su_ptr, rows, s_rows, ok, A: tl.constexpr, B: tl.constexpr,
                          BLOCKS: tl.constexpr):
     """Gate and up rows (words and block scales) of one expert, whole, as pieces A and B of BLOCKS blocks."""
-    ba = tl.arange(0, A)[None, :]
-    bb = A + tl.arange(0, B)[None, :]
+    # one word a thread, as the block inputs (16 apart) load: given two a thread, Triton 3.6 moves every decoded
+    # code to the inputs' layout through shared memory
+    ba = tl.max_contiguous(tl.arange(0, A), 1)[None, :]
+    bb = A + tl.max_contiguous(tl.arange(0, B), 1)[None, :]
     b_ok = ok & (bb < BLOCKS)
     return (tl.load(wg_ptr + rows + ba, mask=ok, other=0), tl.load(wu_ptr + rows + ba, mask=ok, other=0),
             tl.load(wg_ptr + rows + bb, mask=b_ok, other=0), tl.load(wu_ptr + rows + bb, mask=b_ok, other=0),

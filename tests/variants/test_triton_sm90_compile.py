@@ -435,7 +435,8 @@ for fmt in ("fp8", "nvfp4"):
             ptx = k.asm["ptx"]
             out.append(dict(fmt=fmt, kernel=name, config=c, pipelined="cp.async" in ptx,
                             tensor_cores="wgmma" in ptx or "mma.sync" in ptx, waits="griddepcontrol.wait" in ptx,
-                            **resource_usage(k)))
+                            packed_scale="mul.rn.bf16x2" in ptx, scalar_bf16=" mul.bf16 " in ptx or
+                            "cvt.rn.bf16.f16" in ptx, **resource_usage(k)))
 print(json.dumps(out))
 """
 
@@ -443,7 +444,9 @@ print(json.dumps(out))
 def test_quantized_grouped_configs_do_not_spill_and_pipeline_their_packed_loads():
     """Every experts:triton_quantized_grouped config, both kernels in both formats, with PDL, at the TP8 rank's
     8 x 2K prefill for sm_90: no spills, the packed weight loads pipelined (cp.async) though dequantized before
-    the dot, tensor-core dots, a grid dependency wait, and shared memory within an SM's 227 KB."""
+    the dot, tensor-core dots, a grid dependency wait, and shared memory within an SM's 227 KB. Stored values are
+    scaled by packed bf16 multiplies, with no one-value bf16 arithmetic or fp16-to-bf16 conversion (both cost
+    repacking or a slow pipe per code)."""
     usage = _compiled(QUANTIZED_GROUPED)
     from workbench.variants.experts.triton_quantized_grouped import CONFIGS
 
@@ -451,6 +454,7 @@ def test_quantized_grouped_configs_do_not_spill_and_pipeline_their_packed_loads(
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u
         assert u["pipelined"] and u["tensor_cores"] and u["waits"] and u["DYN_SHARED"] <= 227 * 1024, u
+        assert u["packed_scale"] and not u["scalar_bf16"], u
 
 
 FP8_GEMV = r"""

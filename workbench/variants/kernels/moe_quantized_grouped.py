@@ -3,12 +3,17 @@ pairs sorted by expert into blocks of BLOCK_M rows, a gate/up GEMM with SwiGLU i
 per-pair rows, a combine in FP32 rounded once) with the expert weights read as stored, FP8 or NVFP4
 (`beam_model/quant/tensors.py`), and dequantized in registers into the tensor cores' operand (W8A16 / W4A16).
 
-Each weight tile is loaded packed (the pipelined loads move the stored bytes) and turned into the model dtype
-exactly before its dot:
-- FP8: E4M3 values convert exactly; the row's scale multiplies the FP32 accumulator in the epilogue.
-- NVFP4: each byte's two codes go to fp16 by their bits (magnitude to exponent and mantissa, sign to sign:
-  E2M1 times 2^-14, as in `moe_quantized_rows.py`), times the block's E4M3 scale and 2^14, which is exact (at
-  most 6 significant bits); scale_2 multiplies the accumulator in the epilogue.
+Each weight tile is loaded packed (the pipelined loads move the stored bytes) and turned into exact values of the
+dot's operand format (bf16; fp16 for an fp16 model) before its dot, with no conversion instruction (E4M3 to bf16
+takes a slow conversion pipe a value): the stored bits are placed into the format's bits, two values a register
+as two adjacent inputs of the operand, and one packed multiply a register scales both:
+- FP8: an E4M3 byte's exponent and mantissa bits go to the format's (E4M3 times a power of two, subnormals
+  onto subnormals), its sign to the sign; the multiply is by the power of two back. The row's scale multiplies
+  the FP32 accumulator in the epilogue.
+- NVFP4: a byte's two codes go in as `moe_quantized_rows.e2m1_halves` places them (a multiply, two shifts and
+  two masks a byte); the multiply is by the block's E4M3 scale times a power of two that makes it a normal
+  number there, exact (at most 6 significant bits); scale_2 and the power of two's remainder multiply the
+  accumulator in the epilogue.
 So the dot sees each weight's exact dequantized value (the reference rounds code x scale x scale_2 to the model
 dtype; here scale_2, or FP8's row scale, applies in FP32 after the dot).
 
@@ -22,47 +27,108 @@ import triton.language as tl
 
 from workbench.variants.kernels.moe import _INTERPRETED, _dot, align_by_expert, combine, swiglu
 from workbench.variants.kernels.moe_quantized import checked_weights
-from workbench.variants.kernels.moe_quantized_rows import E2M1_FROM_FP16
+from workbench.variants.kernels.moe_quantized_rows import SIGN_BITS, e2m1_halves
 from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
+
+# A block scale is multiplied into the codes as a normal number of the codes' format, so that a code times it is
+# exact there (at most 6 significant bits, in the format's range): bf16 codes are E2M1 x 2^-126 and take the
+# scale x 2^119, fp16 codes are E2M1 x 2^-14 and take the scale x 2^7; either way the tile holds
+# code x scale x 2^-7, and the accumulator takes the 2^7 back.
+SCALE_INTO_BF16 = tl.constexpr(2.0 ** 119)
+SCALE_INTO_FP16 = tl.constexpr(2.0 ** 7)
+NVFP4_TILE_SCALE = tl.constexpr(2.0 ** 7)
 
 
 @triton.jit
-def _e2m1_bytes(b):
-    """Each byte's two codes (the even input in the low nibble) as fp16 times 2^-14: [..., 2]."""
-    b = b.to(tl.int32)
-    lo = ((b & 7) << 9) | ((b & 8) << 12)
-    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
-    return tl.join(lo.to(tl.int16), hi.to(tl.int16)).to(tl.float16, bitcast=True)
+def _packed_mul(a, b, BF16: tl.constexpr):
+    """Each int32's two halves times those of `b`, as bf16x2 (BF16) or f16x2: one instruction a register (Triton
+    multiplies 16-bit values one at a time, and the repacking around that costs more than the multiply)."""
+    if BF16:
+        return tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _scaled_halves(halves, scale, BF16: tl.constexpr, INTERP: tl.constexpr):
+    """The two 16-bit values in each int32 of `halves` (bf16 with BF16, else fp16) times `scale` (that format,
+    shaped as `halves`): [..., 2], the low half first. On the GPU one packed multiply a register scales both."""
+    dtype: tl.constexpr = tl.bfloat16 if BF16 else tl.float16
+    if not INTERP:
+        bits = scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        halves = _packed_mul(halves, bits | (bits << 16), BF16)
+    values = tl.join(halves.to(tl.int16), (halves >> 16).to(tl.int16)).to(dtype, bitcast=True)
+    if INTERP:
+        values = values * tl.expand_dims(scale, len(scale.shape))
+    return values
+
+
+@triton.jit
+def _nvfp4_tile(b, scale, BF16: tl.constexpr, INTERP: tl.constexpr):
+    """The two codes of each byte of `b` (int32 values 0-255; the even input in the low nibble) times `scale`
+    (float32, [..., 1]): [..., 2] in bf16 with BF16, else fp16, each code x scale x 2^-7 exactly. A byte's two
+    codes are the two halves of one register (`e2m1_halves`), two adjacent inputs of the dot's operand."""
+    halves = e2m1_halves(b * 4097, 0, BF16)  # b + (b << 12): the high nibble at bits 16-19, below it no code bits
+    if BF16:
+        factor = (scale * SCALE_INTO_BF16).to(tl.bfloat16)
+    else:
+        factor = (scale * SCALE_INTO_FP16).to(tl.float16)
+    return _scaled_halves(halves, tl.broadcast_to(factor, halves.shape), BF16, INTERP)
+
+
+@triton.jit
+def _fp8_tile(raw, BF16: tl.constexpr, INTERP: tl.constexpr):
+    """E4M3 bytes `raw` ([rows, n] int32 values 0-255) as their exact values: [rows, n // 2, 2] in bf16 with BF16,
+    else fp16. Two adjacent bytes go to the two halves of one register with their exponent and mantissa bits
+    placed into the format's (E4M3 x 2^-120 in bf16, x 2^-8 in fp16; E4M3's subnormals land on the format's)
+    and the sign bit on its sign, then one packed multiply by the power of two back: no conversion instruction
+    (converting E4M3 to bf16 takes a slow conversion pipe a value)."""
+    even, odd = tl.split(tl.reshape(raw, [raw.shape[0], raw.shape[1] // 2, 2]))
+    pairs = even | (odd << 16)
+    LOW: tl.constexpr = 4 if BF16 else 7  # where the lowest mantissa bit goes
+    halves = ((pairs << LOW) & (0x7F007F << LOW)) | ((pairs << 8) & SIGN_BITS)
+    if BF16:
+        factor = tl.full(halves.shape, 2.0 ** 120, tl.float32).to(tl.bfloat16)
+    else:
+        factor = tl.full(halves.shape, 2.0 ** 8, tl.float32).to(tl.float16)
+    return _scaled_halves(halves, factor, BF16, INTERP)
 
 
 @triton.jit
 def dequantized_tile(w_ptr, s_ptr, e, offs_n, n_ok, k0, K, stride_we, stride_wn, stride_se, stride_sn,
-                     BLOCK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr):
+                     BLOCK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """Rows `offs_n` x inputs k0 .. k0 + BLOCK_K of expert e's weight, dequantized to DTYPE but for the row-wide
-    factor (FP8's row scale, NVFP4's scale_2), which the caller applies after the dot: [BLOCK_N, BLOCK_K]."""
+    factor (FP8's row scale; NVFP4's scale_2 and NVFP4_TILE_SCALE), which the caller applies after the dot:
+    [BLOCK_N, BLOCK_K]."""
+    # the tile is built in bf16 for a bf16 or fp32 model, else fp16; the interpreter's bf16 arithmetic is not
+    # IEEE, so it takes fp16 (exact either way)
+    BF16: tl.constexpr = (DTYPE != tl.float16) and (not INTERP)
     if NVFP4:
+        BLOCKS: tl.constexpr = BLOCK_K // 16
+        blk = tl.arange(0, BLOCKS)
+        s_ok = n_ok[:, None] & (k0 // 16 + blk < K // 16)[None, :]
+        scale = tl.load(s_ptr + e * stride_se + offs_n[:, None] * stride_sn + k0 // 16 + blk[None, :], mask=s_ok,
+                        other=0.0).to(tl.float32)[:, :, None]  # a block's scale for its 8 bytes
         offs_b = tl.arange(0, BLOCK_K // 2)
         b_ok = n_ok[:, None] & (k0 // 2 + offs_b < K // 2)[None, :]
-        packed = tl.load(w_ptr + e * stride_we + offs_n[:, None] * stride_wn + k0 // 2 + offs_b[None, :], mask=b_ok,
-                         other=0)
-        offs_s = tl.arange(0, BLOCK_K // 16)
-        s_ok = n_ok[:, None] & (k0 // 16 + offs_s < K // 16)[None, :]
-        scale = tl.load(s_ptr + e * stride_se + offs_n[:, None] * stride_sn + k0 // 16 + offs_s[None, :], mask=s_ok,
-                        other=0.0).to(tl.float32) * E2M1_FROM_FP16
-        codes = tl.reshape(_e2m1_bytes(packed), [packed.shape[0], BLOCK_K // 16, 16]).to(tl.float32)
-        return tl.reshape(codes * scale[:, :, None], [packed.shape[0], BLOCK_K]).to(DTYPE)
+        b = tl.load(w_ptr + e * stride_we + offs_n[:, None] * stride_wn + k0 // 2 + offs_b[None, :], mask=b_ok,
+                    other=0)
+        b = tl.reshape(b, [offs_n.shape[0], BLOCKS, 8]).to(tl.int32)  # a block's 8 bytes on the last axis
+        return tl.reshape(_nvfp4_tile(b, scale, BF16, INTERP), [offs_n.shape[0], BLOCK_K]).to(DTYPE)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         ok = n_ok[:, None] & (k0 + offs_k < K)[None, :]
-        return tl.load(w_ptr + e * stride_we + offs_n[:, None] * stride_wn + k0 + offs_k[None, :], mask=ok,
-                       other=0.0).to(DTYPE)
+        raw = tl.load(w_ptr.to(tl.pointer_type(tl.uint8)) + e * stride_we + offs_n[:, None] * stride_wn + k0
+                      + offs_k[None, :], mask=ok, other=0).to(tl.int32)
+        return tl.reshape(_fp8_tile(raw, BF16, INTERP), [offs_n.shape[0], BLOCK_K]).to(DTYPE)
 
 
 @triton.jit
 def _row_factor(s_ptr, s2_ptr, e, offs_n, n_ok, stride_se, stride_sn, NVFP4: tl.constexpr):
     """The factor a row's accumulator takes after the dot: [BLOCK_N] (NVFP4's scale_2 for every row)."""
     if NVFP4:
-        return tl.zeros([offs_n.shape[0]], tl.float32) + tl.load(s2_ptr + e)
+        return tl.zeros([offs_n.shape[0]], tl.float32) + tl.load(s2_ptr + e) * NVFP4_TILE_SCALE
     else:
         return tl.load(s_ptr + e * stride_se + offs_n * stride_sn, mask=n_ok, other=0.0)
 
@@ -96,9 +162,9 @@ def gate_up_quantized_grouped_kernel(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr,
     for k0 in range(0, HIDDEN, BLOCK_K):
         a = tl.load(x_ptrs + k0, mask=(offs_k + k0 < HIDDEN)[None, :], other=0.0)
         bg = dequantized_tile(wg_ptr, sg_ptr, e, offs_n, n_ok, k0, HIDDEN, stride_we, stride_wf, stride_se,
-                              stride_sf, BLOCK_K, NVFP4, dtype)
+                              stride_sf, BLOCK_K, NVFP4, dtype, INTERP)
         bu = dequantized_tile(wu_ptr, su_ptr, e, offs_n, n_ok, k0, HIDDEN, stride_we, stride_wf, stride_se,
-                              stride_sf, BLOCK_K, NVFP4, dtype)
+                              stride_sf, BLOCK_K, NVFP4, dtype, INTERP)
         acc_g = _dot(a, tl.trans(bg), acc_g, PRECISION, INTERP)
         acc_u = _dot(a, tl.trans(bu), acc_u, PRECISION, INTERP)
     g = acc_g * _row_factor(sg_ptr, sg2_ptr, e, offs_n, n_ok, stride_se, stride_sf, NVFP4)[None, :]
@@ -134,7 +200,7 @@ def down_quantized_grouped_kernel(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, 
     for f0 in range(0, FF, BLOCK_K):
         a = tl.load(a_ptrs + f0, mask=(offs_k + f0 < FF)[None, :], other=0.0)
         b = dequantized_tile(wd_ptr, sd_ptr, e, offs_n, n_ok, f0, FF, stride_we, stride_wh, stride_se, stride_sh,
-                             BLOCK_K, NVFP4, dtype)
+                             BLOCK_K, NVFP4, dtype, INTERP)
         acc = _dot(a, tl.trans(b), acc, PRECISION, INTERP)
     rows = acc * _row_factor(sd_ptr, sd2_ptr, e, offs_n, n_ok, stride_se, stride_sh, NVFP4)[None, :] \
         * tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)[:, None]

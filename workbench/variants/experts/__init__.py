@@ -100,6 +100,9 @@ declare(PointSpec(
     * wl.config.moe_intermediate_size,
     # BF16 capped at 1e-2: 1.6x the reference's worst vs FP64 (two roundings in the SwiGLU chain)
     tolerance={"fp32": 1e-5, "fp16": 1.5e-3, "bf16": 1e-2},
+    # per-token E4M3 activations (its triton_fp8_grouped): 2x the worst norm-wise error measured on FP8
+    # weights, random and beam-mini's on text (runs/fp8-activation-error-cpu/errors.json)
+    activation_tolerance={"fp8": 0.10},
     quantized=QUANTIZED,
 ))
 

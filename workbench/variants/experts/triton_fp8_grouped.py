@@ -1,0 +1,45 @@
+"""`experts:triton_fp8_grouped`: experts:triton's grouped path (routed pairs sorted by expert, SwiGLU and the
+routing weight in the epilogues) on FP8 tensor cores (W8A8: `kernels/moe_fp8_grouped.py`): x and the activation
+quantized per token to E4M3, FP8 expert weights read as stored, the scales on the FP32 accumulators. For
+prompts and wide decode batches on Hopper (FP8 tensor cores at twice BF16's rate); held to the point's
+FP8-activation tolerance.
+
+The kernels are imported on the first call: this module must import without triton, and under the CPU
+interpreter TRITON_INTERPRET must be set before they are defined.
+"""
+
+from workbench.registry import register
+from workbench.variants.kernels.fp8_decode import e4m3_unsupported
+
+# BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction for both GEMMs unless DOWN_* (BLOCK_N, BLOCK_K, WARPS,
+# STAGES) give the down GEMM its own; the first is the default (prompts). The down GEMM reduces over ff (320 at
+# beam-501b-tp8): DOWN_BLOCK_K 64 divides it.
+CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4, DOWN_BLOCK_N=128, DOWN_BLOCK_K=64),
+    dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, DOWN_BLOCK_N=128, DOWN_BLOCK_K=64),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, DOWN_BLOCK_K=64),
+]
+
+
+def _supports(wl):
+    """A GPU with FP8 tensor cores (sm_89 or later: the same that load E4M3), a float model dtype."""
+    if why := e4m3_unsupported("experts:triton_fp8_grouped"):
+        return why
+    if wl.dtype not in ("bf16", "fp16", "fp32"):
+        return f"experts:triton_fp8_grouped computes in bf16, fp16 or fp32, not {wl.dtype}"
+    return True
+
+
+def _at(config=None):
+    config = config or CONFIGS[0]
+
+    def experts_triton_fp8_grouped(x, ids, weights, w):
+        from workbench.variants.kernels.moe_fp8_grouped import fp8_grouped_experts  # imported on use
+
+        return fp8_grouped_experts(x, ids, weights, w, config)
+    return experts_triton_fp8_grouped
+
+
+# no PDL: the per-token quantization launches (`fp8_rows`) take none
+register("experts", "triton_fp8_grouped", "triton", supports=_supports, configs=CONFIGS, configure=_at,
+         formats=("fp8",), activations="fp8")(_at())

@@ -19,6 +19,8 @@ CONFIGS = [
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=3, DOWN_BLOCK_N=128),
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=3, DOWN_BLOCK_N=128, DOWN_BLOCK_K=64),
+    # wide decode (a few pairs an expert): narrow gate/up tiles over long slices, the down GEMM in ff's 64s
+    dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3, DOWN_BLOCK_N=64, DOWN_BLOCK_K=64),
 ]
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The quantized experts variants against the BF16 ones on one beam-501b-tp8 rank, each `workbench bench` one
-# process (every row of a table timed in it): decode b1 (experts:triton_quantized_rows and
-# experts:triton_quantized at every config, FP8 and NVFP4; BF16 experts:triton_rows and triton; NVFP4 at three
-# more tiles: 8 warps, and two gate/up rows a program, whose block inputs pass through shared memory), decode b8,
-# decode b64 and the 8 x 2K prefill (experts:triton_quantized_grouped; BF16 experts:triton's grouped path), then
-# the two variants' GPU op gate. Ordered by what matters most, so a command's time limit cuts the least.
+# process (every row of a table timed in it), gated at the shape where `--gate` is given: decode b64
+# (experts:triton_quantized_grouped at its default and three wide-decode tiles, with each kernel's time), b8
+# (triton_quantized_rows and the grouped path), b1 (triton_quantized_rows, NVFP4 and FP8), the 8 x 2K prefill
+# (experts:triton_fp8_grouped, W8A8, at every config with each kernel's time; triton_quantized_grouped on FP8),
+# each beside the BF16 variant it must beat, then the W4A16/W8A16 and W8A8 GPU op gates. Ordered by what
+# matters most, so a command's time limit cuts the least.
 # Usage (repository root): bash scripts/gpu_bench_quantized_experts.sh DIR
 # Writes DIR/bench.txt (every console, each after its command line), DIR/<case>/bench.json and report.md,
 # DIR/gpu-tests.log; prints each table's rows.
@@ -25,20 +26,23 @@ bench() {
   echo "exit $?" >> "$out/bench.txt"
   sed -n "/^== $name:/,\$p" "$out/bench.txt" | grep -E "^==|^│ [a-z]|floor|^exit" | cut -c1-150
 }
-bench nvfp4-b1 90 --batch 1 --weights nvfp4 --variants triton_quantized triton_quantized_rows --configs
-bench fp8-b1 90 --batch 1 --weights fp8 --variants triton_quantized triton_quantized_rows --configs
-bench bf16-b1 60 --batch 1 --variants triton_rows triton
-bench nvfp4-b1-more 75 --batch 1 --weights nvfp4 --variants triton_quantized_rows \
-  --config '{"BLOCK_N":1,"num_warps":8,"DOWN_BLOCK_N":8,"DOWN_WARPS":8}' \
-  --config '{"BLOCK_N":1,"num_warps":8,"STEPS":2,"DOWN_BLOCK_N":16,"DOWN_WARPS":8}' \
-  --config '{"BLOCK_N":2,"num_warps":8,"DOWN_BLOCK_N":4,"DOWN_WARPS":4}'
-bench nvfp4-b8 90 --batch 8 --weights nvfp4 --variants triton_quantized_rows triton_quantized_grouped
-bench bf16-b8 60 --batch 8 --variants triton_rows triton
-bench nvfp4-b64 90 --batch 64 --weights nvfp4 --variants triton_quantized_grouped --configs
-bench fp8-b64 90 --batch 64 --weights fp8 --variants triton_quantized_grouped
-bench bf16-b64 60 --batch 64 --variants triton triton_rounded
-bench nvfp4-prefill 120 --batch 8 --prefill 2048 --weights nvfp4 --variants triton_quantized_grouped --configs
-bench bf16-prefill 90 --batch 8 --prefill 2048 --variants triton triton_rounded
+wide='{"BLOCK_M":16,"BLOCK_N":32,"BLOCK_K":256,"num_warps":4,"num_stages":3,"DOWN_BLOCK_N":64,"DOWN_BLOCK_K":64,"pdl":true}'
+bench nvfp4-b64 60 --batch 64 --weights nvfp4 --variants triton_quantized_grouped --gate --kernels
+bench nvfp4-b64-tiles 100 --batch 64 --weights nvfp4 --variants triton_quantized_grouped \
+  --config '{"BLOCK_M":16,"BLOCK_N":64,"BLOCK_K":128,"num_warps":4,"num_stages":4,"DOWN_BLOCK_K":64,"pdl":true}' \
+  --config "$wide" \
+  --config '{"BLOCK_M":16,"BLOCK_N":64,"BLOCK_K":256,"num_warps":8,"num_stages":3,"DOWN_BLOCK_N":64,"DOWN_BLOCK_K":64,"pdl":true}'
+bench bf16-b64 45 --batch 64 --variants triton_rounded
+bench nvfp4-b8 70 --batch 8 --weights nvfp4 --variants triton_quantized_rows triton_quantized_grouped --gate
+bench bf16-b8 40 --batch 8 --variants triton_rows
+bench nvfp4-b64-k 60 --batch 64 --weights nvfp4 --variants triton_quantized_grouped --kernels --config "$wide"
+bench nvfp4-b8-tiles 60 --batch 8 --weights nvfp4 --variants triton_quantized_grouped --config "$wide"
+bench b1 80 --batch 1 --variants triton_rows
+bench nvfp4-b1 50 --batch 1 --weights nvfp4 --variants triton_quantized_rows --gate
+bench fp8-b1 50 --batch 1 --weights fp8 --variants triton_quantized_rows --gate
+bench fp8-prefill-w8a8 150 --batch 8 --prefill 2048 --weights fp8 --variants triton_fp8_grouped --gate --kernels --configs
+bench bf16-prefill 50 --batch 8 --prefill 2048 --variants triton_rounded
+bench fp8-prefill 130 --batch 8 --prefill 2048 --weights fp8 --variants triton_quantized_grouped --gate
 timeout -k 10 150 python3 -m pytest -q -m gpu tests/variants/test_every_variant.py \
-  -k "triton_quantized_rows or triton_quantized_grouped" -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
+  -k "triton_quantized_grouped or triton_fp8_grouped" -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
 echo "gpu tests exit $?"; tail -4 "$out/gpu-tests.log"

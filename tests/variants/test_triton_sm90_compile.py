@@ -415,18 +415,18 @@ for fmt in ("fp8", "nvfp4"):
     per_byte, scales_h, scales_f = (2, H // 16, F // 16) if nvfp4 else (1, 1, 1)
     for c in CONFIGS:
         gate_up = compile_sm90(mg.gate_up_quantized_grouped_kernel, dict(
-            x_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", wg_ptr=w, wu_ptr=w, sg_ptr=s, su_ptr=s,
-            sg2_ptr="*fp32", su2_ptr="*fp32", act_ptr="*bf16", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32",
-            stride_we="i32", stride_wf="i32", stride_se="i32", stride_sf="i32"), dict(
+            x_ptr="*bf16", xs_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", wg_ptr=w, wu_ptr=w, sg_ptr=s,
+            su_ptr=s, sg2_ptr="*fp32", su2_ptr="*fp32", act_ptr="*bf16", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32",
+            FF="i32", stride_we="i32", stride_wf="i32", stride_se="i32", stride_sf="i32"), dict(
             TOP_K=8, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], N_BLOCKS_N=-(-F // c["BLOCK_N"]),
             NVFP4=nvfp4, PRECISION=None, INTERP=False, PDL=True), ints=dict(
             N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=F * H // per_byte, stride_wf=H // per_byte,
             stride_se=F * scales_h, stride_sf=scales_h), num_warps=c["num_warps"], num_stages=c["num_stages"])
         bn, bk = c.get("DOWN_BLOCK_N", c["BLOCK_N"]), c.get("DOWN_BLOCK_K", c["BLOCK_K"])
         down = compile_sm90(mg.down_quantized_grouped_kernel, dict(
-            act_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32", wd_ptr=w, sd_ptr=s,
-            sd2_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32", stride_we="i32",
-            stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
+            act_ptr="*bf16", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32", wd_ptr=w,
+            sd_ptr=s, sd2_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32",
+            stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
             BLOCK_M=c["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=H // bn, NVFP4=nvfp4, PRECISION=None, INTERP=False,
             PDL=True), ints=dict(N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=H * F // per_byte,
                                  stride_wh=F // per_byte, stride_se=H * scales_f, stride_sh=scales_f),
@@ -461,42 +461,43 @@ FP8_GROUPED = r"""
 import json
 from workbench.sm90 import compile_sm90, resource_usage
 from workbench.variants.experts.triton_fp8_grouped import CONFIGS
-from workbench.variants.kernels import moe_fp8_grouped as mf
+from workbench.variants.kernels import moe_quantized_grouped as mg
 
 H, F, E, PAIRS = 5120, 320, 256, 8 * 2048 * 8  # beam-501b-tp8's rank: hidden, ff, experts; the 8 x 2K prefill
 out = []
 for c in CONFIGS:
-    gate_up = compile_sm90(mf.gate_up_fp8_kernel, dict(
-        xq_ptr="*fp8e4nv", xs_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", wg_ptr="*fp8e4nv",
-        wu_ptr="*fp8e4nv", sg_ptr="*fp32", su_ptr="*fp32", act_ptr="*bf16", N_PAIRS="i32", N_EXPERTS="i32",
-        HIDDEN="i32", FF="i32", stride_we="i32", stride_wf="i32", stride_se="i32", stride_sf="i32"),
+    gate_up = compile_sm90(mg.gate_up_quantized_grouped_kernel, dict(
+        x_ptr="*fp8e4nv", xs_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", wg_ptr="*fp8e4nv",
+        wu_ptr="*fp8e4nv", sg_ptr="*fp32", su_ptr="*fp32", sg2_ptr="*fp32", su2_ptr="*fp32", act_ptr="*bf16",
+        N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32", stride_we="i32", stride_wf="i32", stride_se="i32",
+        stride_sf="i32"),
         dict(TOP_K=8, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
-             N_BLOCKS_N=-(-F // c["BLOCK_N"]), INTERP=False, PDL=True),
+             N_BLOCKS_N=-(-F // c["BLOCK_N"]), NVFP4=False, PRECISION=None, INTERP=False, PDL=False),
         ints=dict(N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=F * H, stride_wf=H, stride_se=F, stride_sf=1),
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     bn, bk = c.get("DOWN_BLOCK_N", c["BLOCK_N"]), c.get("DOWN_BLOCK_K", c["BLOCK_K"])
-    down = compile_sm90(mf.down_fp8_kernel, dict(
-        aq_ptr="*fp8e4nv", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32",
-        wd_ptr="*fp8e4nv", sd_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32",
-        stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
-        BLOCK_M=c["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=H // bn, INTERP=False, PDL=True), ints=dict(
+    down = compile_sm90(mg.down_quantized_grouped_kernel, dict(
+        act_ptr="*fp8e4nv", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32",
+        wd_ptr="*fp8e4nv", sd_ptr="*fp32", sd2_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32",
+        HIDDEN="i32", FF="i32", stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=H // bn, NVFP4=False, PRECISION=None,
+        INTERP=False, PDL=False), ints=dict(
         N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=H * F, stride_wh=F, stride_se=H, stride_sh=1),
         num_warps=c.get("DOWN_WARPS", c["num_warps"]), num_stages=c.get("DOWN_STAGES", c["num_stages"]))
     for name, k in (("gate_up", gate_up), ("down", down)):
         ptx = k.asm["ptx"]
         fp8_mma = any(("wgmma" in line or "mma.sync" in line) and "e4m3.e4m3" in line for line in ptx.splitlines())
         out.append(dict(kernel=name, config=c, pipelined="cp.async" in ptx, fp8_tensor_cores=fp8_mma,
-                        tensor_cores="mma" in ptx,
-                        waits="griddepcontrol.wait" in ptx, **resource_usage(k)))
+                        tensor_cores="mma" in ptx, **resource_usage(k)))
 print(json.dumps(out))
 """
 
 
 def test_fp8_grouped_configs_run_on_fp8_tensor_cores_without_spills():
-    """Every experts:triton_fp8_grouped config, both kernels, with PDL, at the TP8 rank's 8 x 2K prefill for sm_90:
+    """Every experts:triton_fp8_grouped config, both kernels, at the TP8 rank's 8 x 2K prefill for sm_90:
     E4M3 x E4M3 tensor-core instructions (the point of W8A8) at the prompt tiles (BLOCK_M of 64 or more, wgmma;
     at 16 rows Triton takes mma.sync on exact fp16 copies, for decode batches bound by bytes), no spills,
-    pipelined loads, a grid dependency wait, shared memory within an SM's 227 KB."""
+    pipelined loads, shared memory within an SM's 227 KB."""
     usage = _compiled(FP8_GROUPED)
     from workbench.variants.experts.triton_fp8_grouped import CONFIGS
 
@@ -504,7 +505,7 @@ def test_fp8_grouped_configs_run_on_fp8_tensor_cores_without_spills():
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255, u
         assert u["fp8_tensor_cores"] or (u["config"]["BLOCK_M"] < 64 and u["tensor_cores"]), u
-        assert u["pipelined"] and u["waits"] and u["DYN_SHARED"] <= 227 * 1024, u
+        assert u["pipelined"] and u["DYN_SHARED"] <= 227 * 1024, u
 
 
 FP8_GEMV = r"""

@@ -1,5 +1,5 @@
 """`experts:triton_fp8_grouped`: experts:triton's grouped path (routed pairs sorted by expert, SwiGLU and the
-routing weight in the epilogues) on FP8 tensor cores (W8A8: `kernels/moe_fp8_grouped.py`): x and the activation
+routing weight in the epilogues) on FP8 tensor cores (W8A8: `kernels/moe_quantized_grouped.py`): x and the activation
 quantized per token to E4M3, FP8 expert weights read as stored, the scales on the FP32 accumulators. For
 prompts and wide decode batches on Hopper (FP8 tensor cores at twice BF16's rate); held to the point's
 FP8-activation tolerance.
@@ -34,9 +34,9 @@ def _at(config=None):
     config = config or CONFIGS[0]
 
     def experts_triton_fp8_grouped(x, ids, weights, w):
-        from workbench.variants.kernels.moe_fp8_grouped import fp8_grouped_experts  # imported on use
+        from workbench.variants.kernels.moe_quantized_grouped import quantized_grouped_experts  # imported on use
 
-        return fp8_grouped_experts(x, ids, weights, w, config)
+        return quantized_grouped_experts(x, ids, weights, w, config, w8a8=True)
     return experts_triton_fp8_grouped
 
 

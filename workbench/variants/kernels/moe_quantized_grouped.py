@@ -17,6 +17,10 @@ as two adjacent inputs of the operand, and one packed multiply a register scales
 So the dot sees each weight's exact dequantized value (the reference rounds code x scale x scale_2 to the model
 dtype; here scale_2, or FP8's row scale, applies in FP32 after the dot).
 
+The same kernels run `experts:triton_fp8_grouped` (W8A8): given x and the activation as E4M3 codes (quantized
+per token by `fp8_rows.quantize_rows`), the FP8 weight tiles go to E4M3 x E4M3 dots as stored (FP8 tensor
+cores, twice BF16's rate on Hopper), and each row's token scale joins the channel scale on the accumulator.
+
 Imported on the variant's first call, so the point imports without triton and TRITON_INTERPRET can be set
 before these kernels are defined.
 """
@@ -25,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from workbench.variants.kernels.fp8_rows import quantize_rows
 from workbench.variants.kernels.moe import _INTERPRETED, _dot, align_by_expert, combine, swiglu
 from workbench.variants.kernels.moe_quantized import checked_weights
 from workbench.variants.kernels.moe_quantized_rows import SIGN_BITS, e2m1_halves
@@ -100,7 +105,7 @@ def dequantized_tile(w_ptr, s_ptr, e, offs_n, n_ok, k0, K, stride_we, stride_wn,
                      BLOCK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """Rows `offs_n` x inputs k0 .. k0 + BLOCK_K of expert e's weight, dequantized to DTYPE but for the row-wide
     factor (FP8's row scale; NVFP4's scale_2 and NVFP4_TILE_SCALE), which the caller applies after the dot:
-    [BLOCK_N, BLOCK_K]."""
+    [BLOCK_N, BLOCK_K]. FP8 weights into an E4M3 dot (W8A8) are the stored values themselves."""
     # the tile is built in bf16 for a bf16 or fp32 model, else fp16; the interpreter's bf16 arithmetic is not
     # IEEE, so it takes fp16 (exact either way)
     BF16: tl.constexpr = (DTYPE != tl.float16) and (not INTERP)
@@ -119,6 +124,9 @@ def dequantized_tile(w_ptr, s_ptr, e, offs_n, n_ok, k0, K, stride_we, stride_wn,
     else:
         offs_k = tl.arange(0, BLOCK_K)
         ok = n_ok[:, None] & (k0 + offs_k < K)[None, :]
+        if DTYPE == tl.float8e4nv:
+            return tl.load(w_ptr + e * stride_we + offs_n[:, None] * stride_wn + k0 + offs_k[None, :], mask=ok,
+                           other=0.0)
         raw = tl.load(w_ptr.to(tl.pointer_type(tl.uint8)) + e * stride_we + offs_n[:, None] * stride_wn + k0
                       + offs_k[None, :], mask=ok, other=0).to(tl.int32)
         return tl.reshape(_fp8_tile(raw, BF16, INTERP), [offs_n.shape[0], BLOCK_K]).to(DTYPE)
@@ -134,14 +142,15 @@ def _row_factor(s_ptr, s2_ptr, e, offs_n, n_ok, stride_se, stride_sn, NVFP4: tl.
 
 
 @triton.jit
-def gate_up_quantized_grouped_kernel(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr, sg2_ptr,
-                                     su2_ptr, act_ptr, N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
+def gate_up_quantized_grouped_kernel(x_ptr, xs_ptr, pairs_ptr, block_expert_ptr, wg_ptr, wu_ptr, sg_ptr, su_ptr,
+                                     sg2_ptr, su2_ptr, act_ptr, N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wf,
                                      stride_se, stride_sf, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr,
                                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_BLOCKS_N: tl.constexpr,
                                      NVFP4: tl.constexpr, PRECISION: tl.constexpr, INTERP: tl.constexpr,
                                      PDL: tl.constexpr = False):
     """act[block rows, n-block] = silu(X_e @ gate[e].T) * (X_e @ up[e].T) for one expert's block of BLOCK_M
-    routed rows, as `moe.gate_up_grouped_kernel`, each weight tile dequantized before its dot."""
+    routed rows, as `moe.gate_up_grouped_kernel`, each weight tile dequantized before its dot. With x in E4M3
+    (W8A8: FP8 weights, E4M3 dots), each row's token scale (xs) on the accumulators too."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0) // N_BLOCKS_N
     pid_n = tl.program_id(0) % N_BLOCKS_N
@@ -169,18 +178,23 @@ def gate_up_quantized_grouped_kernel(x_ptr, pairs_ptr, block_expert_ptr, wg_ptr,
         acc_u = _dot(a, tl.trans(bu), acc_u, PRECISION, INTERP)
     g = acc_g * _row_factor(sg_ptr, sg2_ptr, e, offs_n, n_ok, stride_se, stride_sf, NVFP4)[None, :]
     u = acc_u * _row_factor(su_ptr, su2_ptr, e, offs_n, n_ok, stride_se, stride_sf, NVFP4)[None, :]
+    if dtype == tl.float8e4nv:
+        token_scale = tl.load(xs_ptr + tokens)[:, None]
+        g *= token_scale
+        u *= token_scale
     act = round_to(swiglu(g, u), act_ptr.dtype.element_ty)
     tl.store(act_ptr + offs_m.to(tl.int64)[:, None] * FF + offs_n[None, :], act, mask=n_ok[None, :])
 
 
 @triton.jit
-def down_quantized_grouped_kernel(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, sd_ptr, sd2_ptr, out_ptr,
-                                  N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh, stride_se, stride_sh,
+def down_quantized_grouped_kernel(act_ptr, as_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, sd_ptr, sd2_ptr,
+                                  out_ptr, N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh, stride_se, stride_sh,
                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                   N_BLOCKS_N: tl.constexpr, NVFP4: tl.constexpr, PRECISION: tl.constexpr,
                                   INTERP: tl.constexpr, PDL: tl.constexpr = False):
     """out[pair, n-block] = rw[pair] * (act[row] @ down[e].T) in FP32 for one expert's block of rows, each pair
-    its own row (scattered back to pair order) for `moe.combine`, as `moe.down_grouped_kernel`."""
+    its own row (scattered back to pair order) for `moe.combine`, as `moe.down_grouped_kernel`. With the activation
+    in E4M3 (W8A8), each row's scale (as) on the accumulator too."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0) // N_BLOCKS_N
     pid_n = tl.program_id(0) % N_BLOCKS_N
@@ -202,19 +216,26 @@ def down_quantized_grouped_kernel(act_ptr, pairs_ptr, block_expert_ptr, rw_ptr, 
         b = dequantized_tile(wd_ptr, sd_ptr, e, offs_n, n_ok, f0, FF, stride_we, stride_wh, stride_se, stride_sh,
                              BLOCK_K, NVFP4, dtype, INTERP)
         acc = _dot(a, tl.trans(b), acc, PRECISION, INTERP)
+    row_scale = tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)
+    if dtype == tl.float8e4nv:
+        row_scale *= tl.load(as_ptr + offs_m)
     rows = acc * _row_factor(sd_ptr, sd2_ptr, e, offs_n, n_ok, stride_se, stride_sh, NVFP4)[None, :] \
-        * tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+        * row_scale[:, None]
     tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + offs_n[None, :], rows,
              mask=row_ok[:, None] & n_ok[None, :])
 
 
 # ---- entry point -----------------------------------------------------------------------------------
 
-def quantized_grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: dict,
-                              cfg: dict) -> torch.Tensor:
+def quantized_grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: dict, cfg: dict,
+                              w8a8: bool = False) -> torch.Tensor:
     """The `experts` contract on FP8 or NVFP4 expert weights through grouped GEMMs, at one of the variant's
-    tuning configs."""
-    fmt, (wg, sg, sg2), (wu, su, su2), (wd, sd, sd2) = checked_weights(w, "experts:triton_quantized_grouped")
+    tuning configs. `w8a8` (FP8 weights only): x and the activation quantized per token to E4M3 and the GEMMs
+    on FP8 tensor cores (`experts:triton_fp8_grouped`), the activation's padding rows skipped."""
+    name = "experts:triton_fp8_grouped" if w8a8 else "experts:triton_quantized_grouped"
+    fmt, (wg, sg, sg2), (wu, su, su2), (wd, sd, sd2) = checked_weights(w, name)
+    if w8a8 and fmt != "fp8":
+        raise ValueError(f"{name} reads FP8 expert weights, got {fmt}")
     nvfp4 = fmt == "nvfp4"
     n, top_k = ids.shape
     n_experts, ff, hidden = wg.shape[0], wg.shape[1], x.shape[1]
@@ -224,22 +245,24 @@ def quantized_grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch
         return torch.empty(n, hidden, dtype=x.dtype, device=x.device)
     pdl = cfg.get("pdl", False)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    xq, x_scale = quantize_rows(x) if w8a8 else (x, rw)  # rw: never read
     sorted_pairs, block_expert = align_by_expert(ids, n_experts, bm, pdl)
     n_blocks = block_expert.numel()
     act = torch.empty(n_blocks * bm, ff, dtype=x.dtype, device=x.device)
-    common = dict(NVFP4=nvfp4, PRECISION="ieee" if x.dtype == torch.float32 else None, INTERP=_INTERPRETED,
-                  **pdl_launch(pdl))
+    precision = "ieee" if x.dtype == torch.float32 and not w8a8 else None
+    common = dict(NVFP4=nvfp4, PRECISION=precision, INTERP=_INTERPRETED, **pdl_launch(pdl))
     grid_n = triton.cdiv(ff, bn)
     gate_up_quantized_grouped_kernel[(n_blocks * grid_n,)](
-        x, sorted_pairs, block_expert, wg, wu, sg, su, sg2, su2, act, n_pairs, n_experts, hidden, ff, wg.stride(0),
-        wg.stride(1), sg.stride(0), sg.stride(1), TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+        xq, x_scale, sorted_pairs, block_expert, wg, wu, sg, su, sg2, su2, act, n_pairs, n_experts, hidden, ff,
+        wg.stride(0), wg.stride(1), sg.stride(0), sg.stride(1), TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        N_BLOCKS_N=grid_n, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+    aq, a_scale = quantize_rows(act, used=(sorted_pairs, n_pairs)) if w8a8 else (act, rw)  # rw: never read
     out = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
     bn, bk = cfg.get("DOWN_BLOCK_N", bn), cfg.get("DOWN_BLOCK_K", bk)
     grid_n = triton.cdiv(hidden, bn)
     down_quantized_grouped_kernel[(n_blocks * grid_n,)](
-        act, sorted_pairs, block_expert, rw, wd, sd, sd2, out, n_pairs, n_experts, hidden, ff, wd.stride(0),
-        wd.stride(1), sd.stride(0), sd.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=grid_n,
-        num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]), num_stages=cfg.get("DOWN_STAGES", cfg["num_stages"]),
-        **common)
+        aq, a_scale, sorted_pairs, block_expert, rw, wd, sd, sd2, out, n_pairs, n_experts, hidden, ff,
+        wd.stride(0), wd.stride(1), sd.stride(0), sd.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        N_BLOCKS_N=grid_n, num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]),
+        num_stages=cfg.get("DOWN_STAGES", cfg["num_stages"]), **common)
     return combine(out, rw, top_k, weighted=False, dtype=x.dtype, pdl=pdl)

@@ -103,6 +103,15 @@ def rank_points(profile) -> list[str]:
     return [p for p in ranked if p not in COMPOUNDS] + [p for p in ranked if p in COMPOUNDS]
 
 
+def resumed_first(order: list[str], search) -> list[str]:
+    """Points the run folder already holds settle first (they cost nothing), so a resumed run shows them
+    at once and a pause or a budget stops only work still to do. A compound keeps its place after its
+    members: whether it is cached depends on their choices."""
+    parts = [p for p in order if p not in COMPOUNDS]
+    cached = [p for p in parts if search.cached(p)]
+    return cached + [p for p in parts if p not in cached] + [p for p in order if p in COMPOUNDS]
+
+
 def optimize(opts: OptimizeOptions, on_event=None) -> dict:
     with contextlib.ExitStack() as cleanup:  # the sandboxes agent rounds leave, ended however the run ends
         return _optimize(opts, on_event, cleanup)
@@ -146,7 +155,7 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
                     backends=opts.backends, candidate_timeout=opts.candidate_timeout, ranks=opts.tp)
     stage = EndToEnd(runner, on_event=on_event, step_samples_s=opts.step_samples_s)
     whole = compile_baseline.whole_step_baselines(stage, opts.compile_baselines, key, folder, on_event)
-    order = [p for p in rank_points(profile) if p in opts.points]
+    order = resumed_first([p for p in rank_points(profile) if p in opts.points], search)
     on_event(StageStarted("search", order=order, search=search))
     results = {}
     for p in order:

@@ -10,7 +10,15 @@ from harness_helpers import POINTS_SEARCHED, tiny_options
 
 from workbench import compile_baseline, timing
 from workbench.end_to_end import EndToEnd
-from workbench.events import CandidateTried, EndToEndResumed, InStepLine, PointCached, PointDone, PointStarted
+from workbench.events import (
+    CandidateTried,
+    EndToEndResumed,
+    InStepLine,
+    PointCached,
+    PointDone,
+    PointStarted,
+    StageStarted,
+)
 from workbench.optimize import OptimizeOptions, optimize
 from workbench.registry import COMPOUNDS, POINTS
 from workbench.targets import for_device, get_target
@@ -71,6 +79,26 @@ def test_spent_budget_stops_between_points_and_the_run_resumes(finished_run, tmp
     assert sorted(e.point for e in events if isinstance(e, PointCached)) == sorted(POINTS_SEARCHED)
     assert not any(isinstance(e, PointStarted) for e in events)
     assert os.path.isfile(tmp_path / "resumed" / "lock.yaml")
+
+
+def test_a_resumed_run_settles_its_cached_points_before_searching(finished_run, tmp_path):
+    """Whatever the ranking, a point the run folder holds is settled before any point still to search,
+    so a spent budget (or a pause) stops only work still to do."""
+    out, _, _ = finished_run
+    stages = []
+    optimize(tiny_options(tmp_path / "fresh", budget_s=0.0), on_event=stages.append)
+    first, *rest = next(e.order for e in stages if isinstance(e, StageStarted) and e.stage == "search")
+    assert rest, "the test needs two points searched"
+    os.makedirs(tmp_path / "resumed" / "search")
+    for p in rest:  # every point but the one ranked first
+        shutil.copy(os.path.join(out, "search", f"{p}.json"), tmp_path / "resumed" / "search")
+    events = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        report = optimize(tiny_options(tmp_path / "resumed", budget_s=0.0), on_event=events.append)
+    assert report["stopped"] and report["pending"] == [first] and report["searched"] == rest
+    assert [e.point for e in events if isinstance(e, PointCached)] == rest
+    assert next(e.order for e in events if isinstance(e, StageStarted) and e.stage == "search") == [*rest, first]
 
 
 def test_a_resumed_run_reuses_its_reference_profile(finished_run, tmp_path, monkeypatch):

@@ -334,7 +334,15 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
     from safetensors import safe_open
 
     from beam_model.quant.scheme import read_config
-    from beam_model.weights import _target, by_file, checked_files, checkpoint_tensors, materialize, stored_dtypes
+    from beam_model.weights import (
+        _target,
+        by_file,
+        check_stored_values,
+        checked_files,
+        checkpoint_tensors,
+        materialize,
+        stored_dtypes,
+    )
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     full_config, quant = read_config(path)
@@ -362,5 +370,6 @@ def load_shard(path: str, rank: int, world_size: int, group=None, dtype=torch.bf
                     index = (slice(None),) * dim + (slice(block * n, (block + 1) * n),)
                     t = f.get_slice(name)[index]
                 _target(params, name).copy_(t)
+    check_stored_values(model, path)
     model.set_variants(variants)
     return model

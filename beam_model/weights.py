@@ -245,6 +245,36 @@ def load_checkpoint(model, path: str, *, device=None) -> None:
     files = checked_files(path, {n: tuple(t.shape) for n, t in tensors.items()}, stored_dtypes(tensors),
                           f"{model.weights} checkpoint" if model.quant is not None else "checkpoint")
     read_into(materialize(model, device), files, device)
+    check_stored_values(model, path)
+
+
+def check_stored_values(model, path: str) -> None:
+    """A CheckpointError naming the tensors of a quantized model (read from `path`) that hold values no
+    quantizer writes (`stored_value_problems`); nothing for a BF16 model."""
+    problems = stored_value_problems(model) if model.quant is not None else []
+    if problems:
+        raise CheckpointError(f"{model.weights} checkpoint {path} holds values no quantizer writes: "
+                              + _listing(problems, limit=4))
+
+
+def stored_value_problems(model) -> list[str]:
+    """What a quantized model holds that its kernels cannot read as the reference does: E4M3 NaN codes
+    (a quantizer saturates at +-448 and never writes them; the kernels place codes by their bits, so they
+    would read a finite value where the reference reads NaN) and scales that are not finite. One line per
+    tensor, named as the checkpoint names it."""
+    if not any(_unreadable(n, p) for n, p in model.named_parameters()):
+        return []
+    return [f"tensor {n} {why}" for n, t in checkpoint_tensors(model).items() if (why := _unreadable(n, t))]
+
+
+def _unreadable(name: str, t: torch.Tensor) -> str | None:
+    if t.dtype == torch.float8_e4m3fn:
+        nan = int(((t.view(torch.uint8) & 0x7F) == 0x7F).sum())
+        return f"holds E4M3 NaN codes (0x7F / 0xFF): {nan} of {t.numel()}" if nan else None
+    if "scale" in name.rsplit(".", 1)[-1] and t.is_floating_point():
+        bad = int((~torch.isfinite(t)).sum())
+        return f"holds scales that are not finite: {bad} of {t.numel()}" if bad else None
+    return None
 
 
 @torch.no_grad()

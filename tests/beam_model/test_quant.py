@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from beam_model.model import BeamForCausalLM
 from beam_model.quant import formats
 from beam_model.quant.scheme import QuantConfigError, QuantScheme, read_config
+from beam_model.tp import load_shard
 from beam_model.weights import CheckpointError, checkpoint_tensors
 from workbench.cli import main
 
@@ -239,6 +240,35 @@ def test_a_malformed_tensor_is_refused_by_name(fp8_dir, change, named):
     _rewrite(fp8_dir, change)
     with pytest.raises(CheckpointError, match="FP8|fp8") as e:
         BeamForCausalLM.from_pretrained(str(fp8_dir))
+    assert named in str(e.value)
+
+
+def _nan_codes(t: torch.Tensor) -> torch.Tensor:
+    codes = t.view(torch.uint8).clone()
+    codes.view(-1)[:3] = torch.tensor([0x7F, 0xFF, 0x7F], dtype=torch.uint8)
+    return codes.view(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("fmt, change, named", [
+    ("fp8", lambda t: t.__setitem__(f"{MODULE}.weight", _nan_codes(t[f"{MODULE}.weight"])),
+     f"tensor {MODULE}.weight holds E4M3 NaN codes (0x7F / 0xFF): 3 of"),
+    ("fp8", lambda t: t[f"{MODULE}.weight_scale"].view(-1)[:2].fill_(float("inf")),
+     f"tensor {MODULE}.weight_scale holds scales that are not finite: 2 of"),
+    ("nvfp4", lambda t: t.__setitem__(f"{MODULE}.weight_scale", _nan_codes(t[f"{MODULE}.weight_scale"])),
+     f"tensor {MODULE}.weight_scale holds E4M3 NaN codes (0x7F / 0xFF): 3 of"),
+    ("nvfp4", lambda t: t[f"{MODULE}.weight_scale_2"].fill_(float("nan")),
+     f"tensor {MODULE}.weight_scale_2 holds scales that are not finite: 1 of 1"),
+])
+def test_values_no_quantizer_writes_are_refused_by_name(bf16_dir, tmp_path, fmt, change, named):
+    """E4M3 NaN codes (kernels that place codes by their bits read them as finite) and non-finite scales."""
+    dst = tmp_path / fmt
+    assert main(["quantize", bf16_dir, str(dst), "--format", fmt]) == 0
+    _rewrite(dst, change)
+    with pytest.raises(CheckpointError, match="holds values no quantizer writes") as e:
+        BeamForCausalLM.from_pretrained(str(dst))
+    assert named in str(e.value)
+    with pytest.raises(CheckpointError, match="holds values no quantizer writes") as e:
+        load_shard(str(dst), 0, 1)  # a rank's shard, read by itself
     assert named in str(e.value)
 
 

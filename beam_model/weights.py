@@ -115,6 +115,9 @@ def save_checkpoint(model, path: str, *, max_shard_bytes: int = MAX_SHARD_BYTES)
     writer.close()
 
 
+_WEIGHT_FILE = re.compile(r"^(model\.safetensors(\.index\.json)?|model-\d+-of-\d+\.safetensors|part-\d+\.safetensors)$")
+
+
 class ShardWriter:
     """Tensors, one at a time, into `path`'s model.safetensors, or into shards of at most `max_bytes`
     (model-00001-of-0000N.safetensors ...) with an index, as Hugging Face checkpoints ship."""
@@ -142,6 +145,7 @@ class ShardWriter:
     def close(self) -> None:
         if not self.files:
             save_file(self.pending, os.path.join(self.path, SINGLE_FILE), metadata={"format": "pt"})
+            self._remove_stale({SINGLE_FILE})
             return
         self._flush()
         n = len(self.files)
@@ -151,6 +155,14 @@ class ShardWriter:
         with open(os.path.join(self.path, INDEX_FILE), "w") as f:
             json.dump({"metadata": {"total_size": self.total},
                        "weight_map": {k: renamed[v] for k, v in self.weight_map.items()}}, f, indent=2)
+        self._remove_stale({INDEX_FILE, *renamed.values()})
+
+    def _remove_stale(self, written: set[str]) -> None:
+        """Weight files an earlier checkpoint left in the folder: a reader would take an old index over the
+        new single file, or count old shards beside new ones."""
+        for name in os.listdir(self.path):
+            if name not in written and _WEIGHT_FILE.match(name):
+                os.remove(os.path.join(self.path, name))
 
 
 def _checkpoint_files(path: str) -> dict[str, str]:

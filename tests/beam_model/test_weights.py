@@ -134,6 +134,25 @@ def test_round_trip_sharded(model, tmp_path, ids):
     assert torch.equal(back(ids), model(ids))
 
 
+def test_saving_over_a_checkpoint_leaves_none_of_its_weight_files(model, tmp_path, ids):
+    """Sharded over single and back: the old index would be read before a new single file, and old shards
+    would sit beside new ones; other files in the folder stay."""
+    path = str(tmp_path)
+    other = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, seed=1)
+    (tmp_path / "notes.txt").write_text("kept")
+    (tmp_path / "part-00007.safetensors").write_bytes(b"")  # what a write that crashed leaves
+    save_checkpoint(other, path, max_shard_bytes=64 * 1024)
+    many = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    save_checkpoint(model, path, max_shard_bytes=256 * 1024)
+    fewer = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    assert len(fewer) < len(many) and set(json.load(open(os.path.join(path, INDEX_FILE)))["weight_map"].values()) \
+        == set(fewer)
+    assert torch.equal(load(path)(ids), model(ids))
+    save_checkpoint(other, path)
+    assert sorted(os.listdir(path)) == ["config.json", SINGLE_FILE, "notes.txt"]
+    assert torch.equal(load(path)(ids), other(ids))
+
+
 # ------------------------------------------------------------------ corrupt checkpoints
 
 def _rewrite(path, change):

@@ -20,7 +20,9 @@ THINK, END_THINK = "<|think|>", "<|/think|>"
 TOOL_CALL, END_TOOL_CALL = "<|tool_call|>", "<|/tool_call|>"
 END = "<|end|>"
 
-_ROLE_TOKENS = {"system": SYSTEM, "user": USER, "tool": TOOL}
+# "developer" is the OpenAI API's name for system instructions to newer models (clients send either): the
+# same system turn.
+_ROLE_TOKENS = {"system": SYSTEM, "developer": SYSTEM, "user": USER, "tool": TOOL}
 
 
 # ---------------------------------------------------------------- rendering
@@ -92,7 +94,7 @@ def chat_segments(messages: list[dict], tools: list[dict] | None = None,
         if not isinstance(role, str) or role not in (*_ROLE_TOKENS, "assistant"):
             raise ValueError(f"{where}: unknown role {role!r}")
         text = _text(msg.get("content"), where)
-        if role == "system" and i == 0 and tools_text is not None:
+        if _ROLE_TOKENS.get(role) == SYSTEM and i == 0 and tools_text is not None:
             text = f"{text}\n\n{tools_text}" if text else tools_text
             tools_text = None
         if role in _ROLE_TOKENS:
@@ -157,15 +159,15 @@ CHAT_TEMPLATE_JINJA = (
     "{%- set ns.tools = ns.tools ~ '\\n' ~ (tool.function | tojson(ensure_ascii=True, separators=(',', ':'),"
     " sort_keys=True)) -%}"
     "{%- endfor -%}"
-    "{%- if messages[0].role != 'system' -%}"
+    "{%- if messages[0].role != 'system' and messages[0].role != 'developer' -%}"
     "<|system|>{{ ns.tools }}<|end|>"
     "{%- endif -%}"
     "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message.role == 'system' or message.role == 'user' or message.role == 'tool' -%}"
-    "<|{{ message.role }}|>"
+    "{%- if message.role in ('system', 'developer', 'user', 'tool') -%}"
+    "<|{{ 'system' if message.role == 'developer' else message.role }}|>"
     "{%- set body = text(message.content) -%}"
-    "{%- if loop.first and message.role == 'system' and ns.tools -%}"
+    "{%- if loop.first and message.role in ('system', 'developer') and ns.tools -%}"
     "{%- if body -%}{{ body }}{{ '\\n\\n' }}{%- endif -%}{{ ns.tools }}"
     "{%- else -%}{{ body }}"
     "{%- endif -%}"

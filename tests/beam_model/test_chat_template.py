@@ -65,6 +65,15 @@ def test_render_tools_without_system_and_no_generation_prompt():
                    "<|assistant|><|think|><|/think|>hello<|end|>")
 
 
+def test_a_developer_message_is_a_system_turn():
+    """The OpenAI API's "developer" role (system instructions for newer models) renders as the system turn,
+    the tools joining it when it comes first."""
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    system = [{**developer[0], "role": "system"}, developer[1]]
+    assert render_chat(developer, tools=TOOLS[:1]) == render_chat(system, tools=TOOLS[:1])
+    assert render_chat(developer).startswith("<|system|>Be brief.<|end|><|user|>hi<|end|>")
+
+
 def test_render_without_tools_and_multiple_calls():
     out = render_chat([
         {"role": "system", "content": "sys"},

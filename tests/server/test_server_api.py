@@ -79,6 +79,16 @@ def test_content_parts_and_max_completion_tokens(client):
     assert b.usage.completion_tokens <= 8
 
 
+def test_a_developer_message_is_read_as_a_system_message(client):
+    def ask(role):
+        return client.chat.completions.create(model=MODEL, temperature=0, max_tokens=8, messages=[
+            {"role": role, "content": "Be brief."}, {"role": "user", "content": "same words"}])
+
+    developer, system = ask("developer"), ask("system")
+    assert developer.choices[0].message.content == system.choices[0].message.content
+    assert developer.usage.prompt_tokens == system.usage.prompt_tokens
+
+
 def test_length_finish_and_stop_strings(client):
     base = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0,
                                      extra_body={"ignore_eos": True})

@@ -49,6 +49,8 @@ CONVERSATIONS = {
         {"role": "user"},
     ],
     "empty-system": [{"role": "system", "content": ""}, {"role": "user", "content": "hi"}],
+    "developer": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                  {"role": "developer", "content": "Answer in German."}],
 }
 
 

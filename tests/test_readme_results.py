@@ -68,3 +68,11 @@ def test_variants_table_matches_the_registry_and_both_locks():
         for cell, (selection, by) in zip(choices, locks):
             expected = f"run by `{by[point].split(':')[0]}`" if point in by else selection[point]
             assert cell.split(" (")[0] == expected, (point, cell, expected)
+
+
+def test_runs_readme_lists_every_run_folder():
+    """Each folder under runs/ is a current result with its command: runs/README.md names every one."""
+    listed = open(os.path.join(ROOT, "runs", "README.md"), encoding="utf-8").read()
+    folders = [d for d in sorted(os.listdir(os.path.join(ROOT, "runs")))
+               if os.path.isdir(os.path.join(ROOT, "runs", d))]
+    assert folders and not [d for d in folders if f"`{d}/`" not in listed]

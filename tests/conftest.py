@@ -1,5 +1,6 @@
-"""Test session set-up: Triton kernels run under the interpreter when there is no GPU, and each
-pytest-xdist worker runs as many intra-op threads as it has cores to itself.
+"""Test session set-up: Triton kernels run under the interpreter when there is no GPU (its @jit helpers
+reusing their launch's patch of triton.language: `interpreter_patching.py`), and each pytest-xdist worker
+runs as many intra-op threads as it has cores to itself.
 
 TRITON_INTERPRET must be set before any module defines a @triton.jit kernel, hence here.
 """
@@ -11,6 +12,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    from interpreter_patching import reuse_the_launch_patch
+
+    reuse_the_launch_patch()
 
 
 def _threads() -> int:

@@ -9,7 +9,7 @@ interpreter TRITON_INTERPRET must be set before they are defined.
 """
 
 from workbench.registry import register
-from workbench.variants.kernels.fp8_decode import e4m3_unsupported
+from workbench.variants.experts.triton_quantized_grouped import grouped_supports
 
 # BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction for both GEMMs unless DOWN_* (BLOCK_N, BLOCK_K, WARPS,
 # STAGES) give the down GEMM its own; the first is the default (prompts). The down GEMM reduces over ff (320 at
@@ -19,15 +19,6 @@ CONFIGS = [
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, DOWN_BLOCK_N=128, DOWN_BLOCK_K=64),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, DOWN_BLOCK_K=64),
 ]
-
-
-def _supports(wl):
-    """A GPU with FP8 tensor cores (sm_89 or later: the same that load E4M3), a float model dtype."""
-    if why := e4m3_unsupported("experts:triton_fp8_grouped"):
-        return why
-    if wl.dtype not in ("bf16", "fp16", "fp32"):
-        return f"experts:triton_fp8_grouped computes in bf16, fp16 or fp32, not {wl.dtype}"
-    return True
 
 
 def _at(config=None):
@@ -41,5 +32,5 @@ def _at(config=None):
 
 
 # no PDL: the per-token quantization launches (`fp8_rows`) take none
-register("experts", "triton_fp8_grouped", "triton", supports=_supports, configs=CONFIGS, configure=_at,
-         formats=("fp8",), activations="fp8")(_at())
+register("experts", "triton_fp8_grouped", "triton", supports=grouped_supports("experts:triton_fp8_grouped"),
+         configs=CONFIGS, configure=_at, formats=("fp8",), activations="fp8")(_at())

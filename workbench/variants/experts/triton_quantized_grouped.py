@@ -24,13 +24,16 @@ CONFIGS = [
 ]
 
 
-def _supports(wl):
-    """A GPU that loads E4M3 (FP8 weights, and NVFP4's block scales), a float model dtype."""
-    if why := e4m3_unsupported("experts:triton_quantized_grouped"):
-        return why
-    if wl.dtype not in ("bf16", "fp16", "fp32"):
-        return f"experts:triton_quantized_grouped computes in bf16, fp16 or fp32, not {wl.dtype}"
-    return True
+def grouped_supports(qualname: str):
+    """`supports` of a variant on these grouped kernels: a GPU that loads E4M3 (FP8 weights, and NVFP4's block
+    scales; the same GPUs have FP8 tensor cores), a float model dtype."""
+    def supports(wl):
+        if why := e4m3_unsupported(qualname):
+            return why
+        if wl.dtype not in ("bf16", "fp16", "fp32"):
+            return f"{qualname} computes in bf16, fp16 or fp32, not {wl.dtype}"
+        return True
+    return supports
 
 
 def _at(config=None):
@@ -43,5 +46,5 @@ def _at(config=None):
     return experts_triton_quantized_grouped
 
 
-register("experts", "triton_quantized_grouped", "triton", supports=_supports, configs=CONFIGS, configure=_at,
-         pdl=True, formats=FORMATS)(_at())
+register("experts", "triton_quantized_grouped", "triton", supports=grouped_supports("experts:triton_quantized_grouped"),
+         configs=CONFIGS, configure=_at, pdl=True, formats=FORMATS)(_at())

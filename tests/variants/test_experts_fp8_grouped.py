@@ -42,7 +42,7 @@ FAULTS = {
     # each output channel of down takes the weight scale of the channel beside it
     "channel_scale_shifted": ("rows = acc * _row_factor(sd_ptr", ("e, offs_n, n_ok", "e, offs_n + 1, n_ok")),
     # the down GEMM's rows take the activation scale of another block row
-    "activation_scale_of_another_row": ("row_scale *= tl.load(as_ptr + offs_m)",
+    "activation_scale_of_another_row": ("rows *= tl.load(as_ptr + offs_m)",
                                         ("as_ptr + offs_m", "as_ptr + (offs_m + 1) % BLOCK_M")),
 }
 

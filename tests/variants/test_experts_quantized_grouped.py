@@ -46,6 +46,8 @@ FAULTS = {
     "fp8_sign_dropped": ("fp8", "halves = ((pairs << LOW)", (" | ((pairs << 8) & SIGN_BITS)", "")),
     # each two adjacent FP8 inputs' bytes in each other's place
     "fp8_bytes_swapped": ("fp8", "pairs = even | (odd << 16)", ("even | (odd << 16)", "odd | (even << 16)")),
+    # the routing weights never reach the combine of the pairs' rounded rows
+    "routing_weights_dropped": ("fp8", "return combine(out, rw", ("weighted=True", "weighted=False")),
 }
 
 

@@ -426,8 +426,8 @@ for fmt in ("fp8", "nvfp4"):
             stride_se=F * scales_h, stride_sf=scales_h), num_warps=c["num_warps"], num_stages=c["num_stages"])
         bn, bk = c.get("DOWN_BLOCK_N", c["BLOCK_N"]), c.get("DOWN_BLOCK_K", c["BLOCK_K"])
         down = compile_sm90(mg.down_quantized_grouped_kernel, dict(
-            act_ptr="*bf16", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32", wd_ptr=w,
-            sd_ptr=s, sd2_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32",
+            act_ptr="*bf16", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", wd_ptr=w,
+            sd_ptr=s, sd2_ptr="*fp32", out_ptr="*bf16", N_PAIRS="i32", N_EXPERTS="i32", HIDDEN="i32", FF="i32",
             stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
             BLOCK_M=c["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=H // bn, NVFP4=nvfp4, PRECISION=None, INTERP=False,
             PDL=True), ints=dict(N_PAIRS=PAIRS, N_EXPERTS=E, HIDDEN=H, FF=F, stride_we=H * F // per_byte,
@@ -479,8 +479,8 @@ for c in CONFIGS:
         num_warps=c["num_warps"], num_stages=c["num_stages"])
     bn, bk = c.get("DOWN_BLOCK_N", c["BLOCK_N"]), c.get("DOWN_BLOCK_K", c["BLOCK_K"])
     down = compile_sm90(mg.down_quantized_grouped_kernel, dict(
-        act_ptr="*fp8e4nv", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*fp32",
-        wd_ptr="*fp8e4nv", sd_ptr="*fp32", sd2_ptr="*fp32", out_ptr="*fp32", N_PAIRS="i32", N_EXPERTS="i32",
+        act_ptr="*fp8e4nv", as_ptr="*fp32", pairs_ptr="*i32", block_expert_ptr="*i32",
+        wd_ptr="*fp8e4nv", sd_ptr="*fp32", sd2_ptr="*fp32", out_ptr="*bf16", N_PAIRS="i32", N_EXPERTS="i32",
         HIDDEN="i32", FF="i32", stride_we="i32", stride_wh="i32", stride_se="i32", stride_sh="i32"), dict(
         BLOCK_M=c["BLOCK_M"], BLOCK_N=bn, BLOCK_K=bk, N_BLOCKS_N=H // bn, NVFP4=False, PRECISION=None,
         INTERP=False, PDL=False), ints=dict(

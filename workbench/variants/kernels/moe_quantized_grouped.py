@@ -1,6 +1,7 @@
 """Grouped GEMM kernels of `experts:triton_quantized_grouped`: experts:triton's grouped path (`moe.py`: routed
 pairs sorted by expert into blocks of BLOCK_M rows, a gate/up GEMM with SwiGLU in its epilogue, a down GEMM into
-per-pair rows, a combine in FP32 rounded once) with the expert weights read as stored, FP8 or NVFP4
+per-pair rows rounded to the model dtype as the reference rounds them, the routing weights in a combine in FP32
+rounded once) with the expert weights read as stored, FP8 or NVFP4
 (`beam_model/quant/tensors.py`), and dequantized in registers into the tensor cores' operand (W8A16 / W4A16).
 
 Each weight tile is loaded packed (the pipelined loads move the stored bytes) and turned into exact values of the
@@ -187,14 +188,15 @@ def gate_up_quantized_grouped_kernel(x_ptr, xs_ptr, pairs_ptr, block_expert_ptr,
 
 
 @triton.jit
-def down_quantized_grouped_kernel(act_ptr, as_ptr, pairs_ptr, block_expert_ptr, rw_ptr, wd_ptr, sd_ptr, sd2_ptr,
+def down_quantized_grouped_kernel(act_ptr, as_ptr, pairs_ptr, block_expert_ptr, wd_ptr, sd_ptr, sd2_ptr,
                                   out_ptr, N_PAIRS, N_EXPERTS, HIDDEN, FF, stride_we, stride_wh, stride_se, stride_sh,
                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                   N_BLOCKS_N: tl.constexpr, NVFP4: tl.constexpr, PRECISION: tl.constexpr,
                                   INTERP: tl.constexpr, PDL: tl.constexpr = False):
-    """out[pair, n-block] = rw[pair] * (act[row] @ down[e].T) in FP32 for one expert's block of rows, each pair
-    its own row (scattered back to pair order) for `moe.combine`, as `moe.down_grouped_kernel`. With the activation
-    in E4M3 (W8A8), each row's scale (as) on the accumulator too."""
+    """out[pair, n-block] = act[row] @ down[e].T for one expert's block of rows, rounded to the model dtype (the
+    reference's rounding of an expert's output; half the bytes of FP32 rows to the combine), each pair its own row
+    (scattered back to pair order) for `moe.combine` to weight and sum, as `moe.down_grouped_kernel` with ROUNDED.
+    With the activation in E4M3 (W8A8), each row's scale (as) on the accumulator too."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0) // N_BLOCKS_N
     pid_n = tl.program_id(0) % N_BLOCKS_N
@@ -216,13 +218,11 @@ def down_quantized_grouped_kernel(act_ptr, as_ptr, pairs_ptr, block_expert_ptr, 
         b = dequantized_tile(wd_ptr, sd_ptr, e, offs_n, n_ok, f0, FF, stride_we, stride_wh, stride_se, stride_sh,
                              BLOCK_K, NVFP4, dtype, INTERP)
         acc = _dot(a, tl.trans(b), acc, PRECISION, INTERP)
-    row_scale = tl.load(rw_ptr + pairs, mask=row_ok, other=0.0)
+    rows = acc * _row_factor(sd_ptr, sd2_ptr, e, offs_n, n_ok, stride_se, stride_sh, NVFP4)[None, :]
     if dtype == tl.float8e4nv:
-        row_scale *= tl.load(as_ptr + offs_m)
-    rows = acc * _row_factor(sd_ptr, sd2_ptr, e, offs_n, n_ok, stride_se, stride_sh, NVFP4)[None, :] \
-        * row_scale[:, None]
-    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + offs_n[None, :], rows,
-             mask=row_ok[:, None] & n_ok[None, :])
+        rows *= tl.load(as_ptr + offs_m)[:, None]
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * HIDDEN + offs_n[None, :],
+             round_to(rows, out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
 # ---- entry point -----------------------------------------------------------------------------------
@@ -257,12 +257,12 @@ def quantized_grouped_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch
         wg.stride(0), wg.stride(1), sg.stride(0), sg.stride(1), TOP_K=top_k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         N_BLOCKS_N=grid_n, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
     aq, a_scale = quantize_rows(act, used=(sorted_pairs, n_pairs)) if w8a8 else (act, rw)  # rw: never read
-    out = torch.empty(n_pairs, hidden, dtype=torch.float32, device=x.device)
+    out = torch.empty(n_pairs, hidden, dtype=x.dtype, device=x.device)
     bn, bk = cfg.get("DOWN_BLOCK_N", bn), cfg.get("DOWN_BLOCK_K", bk)
     grid_n = triton.cdiv(hidden, bn)
     down_quantized_grouped_kernel[(n_blocks * grid_n,)](
-        aq, a_scale, sorted_pairs, block_expert, rw, wd, sd, sd2, out, n_pairs, n_experts, hidden, ff,
+        aq, a_scale, sorted_pairs, block_expert, wd, sd, sd2, out, n_pairs, n_experts, hidden, ff,
         wd.stride(0), wd.stride(1), sd.stride(0), sd.stride(1), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         N_BLOCKS_N=grid_n, num_warps=cfg.get("DOWN_WARPS", cfg["num_warps"]),
         num_stages=cfg.get("DOWN_STAGES", cfg["num_stages"]), **common)
-    return combine(out, rw, top_k, weighted=False, dtype=x.dtype, pdl=pdl)
+    return combine(out, rw, top_k, weighted=True, dtype=x.dtype, pdl=pdl)

@@ -265,7 +265,7 @@ class BeamForCausalLM(nn.Module):
         (what a drafter reads): a pair."""
         c, ops = self.config, self.ops
         eps = c.rms_norm_eps
-        group = self.tp.group if self.tp else None
+        group = self.tp.reduce_group if self.tp else None
         h = self.embed(input_ids)
         x = rms_norm(h, self.model.layers[0].input_layernorm.weight, eps).to(h.dtype)
         tapped = []

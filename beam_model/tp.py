@@ -267,6 +267,12 @@ class TensorParallel:
     def _reduces(self) -> bool:
         return self.world_size > 1 and self.group is not None
 
+    @property
+    def reduce_group(self):
+        """The group the boundaries all-reduce over: None in a world of one, where a rank's partial sum is the
+        whole sum, so the boundaries skip the collective as the embedding and the logits skip theirs."""
+        return self.group if self._reduces() else None
+
     def embed(self, weight: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel lookup: weight is this rank's [V/W, hidden] block; ids outside it give
         zeros, then an all-reduce sum gives every rank the full embedding. Ids >= the full

@@ -7,9 +7,10 @@ logits' all-gather run for real, binds the build's variants and runs the target 
 does (`targets.StepRunner`: a CUDA graph at decode when the group is NCCL; gloo collectives cannot be
 captured). The ranks time the same number of steps in lockstep, each step between a barrier and a
 device sync; the slowest rank's median is the step's time, since every rank waits for it at the next
-all-reduce. With one rank the boundaries still all-reduce over the group of one (the NCCL path at TP1),
-and the same step without a group alternates with it: `alone` and the round-by-round `paired_ratio`
-(group over alone) say what the path costs.
+all-reduce. With one rank nothing is reduced (a rank's partial sum is the whole sum, so the model skips
+every collective, as serving on one GPU does), and the same step without a group alternates with it:
+`alone` and the round-by-round `paired_ratio` (group over alone) say what running as a rank of an NCCL group
+costs the step.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def _rank_step(rank, world, device, preset, target, dtype, weights, selection, c
     model.set_variants(selection, configs)
     use_graph = device.type == "cuda" and dist.get_backend() == "nccl" and get_target(target).graphed
     step = for_device(get_target(target), device)
-    # With one rank the same step without a group runs beside it, alternating: what the all-reduces cost
+    # With one rank the same step without a group runs beside it, alternating: what the rank's runtime costs
     parallel = {"group": TensorParallel(dist.group.WORLD, rank, world)}
     if world == 1:
         parallel["alone"] = TensorParallel(None, 0, 1)

@@ -283,3 +283,24 @@ def test_a_quantized_slice_its_format_cannot_store_is_refused():
         check_shardable(config, 2, quant=nvfp4)  # each rank's down projection reads 24 inputs
     check_shardable(config, 2, expert_parallel=True, quant=nvfp4)  # whole experts: 48 inputs
     check_shardable(config, 2, quant=QuantScheme.for_format("fp8"))  # FP8 scales rows, not input blocks
+
+
+def test_a_world_of_one_runs_no_collective(monkeypatch):
+    """The one rank of a group of one holds the whole sum: its boundaries skip the all-reduce as its embedding and
+    logits skip theirs, so the step equals the step without a group (an NCCL all-reduce over one rank is a copy
+    and a launch per boundary)."""
+    from beam_model.tp import TensorParallel
+
+    group = object()  # any group: a world of one never calls into torch.distributed
+    assert TensorParallel(group, 0, 1).reduce_group is None
+    forward_ids, prompts, decode_ids = _inputs()
+    model = _full_model()
+    alone = _prefill_decode(model, prompts, decode_ids)
+
+    def collective(*args, **kwargs):
+        raise AssertionError("a collective ran in a world of one")
+
+    for name in ("all_reduce", "all_gather"):
+        monkeypatch.setattr(dist, name, collective)
+    model.tp = TensorParallel(group, 0, 1)
+    torch.testing.assert_close(_prefill_decode(model, prompts, decode_ids), alone, rtol=0, atol=0)

@@ -36,7 +36,8 @@ def add_arguments(p) -> None:
                    help="time the step on N tensor-parallel ranks at once instead (one process each; NCCL with a "
                         "GPU per rank, else gloo): the preset is one rank's shapes, every boundary all-reduces "
                         "over the N ranks, and the slowest rank's median counts (tp_step.json; no per-point "
-                        "attribution). --tp 1 runs the all-reduces over a group of one: the NCCL path at TP1")
+                        "attribution). --tp 1 runs the step as the one rank of an NCCL group, beside the same "
+                        "step without one (a group of one reduces nothing, so no collective runs)")
     p.add_argument("--reps", type=int, default=None, help="with --tp: timed steps on every rank (default: 50)")
     p.add_argument("--json", action="store_true")
 

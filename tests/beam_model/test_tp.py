@@ -293,7 +293,7 @@ def test_a_world_of_one_runs_no_collective(monkeypatch):
 
     group = object()  # any group: a world of one never calls into torch.distributed
     assert TensorParallel(group, 0, 1).reduce_group is None
-    forward_ids, prompts, decode_ids = _inputs()
+    _, prompts, decode_ids = _inputs()
     model = _full_model()
     alone = _prefill_decode(model, prompts, decode_ids)
 

@@ -3,9 +3,9 @@
 # process (every row of a table timed in it), gated at the shape where `--gate` is given: decode b64
 # (experts:triton_quantized_grouped at its default and three wide-decode tiles, with each kernel's time), b8
 # (triton_quantized_rows and the grouped path), b1 (triton_quantized_rows, NVFP4 and FP8), the 8 x 2K prefill
-# (experts:triton_fp8_grouped, W8A8, at every config with each kernel's time; triton_quantized_grouped on FP8),
-# each beside the BF16 variant it must beat, then the W4A16/W8A16 and W8A8 GPU op gates. Ordered by what
-# matters most, so a command's time limit cuts the least.
+# (experts:triton_fp8_grouped, W8A8, at every config with each kernel's time; triton_quantized_grouped on FP8
+# and NVFP4), each beside the BF16 variant it must beat, then the W4A16/W8A16 and W8A8 GPU op gates. Ordered by
+# what matters most, so a command's time limit cuts the least.
 # Usage (repository root): bash scripts/gpu_bench_quantized_experts.sh DIR
 # Writes DIR/bench.txt (every console, each after its command line), DIR/<case>/bench.json and report.md,
 # DIR/gpu-tests.log; prints each table's rows.
@@ -41,8 +41,9 @@ bench b1 80 --batch 1 --variants triton_rows
 bench nvfp4-b1 50 --batch 1 --weights nvfp4 --variants triton_quantized_rows --gate
 bench fp8-b1 50 --batch 1 --weights fp8 --variants triton_quantized_rows --gate
 bench fp8-prefill-w8a8 150 --batch 8 --prefill 2048 --weights fp8 --variants triton_fp8_grouped --gate --kernels --configs
-bench bf16-prefill 50 --batch 8 --prefill 2048 --variants triton_rounded
+bench bf16-prefill 50 --batch 8 --prefill 2048 --variants triton_rounded --kernels
 bench fp8-prefill 130 --batch 8 --prefill 2048 --weights fp8 --variants triton_quantized_grouped --gate
+bench nvfp4-prefill 90 --batch 8 --prefill 2048 --weights nvfp4 --variants triton_quantized_grouped --gate
 timeout -k 10 150 python3 -m pytest -q -m gpu tests/variants/test_every_variant.py \
   -k "triton_quantized_grouped or triton_fp8_grouped" -p no:cacheprovider > "$out/gpu-tests.log" 2>&1
 echo "gpu tests exit $?"; tail -4 "$out/gpu-tests.log"

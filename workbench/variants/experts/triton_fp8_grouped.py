@@ -12,9 +12,11 @@ from workbench.registry import register
 from workbench.variants.experts.triton_quantized_grouped import grouped_supports
 
 # BLOCK_M routed rows x BLOCK_N outputs x BLOCK_K reduction for both GEMMs unless DOWN_* (BLOCK_N, BLOCK_K, WARPS,
-# STAGES) give the down GEMM its own; the first is the default (prompts). The down GEMM reduces over ff (320 at
-# beam-501b-tp8): DOWN_BLOCK_K 64 divides it.
+# STAGES) give the down GEMM its own; the first is the default (prompts: the fastest at the 8 x 2K prefill on an
+# H100, runs/bench-quantized-experts-h100/fp8-prefill-w8a8). The down GEMM reduces over ff (320 at beam-501b-tp8):
+# DOWN_BLOCK_K 64 divides it.
 CONFIGS = [
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3, DOWN_BLOCK_N=128),
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=4, DOWN_BLOCK_N=128, DOWN_BLOCK_K=64),
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, DOWN_BLOCK_N=128, DOWN_BLOCK_K=64),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, DOWN_BLOCK_K=64),

@@ -6,7 +6,7 @@ between most kernels of an eager step); it is also the most any fusion of that p
 neighbours can save. The stand-ins compute nothing: only the steps' times mean anything.
 
 The stand-ins are variants named `stand_in`, registered only inside `stand_ins()`, so no search,
-gate or lock ever sees them.
+gate or lock ever sees them. They read no weight, so they take every stored format.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def stand_ins():
         for point, fn in STAND_INS.items():
             table = registry.variants(point)
             if STAND_IN not in table:
-                table[STAND_IN] = registry.Variant(point, STAND_IN, "torch", fn)
+                table[STAND_IN] = registry.Variant(point, STAND_IN, "torch", fn, formats=registry.WEIGHT_FORMATS)
                 added.append(table)
         yield
     finally:

@@ -56,10 +56,12 @@ def _scale_skipped(w):
 
 @pytest.mark.parametrize("fault", [_wrong_rows, _scale_skipped])
 @pytest.mark.parametrize("point", ["qkvg_proj", "dense_mlp"])
-def test_planted_scale_fault_is_rejected(point, fault):
+@pytest.mark.parametrize("name", ["triton_fp8", "triton_fp8_rows"])
+def test_planted_scale_fault_is_rejected(name, point, fault):
     """The kernel fed each row another row's scale, or no scale (as a kernel that indexed the scales wrong or
-    skipped them would compute): the gate's accuracy check fails."""
-    v = registry.get(point, "triton_fp8")
+    skipped them would compute): the gate's accuracy check fails. Also for the whole-row GEMV
+    (`kernels/gemv_fp8_rows.py`, test_fp8_rows_gemv.py)."""
+    v = registry.get(point, name)
 
     def planted_fn(*args):
         *acts, w = args

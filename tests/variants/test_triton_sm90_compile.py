@@ -546,3 +546,48 @@ def test_fp8_gemv_configs_do_not_spill_and_convert_e4m3_natively():
     assert len(usage) == 4 * 3 * 2
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"] and u["waits"], u
+
+
+FP8_ROWS_GEMV = r"""
+import json
+from workbench.sm90 import compile_sm90, resource_usage
+from workbench.variants.kernels import gemv_fp8_rows as rows
+from workbench.variants.kernels.moe_rows import pieces
+
+H, Q, F, HD = 5120, 768, 2560, 128  # beam-501b-tp8's rank: hidden, q width, dense ff, head dim
+# (point, K, N, GATED, SWIGLU) of each launch the point's variant makes
+LAUNCHES = [("qkvg_proj", H, Q + 2 * HD + Q, False, False), ("dense_mlp", H, F, False, True),
+            ("dense_mlp", F, H, False, False), ("attn_out", Q, H, True, False)]
+out = []
+for point, k, n, gated, swiglu in LAUNCHES:
+    k_a, k_b = pieces(k)
+    for c in rows.CONFIGS:
+        for m in (1, rows.ROWS):
+            kernel = compile_sm90(rows.fp8_rows_gemv_kernel, dict(
+                x_ptr="*bf16", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", w2_ptr="*fp8e4nv",
+                s2_ptr="*fp32", y_ptr="*bf16", N="i32", stride_xm="i32", stride_xh="i32", stride_g="i32",
+                stride_wn="i32", stride_sn="i32"), dict(
+                M=m, K=k, K_A=k_a, K_B=k_b, BLOCK_N=c["BLOCK_N"], HD=HD if gated else 1, GATED=gated,
+                SWIGLU=swiglu, PDL=True), ints=dict(N=n, stride_xm=k, stride_xh=HD, stride_g=k, stride_wn=k,
+                                                    stride_sn=1), num_warps=c["num_warps"], num_stages=1)
+            lines = [line.strip() for line in kernel.asm["ptx"].splitlines()]
+            wait = next(i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait"))
+            loads = [i for i, line in enumerate(lines) if line.lstrip("@%!p0123456789 ").startswith("ld.global")]
+            out.append(dict(point=point, rows=m, config=c, e4m3_cvt=any("e4m3x2" in line for line in lines),
+                            loads_before_wait=sum(i < wait for i in loads),
+                            loads_after_wait=sum(i > wait for i in loads), **resource_usage(kernel)))
+print(json.dumps(out))
+"""
+
+
+def test_fp8_rows_gemv_reads_its_weights_before_the_wait_without_spills():
+    """Every *:triton_fp8_rows config, each launch its variant makes, at one row and at ROWS, with PDL, at the
+    TP8 rank's sizes for sm_90: no spills, the E4M3 weights converted by the hardware's cvt from e4m3x2, and
+    the weight rows and scales loaded before griddepcontrol.wait, the activations after it."""
+    usage = _compiled(FP8_ROWS_GEMV)
+    from workbench.variants.kernels.gemv_fp8_rows import CONFIGS
+
+    assert len(usage) == 4 * len(CONFIGS) * 2
+    for u in usage:
+        assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"], u
+        assert u["loads_before_wait"] >= 3 and u["loads_after_wait"] >= 2, u

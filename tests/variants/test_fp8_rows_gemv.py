@@ -34,10 +34,11 @@ def _exact(w: Fp8Weight) -> torch.Tensor:
     return w.weight.double() * w.scale.double()
 
 
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, 3, 12, 20])
 @pytest.mark.parametrize("mode", ["plain", "gated", "swiglu"])
 def test_rows_past_a_power_of_two_and_a_partial_row_block_match_float64(mode, m):
-    """K = 96 (a 64-input piece and a 32-input one), N = 10 rows in blocks of 4 (the last block half empty)."""
+    """K = 96 (a 64-input piece and a 32-input one), N = 10 rows in blocks of 4 (the last block half empty); past
+    ROWS activation rows, gemv_fp8's row tiles (12) and the dequantized GEMM (20)."""
     n, heads, hd = 10, 3, 32
     k = heads * hd
     g = torch.Generator().manual_seed(1)

@@ -15,8 +15,9 @@ dtype (`round_to`). Each output element is one program's fixed-order sum: bitwis
   reference's rounding), so the gated rows never go through memory and the gate takes no launch.
 - `up` (dense_mlp's gate/up): the program reads the same rows of gate and up and stores SwiGLU, g and u
   rounded as the reference's GEMMs round them, silu(g) * u in FP32, rounded once.
-Past ROWS activation rows (a prompt through a decode lock) the call runs `gemv_fp8.fp8_linear`, which tiles
-the rows: the contract holds at every size, the speed is for decode.
+Past ROWS activation rows (a prompt through a decode lock) the contract still holds: up to
+`gemv_fp8.MAX_ROWS` rows through `gemv_fp8.fp8_linear`'s row tiles, more (where each row tile would read the
+weights again) as the reference computes them, the weights dequantized into the model dtype for a cuBLAS GEMM.
 
 The kernel is defined only where triton imports (the configs and `supports` import without it), after
 TRITON_INTERPRET is set on the CPU.
@@ -24,6 +25,7 @@ TRITON_INTERPRET is set on the CPU.
 
 import torch
 
+from beam_model.functional import linear
 from beam_model.quant.tensors import Fp8Weight
 from workbench.variants.kernels.fp8_decode import CONFIGS as TILED_CONFIGS
 from workbench.variants.kernels.fp8_decode import e4m3_unsupported
@@ -98,14 +100,15 @@ if triton is not None:
 
 def supports(qualname: str):
     """The `supports` of a `*:triton_fp8_rows` variant: a GPU that loads E4M3, a float dtype, at most ROWS
-    activation rows (past them it runs `gemv_fp8`'s row tiles, the search's other candidate)."""
+    activation rows (past them `fp8_rows_linear` hands the rows on, see the module's docstring)."""
     def check(wl):
         if why := e4m3_unsupported(qualname):
             return why
         if wl.dtype not in ("bf16", "fp16", "fp32"):
             return f"{qualname} computes in bf16, fp16 or fp32, not {wl.dtype}"
         if wl.tokens > ROWS:
-            return f"{qualname} holds its weight rows for up to {ROWS} activation rows; more run gemv_fp8's tiles"
+            return (f"{qualname} holds its weight rows for up to {ROWS} activation rows; more go to gemv_fp8's tiles "
+                    "or a dequantized GEMM")
         return True
     return check
 
@@ -132,13 +135,17 @@ def fp8_rows_linear(x: torch.Tensor, w: Fp8Weight, cfg: dict, *, up: Fp8Weight |
                            or up.scale.stride() != w.scale.stride()):
         raise ValueError("the FP8 rows GEMV reads gate and up with one shape and one set of strides")
     m = x.shape[0]
-    if m > ROWS:
+    if m > ROWS:  # static shape dispatch: graph-safe
         if gate is not None:
             from workbench.variants.kernels.output_gate import output_gate
 
             x = output_gate(x, gate[0], gate[1], pdl=cfg.get("pdl", False))
-        tiles = {**TILED_CONFIGS[0], **({"pdl": cfg["pdl"]} if "pdl" in cfg else {})}  # this config's PDL choice
-        return gemv_fp8.fp8_linear(x, w, tiles, up=up)
+        if m <= gemv_fp8.MAX_ROWS:
+            tiles = {**TILED_CONFIGS[0], **({"pdl": cfg["pdl"]} if "pdl" in cfg else {})}  # this config's PDL choice
+            return gemv_fp8.fp8_linear(x, w, tiles, up=up)
+        if up is None:
+            return linear(x, w)
+        return (torch.nn.functional.silu(linear(x, w).float()) * linear(x, up).float()).to(x.dtype)
     n, k = w.shape
     g, bias, hd = x, x, 1  # without a gate its pointers go unread
     if gate is not None:

@@ -2,7 +2,7 @@
 (`kernels/gemv_fp8_rows.py`: each program's rows and scales read before its PDL wait) with the output gate
 as its prologue, so the gated activations never go to memory and the gate takes no launch of its own.
 Reads only FP8 weights; only decode sizes are offered to it (up to `gemv_fp8_rows.ROWS` rows); past them it
-still computes the contract (the gate kernel, then `gemv_fp8`'s row tiles).
+still computes the contract (the gate kernel, then `gemv_fp8`'s row tiles or a dequantized GEMM).
 """
 
 import functools

@@ -2,7 +2,7 @@
 (`kernels/gemv_fp8_rows.py`: each program's rows and scales read before its PDL wait): one launch reads the
 same rows of gate and up and stores silu(g) * u, a second runs down. Reads only FP8 weights; only decode
 sizes are offered to it (up to `gemv_fp8_rows.ROWS` rows); past them it still computes the contract
-(`gemv_fp8`'s row tiles).
+(`gemv_fp8`'s row tiles, then a dequantized GEMM).
 """
 
 import functools

@@ -165,4 +165,3 @@ def fp8_rows_linear(x: torch.Tensor, w: Fp8Weight, cfg: dict, *, up: Fp8Weight |
         M=m, K=k, K_A=k_a, K_B=k_b, BLOCK_N=cfg["BLOCK_N"], HD=hd, GATED=gate is not None, SWIGLU=up is not None,
         num_warps=cfg["num_warps"], num_stages=1, **pdl_launch(cfg.get("pdl")))
     return y
-

@@ -1,7 +1,8 @@
 """`qkvg_proj:triton_fp8_rows`: the four projections on FP8 weights in one launch on their packed rows
 (`kernels/packed_qkvg.py`), through the whole-row FP8 GEMV (`kernels/gemv_fp8_rows.py`: each program's rows
 and scales read before its PDL wait). Reads only FP8 weights; only decode sizes are offered to it (up to
-`gemv_fp8_rows.ROWS` rows); past them it still computes the contract (`gemv_fp8`'s row tiles).
+`gemv_fp8_rows.ROWS` rows); past them it still computes the contract (`gemv_fp8`'s row tiles, then a
+dequantized GEMM).
 """
 
 import functools

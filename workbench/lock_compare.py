@@ -8,8 +8,8 @@ models do not fit one GPU together. The locks are timed in rounds, each round in
 the last, so the device's drift over the run reaches every lock alike; a lock's time is the median of
 its rounds.
 
-What it must never do: time a lock that fails verification unless forced, or compare locks of
-different targets (their steps are different work).
+What it must never do: time a lock that fails verification unless forced (a forced lock's row then says
+what failed), or compare locks of different targets (their steps are different work).
 """
 
 from __future__ import annotations
@@ -20,22 +20,24 @@ import statistics
 import torch
 
 from workbench import timing
-from workbench.lock import Lock, load_for_serving
+from workbench.lock import Lock, load_forced
 from workbench.targets import StepRunner, for_device, get_target
 
 
 def compare_locks(paths: list[str], *, preset: str | None = None, rounds: int = 3, budget_s: float = 2.0,
                   device=None, force: bool = False, seed: int = 0, on_timed=None) -> dict:
-    """{"target", "preset", "rounds", "locks": [{"lock", "preset", "weights", "dtype", "notes", "round_us",
-    "median_us", "over_first"}]}: each lock's step time (us) in every round, their median, and its ratio
-    to the first lock's. `preset` (default: each lock's own) builds every lock on that preset;
-    `on_timed(path, round, us)` is called after each timing."""
+    """{"target", "preset", "rounds", "locks": [{"lock", "preset", "weights", "dtype", "notes", "forced_past",
+    "round_us", "median_us", "over_first"}]}: each lock's step time (us) in every round, their median, and its
+    ratio to the first lock's; `forced_past`: the verification problems `force` let a lock past. `preset`
+    (default: each lock's own) builds every lock on that preset; `on_timed(path, round, us)` is called after
+    each timing."""
     if not paths:
         raise ValueError("no lock files to compare")
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    locks = {path: load_for_serving(path, force=force, device=device) for path in paths}
+    loaded = {path: load_forced(path, force=force, device=device) for path in paths}
+    locks = {path: lock for path, (lock, _) in loaded.items()}
     targets = {path: lock.target for path, lock in locks.items()}
     if len(set(targets.values())) > 1:
         raise ValueError("the locks time different targets: "
@@ -55,7 +57,8 @@ def compare_locks(paths: list[str], *, preset: str | None = None, rounds: int = 
         median = statistics.median(times[path])
         rows.append({"lock": path, "preset": preset or lock.model.get("preset"),
                      "weights": lock.model.get("weights", "bf16"), "dtype": lock.model.get("dtype", "bf16"),
-                     "notes": selections[path][1], "round_us": times[path], "median_us": median,
+                     "notes": selections[path][1], "forced_past": loaded[path][1], "round_us": times[path],
+                     "median_us": median,
                      "over_first": median / first})
     return {"target": target.name, "preset": preset, "rounds": rounds, "device": str(device), "locks": rows}
 

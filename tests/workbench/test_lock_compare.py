@@ -44,6 +44,14 @@ def test_locks_of_different_targets_or_failing_verification_are_refused(tmp_path
     open(tampered, "w").write(text.replace("target: decode-b1", "target: decode-b8"))
     with pytest.raises(ValueError, match="failed verification"):
         compare_locks([a, tampered], budget_s=0.01, device="cpu")
+    # forced, a lock edited after it was written is timed and its row says what it was forced past; the sound
+    # one's says nothing
+    edited = _lock(tmp_path, "e")
+    text = open(edited).read()
+    open(edited, "w").write(text.replace("created: ''", "created: edited"))
+    result = compare_locks([a, edited], rounds=1, budget_s=0.01, device="cpu", force=True)
+    sound, forced = result["locks"]
+    assert sound["forced_past"] == [] and any("digest mismatch" in p for p in forced["forced_past"])
 
 
 def test_the_command_writes_compare_json_and_wants_two_locks(tmp_path, capsys):

@@ -199,4 +199,6 @@ def compare(args, console) -> int:
     for row in result["locks"]:
         for note in row["notes"]:
             console.print(f"[yellow]note:[/] {row['lock']}: {note}")
+        for problem in row["forced_past"]:
+            console.print(f"[yellow]forced past:[/] {row['lock']}: {problem}")
     return 0

@@ -82,3 +82,29 @@ def test_each_engine_and_the_drafter_run_the_build_they_are_given():
     assert text.startswith("### cpu, locked kernels")
     wall = figures["modes"]["greedy"]["fixed"]["step_ms"]["wall"]
     assert "| greedy | fixed | " in text and f"| {wall:.3f}, " in text
+
+
+def test_a_lock_that_fails_verification_is_refused_unless_forced_and_then_named(tmp_path, capsys):
+    """--lock verifies the lock before training (nothing is trained or written when it fails); --force-lock
+    measures with it anyway and the acceptance file and the card say what it was forced past."""
+    from beam_model.model import BeamForCausalLM
+    from workbench.lock import Lock
+    from workbench.provenance import environment
+    from workbench.registry import POINTS
+
+    config = BeamForCausalLM.from_pretrained(MINI, device="cpu").config
+    path = str(tmp_path / "lock.yaml")
+    Lock(model={"preset": config.preset, "config_hash": config.config_hash(), "dtype": "fp32"}, target="verify-b1",
+         environment=environment(), points={p: Lock.entry(p, "torch") for p in POINTS}).save(path)
+    text = open(path).read()
+    open(path, "w").write(text.replace("created: ''", "created: edited"))
+    out = tmp_path / "drafter"
+    train = ["train-drafter", str(out), "--target", MINI, "--layers", "1", "--steps", "1", "--batch", "2",
+             "--seq-len", "64", "--anchors", "2", *SMALL, "--prompts", "1", "--max-tokens", "2", "--lock", path]
+    assert main(train) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "failed verification" in err and "training" not in err and not out.exists()
+    assert main([*train, "--force-lock"]) == 0
+    figures = json.loads((out / "acceptance-cpu-locked.json").read_text())
+    assert list(figures["forced_past"]) == [path] and "digest mismatch" in figures["forced_past"][path][0]
+    assert "was used past failed verification" in (out / "README.md").read_text()

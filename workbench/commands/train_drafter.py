@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
                         "beside a verify lock: each build at the step it was searched for)")
     p.add_argument("--draft-lock", default=None, metavar="FILE",
                    help="the drafter's points run this lock's variants (one made at `--target draft-b1`)")
+    p.add_argument("--force-lock", action="store_true",
+                   help="use the locks even if they fail verification (acceptance-<device>.json and the card say why "
+                        "each failed)")
     p.add_argument("--max-seconds", type=float, default=None, metavar="S",
                    help=f"stop training after S seconds, keeping where it stands in OUT_DIR/{STATE_FILE} (exit "
                         f"status {STOPPED_EARLY}); the same command with --resume goes on from there")
@@ -56,26 +59,27 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
+    from server.engine.acceptance import measure_acceptance
     from workbench.commands.common import resolve_device
+    from workbench.lock import load_forced
 
     device = str(resolve_device(args.device))
+    # the locks are verified before any training, so a lock that is refused costs no training time
+    paths = {"lock": args.lock, "plain_lock": args.plain_lock, "draft_lock": args.draft_lock}
+    loaded = {key: load_forced(path, force=args.force_lock, device=device) for key, path in paths.items() if path}
     if not args.measure and not _train(args, device):
         return STOPPED_EARLY
-    from server.engine.acceptance import measure_acceptance
-    from workbench.lock import load_for_serving
-
-    lock, plain_lock, draft_lock = (load_for_serving(path, device=device) if path else None
-                                    for path in (args.lock, args.plain_lock, args.draft_lock))
     figures = measure_acceptance(args.target, args.out_dir, prompts=args.prompts, max_tokens=args.max_tokens,
-                                 device=device, lock=lock, plain_lock=plain_lock, draft_lock=draft_lock)
-    figures["lock"], figures["plain_lock"], figures["draft_lock"] = args.lock, args.plain_lock, args.draft_lock
+                                 device=device, **{key: lock for key, (lock, _) in loaded.items()})
+    figures.update(paths)
+    figures["forced_past"] = {paths[key]: problems for key, (_, problems) in loaded.items() if problems}
     figures["command"] = given_command(args)
     figures["torch"] = torch.__version__
     figures["python"] = platform.python_version()
     if device.startswith("cuda"):
         figures["device"] = f"{device} ({torch.cuda.get_device_name()})"
     # one file per kind of device (and with a lock's kernels or the references), side by side in the card
-    name = f"acceptance-{torch.device(device).type}{'-locked' if lock or plain_lock or draft_lock else ''}.json"
+    name = f"acceptance-{torch.device(device).type}{'-locked' if loaded else ''}.json"
     with open(os.path.join(args.out_dir, name), "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
@@ -148,6 +152,8 @@ def acceptance_table(acceptance: dict) -> list[str]:
             lines[-1] += (f" In {acceptance['dtype']} a verify step's projections multiply several rows at once and "
                           "round differently from a one-row step's, so a near-tie between two tokens can go the "
                           "other way (the engine's equality is tested in float32).")
+    for path, problems in (acceptance.get("forced_past") or {}).items():
+        lines += ["", f"`{path}` was used past failed verification (--force-lock): " + "; ".join(problems) + "."]
     lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
     return lines
 

@@ -226,12 +226,14 @@ class Lock:
     # ---- building ----------------------------------------------------------------------
     @staticmethod
     def entry(point: str, variant: str, *, config: dict | None = None, timing: dict | None = None,
-              gate: dict | None = None) -> dict:
+              gate: dict | None = None, calls: int | None = None) -> dict:
+        """A point's entry; `calls`: how often the target's step calls the point (0: never, so no change of its
+        code changes the locked build; None: not recorded, every change counts)."""
         v = get(point, variant)
         return {"variant": variant, "backend": v.backend, "source": _relative(v.source_file),
                 "source_hash": source_hash(point, variant), "source_files": source_files(point, variant),
                 "code_key": code_key(point, variant, own_configs=False), "config": config or None,
-                "timing": timing or {}, "gate": gate or {}}
+                "timing": timing or {}, "gate": gate or {}, **({"calls": calls} if calls is not None else {})}
 
     @property
     def selection(self) -> dict[str, str]:
@@ -374,7 +376,9 @@ def _verify(path: str, environment: dict | None, run_gates: bool, device) -> Ver
             # Tuning-config lists aside, the code is the same and the entry names its config: the same
             # build. (A default config, None, may be read off such a list, so it needs the whole hash.)
             same_code = code_key_matches(e.get("code_key"), point, e["variant"], own_configs=False)
-            if e.get("config") is not None and same_code:
+            if e.get("calls") == 0:  # e.g. the experts of a drafter's step: the build never runs this code
+                notes.append(f"{point}: {changed}; the lock's step never calls it")
+            elif e.get("config") is not None and same_code:
                 notes.append(f"{point}: {changed}; tuning-config lists only, the locked config is the lock's own")
             else:
                 problems.append(f"{point}: {changed}")

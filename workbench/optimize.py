@@ -230,7 +230,7 @@ def _optimize(opts: OptimizeOptions, on_event, cleanup: contextlib.ExitStack) ->
 
     env = environment()
     compiled_us = baselines[opts.compile_baselines[0]][0] if opts.compile_baselines else None
-    _write_lock(folder, opts, model, dtype, env, final, results, compiled_us, across)
+    _write_lock(folder, opts, model, dtype, env, final, results, calls, compiled_us, across)
     report = _report(opts, dtype, env, target, final, {m: baselines[m] for m in opts.compile_baselines}, results,
                      profile, locked_profile, in_step)
     report["across_ranks"] = across
@@ -260,9 +260,10 @@ def _across_ranks(opts: OptimizeOptions, dtype: str, final: dict, folder: RunFol
 
 
 def _write_lock(folder: RunFolder, opts: OptimizeOptions, model, dtype: str, env: dict, final: dict,
-                results: dict, compiled_us: float | None, across: dict | None) -> None:
+                results: dict, calls: dict, compiled_us: float | None, across: dict | None) -> None:
     """lock.yaml: each point's locked variant and config with its evidence (the search's timing of it,
-    its gate), and the end-to-end timings."""
+    its gate) and how often the reference step calls it (`calls`, the profile's), and the end-to-end
+    timings."""
     selection = {p: final["selection"].get(p, REFERENCE) for p in POINTS}
     entries = {}
     for point in POINTS:
@@ -271,7 +272,8 @@ def _write_lock(folder: RunFolder, opts: OptimizeOptions, model, dtype: str, env
         timed = {"step_us": locked_point_us(r, selection[point], final["configs"].get(point)),
                  "reference_us": r.reference_us, "noise_band": r.band} if r else {}
         entries[point] = Lock.entry(point, selection[point], config=final["configs"].get(point), timing=timed,
-                                    gate=(cand.gate if cand and cand.gate else {"passed": True, "reference": True}))
+                                    gate=(cand.gate if cand and cand.gate else {"passed": True, "reference": True}),
+                                    calls=sum(calls.get(point, {}).values()))
     lock = Lock(model={"preset": opts.preset, "config_hash": model.config.config_hash(), "dtype": dtype,
                        "weights": opts.weights},
                 target=opts.target, environment=env, points=entries, command=opts.command,

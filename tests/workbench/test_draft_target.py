@@ -47,6 +47,9 @@ def test_optimize_locks_the_drafters_step(tmp_path):
     (boundary,) = [p for p in report["points"] if p["point"] == "boundary"]
     assert boundary["reference_ms"] > 0 and boundary["locked_step_ms"] > 0  # searched, and run in the locked step
     assert lock["end_to_end"]["locked_us"] > 0 and lock["end_to_end"]["model_gate"]["passed"]
+    # the drafter's step never calls the target's routing or experts: the lock says so, and their code is free
+    assert lock["points"]["experts"]["calls"] == lock["points"]["route"]["calls"] == 0
+    assert lock["points"]["boundary"]["calls"] > 0
 
 
 @pytest.mark.gpu

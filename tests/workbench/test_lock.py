@@ -99,6 +99,26 @@ def test_changed_variant_source_is_detected(finished_run, monkeypatch):
     assert any(p.startswith("boundary: source of") for p in result.problems), result.problems
 
 
+def test_a_point_the_step_never_calls_changes_nothing_the_lock_holds(finished_run, tmp_path, monkeypatch):
+    """An entry of `calls: 0` (the experts of a drafter's step) whose code changed is a note, not a problem; the
+    same change where the step calls the point (or where the lock records no calls) is a problem."""
+    out, _, _ = finished_run
+    real = lockmod.source_hash
+    monkeypatch.setattr(lockmod, "source_hash",
+                        lambda point, name: "0" * 16 if point == "experts" else real(point, name))
+    lock, _ = Lock.load(os.path.join(out, "lock.yaml"))
+    assert lock.points["experts"]["calls"] > 0  # optimize records the reference step's calls
+    for calls, fails in ((0, False), (1, True), (None, True)):
+        points = {p: {k: v for k, v in e.items() if k != "calls"} for p, e in lock.points.items()}
+        if calls is not None:
+            points["experts"]["calls"] = calls
+        path = str(tmp_path / f"calls-{calls}.yaml")
+        Lock(model=lock.model, target=lock.target, environment=lock.environment, points=points).save(path)
+        result = verify(path, run_gates=False)
+        assert any(p.startswith("experts: source of") for p in result.problems) == fails, (calls, result.problems)
+        assert any(n.startswith("experts: source of") and "never calls" in n for n in result.notes) == (not fails)
+
+
 def test_verify_names_the_file_that_changed(finished_run, monkeypatch):
     """A lock records each covered file's hash: a kernel module edited under a point names itself,
     not just the variant's module (a variant's hash covers every module its module imports)."""

@@ -8,6 +8,12 @@ grow with the experts its n tokens route to: with random token ids they route ne
 experts with the others (held-out text on beam-mini: consecutive tokens share ~35% of their experts,
 `models/beam-mini/README.md`). From the curve, the speed-up of a drafter whose verify steps yield L
 tokens on average with K drafts: L * t(1) / (t(K + 1) + t_draft), t_draft its own block step.
+
+Adaptive verification verifies fewer drafts where more do not pay. What the best fixed number n of them
+buys follows from the curve once the drafts' acceptance is modelled: each draft accepted with one
+probability p while the ones before it were (the usual i.i.d. model of speculative decoding), p set so that
+K drafts give L tokens, (1 - p^(K + 1)) / (1 - p) = L; then n drafts give (1 - p^(n + 1)) / (1 - p) tokens
+in t(n + 1) + t_draft, against 1 token in t(1) without the drafter.
 """
 
 from __future__ import annotations
@@ -80,3 +86,32 @@ def projected_speedup(curve_us: dict[int, float], draft_us: float, acceptance: f
     """Decode tokens per second with the drafter over without it: `acceptance` tokens per verify step of
     `drafts` drafts (plus the bonus token), each verify step followed by a draft step."""
     return acceptance * curve_us[1] / (curve_us[drafts + 1] + draft_us)
+
+
+def per_draft_acceptance(length: float, drafts: int) -> float:
+    """p with (1 - p^(drafts + 1)) / (1 - p) = `length` tokens per verify step (bisection; `length` in
+    [1, drafts + 1])."""
+    if not 1.0 <= length <= drafts + 1:
+        raise ValueError(f"{length} tokens per verify step is outside 1 .. {drafts + 1} with {drafts} drafts")
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        p = (low + high) / 2
+        if sum(p ** i for i in range(drafts + 1)) < length:
+            low = p
+        else:
+            high = p
+    return (low + high) / 2
+
+
+def best_fixed_drafts(curve_us: dict[int, float], draft_us: float, length: float, drafts: int) -> dict:
+    """{"drafts", "tokens", "speedup"}: the number of drafts n (1 .. `drafts`) a step verifies whose speed-up
+    over plain decoding is the highest, drafts accepted as `per_draft_acceptance(length, drafts)` models them.
+    Below 1, no number of drafts pays: plain decoding is faster."""
+    p = per_draft_acceptance(length, drafts)
+    best = None
+    for n in range(1, drafts + 1):
+        tokens = sum(p ** i for i in range(n + 1))
+        speedup = tokens * curve_us[1] / (curve_us[n + 1] + draft_us)
+        if best is None or speedup > best["speedup"]:
+            best = {"drafts": n, "tokens": tokens, "speedup": speedup}
+    return best

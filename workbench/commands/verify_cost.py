@@ -1,4 +1,5 @@
-"""Time speculative decoding's verify step for 1..N tokens against the one-token decode step; project the speed-up."""
+"""Time speculative decoding's verify step for 1..N tokens against the one-token decode step; project the speed-up
+(`--from FILE`: project again from a verify_cost.json this command wrote, timing nothing)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,62 @@ def add_arguments(p) -> None:
     p.add_argument("--acceptance", type=float, nargs="+", default=list(PUBLISHED_ACCEPTANCE),
                    help="tokens per verify step to project the speed-up at (default: %(default)s)")
     p.add_argument("--budget", type=float, default=2.0, help="timing seconds per step size (default: %(default)s)")
-    p.add_argument("--out", default=None, help="folder for verify_cost.json")
+    p.add_argument("--from", dest="from_file", default=None, metavar="FILE",
+                   help="time nothing: project the speed-up at --acceptance from FILE (a verify_cost.json), into "
+                        "projection.json")
+    p.add_argument("--draft-us", type=float, default=None, metavar="US",
+                   help="with --from: project with a draft step of US microseconds instead of the file's (0: the "
+                        "most the verify step's cost allows, as if drafting were free)")
+    p.add_argument("--out", default=None, help="folder for verify_cost.json (with --from: projection.json)")
     p.add_argument("--json", action="store_true")
 
 
+def projections(curves_us: dict[str, dict[int, float]], draft_us: float, acceptance: list[float]) -> dict:
+    """The speed-up at each acceptance length with every draft verified (`projected_speedup`), and with the
+    number of drafts that pays best (`projected_best_drafts`, `verify_cost.best_fixed_drafts`), per curve."""
+    from workbench.verify_cost import best_fixed_drafts, projected_speedup
+
+    def each(fn):
+        return {name: {f"{a:g}": fn(curve, draft_us, a, max(curve) - 1) for a in acceptance}
+                for name, curve in curves_us.items()}
+    return {"projected_speedup": each(projected_speedup), "projected_best_drafts": each(best_fixed_drafts)}
+
+
+def _print_projections(result: dict) -> None:
+    for name, speedups in result["projected_speedup"].items():
+        print(f"{name}: projected speed-up at " + ", ".join(f"{a} tokens per verify step: {s:.2f}x"
+                                                             for a, s in speedups.items()))
+        best = result["projected_best_drafts"][name]
+        print("  verifying the drafts that pay best: " + ", ".join(
+            f"at {a}: {b['drafts']} drafts, {b['speedup']:.2f}x" for a, b in best.items())
+              + ("" if any(b["speedup"] > 1 for b in best.values()) else " (none pays: plain decoding is faster)"))
+
+
+def _from_file(args) -> int:
+    import json
+
+    with open(args.from_file) as f:
+        saved = json.load(f)
+    try:
+        curves = {name: {int(n): c["median_us"] for n, c in curve.items()} for name, curve in saved["curves"].items()}
+        draft_us = saved["draft_step_us"] if args.draft_us is None else args.draft_us
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{args.from_file} is not a verify_cost.json this command wrote ({e!r})") from None
+    if draft_us < 0:
+        raise ValueError(f"--draft-us must be 0 or more, got {draft_us}")
+    result = {"command": given_command(args), "from": args.from_file, "acceptance": args.acceptance,
+              "draft_step_us": draft_us, **projections(curves, draft_us, args.acceptance)}
+    if write_and_print(args, "projection.json", result):
+        return 0
+    _print_projections(result)
+    return 0
+
+
 def run(args) -> int:
+    if args.from_file:
+        return _from_file(args)
+    if args.draft_us is not None:
+        raise ValueError("--draft-us projects from a file: give --from FILE too")
     import platform
 
     import torch
@@ -48,7 +100,7 @@ def run(args) -> int:
     from beam_model.drafter_config import DrafterConfig
     from workbench.lock import load_for_serving
     from workbench.training.drafter import converted, initial_drafter
-    from workbench.verify_cost import draft_step_us, projected_speedup, verify_curve
+    from workbench.verify_cost import draft_step_us, verify_curve
 
     device = resolve_device(args.device)
     preset = args.preset or ("beam-501b-tp8" if device.type == "cuda" else "beam-tiny")
@@ -77,16 +129,14 @@ def run(args) -> int:
         "curves": {name: {str(n): {"median_us": r["median_us"], "spread": r["spread"],
                                    "over_decode": r["median_us"] / curve[1]["median_us"]} for n, r in curve.items()}
                    for name, curve in curves.items()},
-        "projected_speedup": {name: {f"{a:g}": projected_speedup({n: r["median_us"] for n, r in curve.items()},
-                                                                draft["median_us"], a, args.tokens - 1)
-                                     for a in args.acceptance} for name, curve in curves.items()},
+        **projections({name: {n: r["median_us"] for n, r in curve.items()} for name, curve in curves.items()},
+                      draft["median_us"], args.acceptance),
     }
     if write_and_print(args, "verify_cost.json", result):
         return 0
     for name, curve in result["curves"].items():
         print(f"{name}: " + ", ".join(f"{n}: {c['median_us']:.0f} us ({c['over_decode']:.2f}x)"
                                       for n, c in curve.items()))
-        print("  projected speed-up at " + ", ".join(f"{a} tokens per verify step: {s:.2f}x"
-                                                      for a, s in result["projected_speedup"][name].items()))
+    _print_projections(result)
     print(f"draft step ({args.drafter_layers} layers, block {args.tokens}): {draft['median_us']:.0f} us")
     return 0

@@ -5,7 +5,7 @@ turns a full `BeamForCausalLM` (or a full checkpoint folder) into the model of o
 `BeamForCausalLM` built from `shard_config(config, world_size)` that holds this rank's slices of
 the weights, plus a `TensorParallel` object in `model.tp`. The model touches `model.tp` at three
 places only (see model.py): the vocab-parallel embedding (`tp.embed`: local lookup, all-reduce
-sum), the boundary point (`group=tp.group`: all-reduce of each sub-layer's partial output before
+sum), the boundary point (`group=tp.reduce_group`: all-reduce of each sub-layer's partial output before
 the post-norm) and the head (`tp.gather_logits`: all-gather of the vocab slices, in rank order).
 
 The split (Megatron layout; every split is one contiguous, equal block along one dimension, so a

@@ -71,3 +71,22 @@ def test_planted_scale_fault_is_rejected(name, point, fault):
                                prepare=v.prepare)  # qkvg_proj's packs the four weights first
     report = gates.op_gate(planted, [_decode(1)], seeds=(0,))
     assert not report.passed and "accuracy" in {c.name for c in report.failures}, report.first_failure()
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_rows_past_the_tiles_are_computed_as_the_reference_computes_them(swiglu):
+    """Past MAX_ROWS (a prompt through a decode lock) `fp8_linear` hands the rows to the dequantized GEMM the
+    reference runs, so they match it bitwise."""
+    from beam_model.functional import linear
+    from beam_model.quant.formats import quantize_fp8
+    from workbench.variants.kernels import gemv_fp8
+    from workbench.variants.kernels.fp8_decode import CONFIGS
+
+    g = torch.Generator().manual_seed(0)
+    w, up = (Fp8Weight(*quantize_fp8(torch.randn(24, 64, generator=g) * 0.05)) for _ in range(2))
+    x = torch.randn(gemv_fp8.MAX_ROWS + 4, 64, generator=g).bfloat16()
+    got = gemv_fp8.fp8_linear(x, w, CONFIGS[0], up=up if swiglu else None)
+    want = linear(x, w)
+    if swiglu:
+        want = (torch.nn.functional.silu(want.float()) * linear(x, up).float()).to(x.dtype)
+    assert torch.equal(got, want)

@@ -10,7 +10,9 @@ One program owns BLOCK_N output rows for up to MAX_ROWS activation rows, so each
 launch at decode. Products go into a [rows, BLOCK_N, BLOCK_K] FP32 tile reduced once after the loop (the loop
 body is loads, converts and FMAs); the K tile shrinks as the rows grow, keeping the tile the size the config
 sets at one row. No split-K and no atomics: each output element is one program's fixed-order sum, bitwise
-identical run to run.
+identical run to run. Past MAX_ROWS (a prompt through a decode lock), where each row tile would read the
+weights again, the rows go as the reference computes them: the weights dequantized into the model dtype for
+a cuBLAS GEMM.
 
 With a second weight (`up`) the program reads the same rows of gate and up and stores SwiGLU: g and u rounded
 to the model dtype as the reference's GEMMs round them, silu(g) * u in FP32, rounded once.
@@ -23,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from beam_model.functional import linear
 from beam_model.quant.tensors import Fp8Weight
+from workbench.variants.kernels.fp8_decode import MAX_ROWS, fp8_weights
 from workbench.variants.kernels.triton_common import pdl_enter, pdl_launch, round_to
-
-MAX_ROWS = 16  # activation rows a program serves; more take more row tiles, each re-reading the weights
 
 
 @triton.jit
@@ -69,24 +71,15 @@ def tiles(cfg: dict, m: int, k: int) -> tuple[int, int]:
     return block_m, min(max(16, cfg["BLOCK_K"] // block_m), triton.next_power_of_2(k))
 
 
-def _checked(w, name: str) -> Fp8Weight:
-    """`w` as the kernel reads it: an Fp8Weight [out, in] with rows contiguous and one scale a row."""
-    if not isinstance(w, Fp8Weight):
-        raise ValueError(f"the FP8 GEMV reads fp8 weights, got {getattr(w, 'format', 'bf16')} for {name}")
-    if w.weight.dim() != 2 or w.weight.stride(-1) != 1 or w.scale.shape != (w.weight.shape[0], 1):
-        raise ValueError(f"the FP8 GEMV needs {name} as [out, in] with rows contiguous and an [out, 1] scale")
-    return w
-
-
 def fp8_linear(x: torch.Tensor, w: Fp8Weight, cfg: dict, up: Fp8Weight | None = None) -> torch.Tensor:
     """x [M, K] @ dequantized(w).T in x's dtype, at tuning config `cfg` (BLOCK_N, BLOCK_K, num_warps,
     num_stages; optional pdl, see `pdl_launch`). With `up`: silu(x @ w.T) * (x @ up.T), w the gate.
     No host syncs: capturable in a CUDA graph."""
-    w = _checked(w, "the weight")
-    second = _checked(up, "up") if up is not None else w  # without SWIGLU the second pointers go unread
-    if up is not None and (up.shape != w.shape or up.weight.stride() != w.weight.stride()
-                           or up.scale.stride() != w.scale.stride()):
-        raise ValueError("the FP8 GEMV reads gate and up with one shape and one set of strides")
+    w, second = fp8_weights(w, up, "the FP8 GEMV")
+    if x.shape[0] > MAX_ROWS:  # static shape dispatch: graph-safe
+        if up is None:
+            return linear(x, w)
+        return (torch.nn.functional.silu(linear(x, w).float()) * linear(x, up).float()).to(x.dtype)
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape

@@ -25,10 +25,9 @@ TRITON_INTERPRET is set on the CPU.
 
 import torch
 
-from beam_model.functional import linear
 from beam_model.quant.tensors import Fp8Weight
 from workbench.variants.kernels.fp8_decode import CONFIGS as TILED_CONFIGS
-from workbench.variants.kernels.fp8_decode import e4m3_unsupported
+from workbench.variants.kernels.fp8_decode import decode_supports, fp8_weights
 from workbench.variants.kernels.triton_common import pdl_launch, triton
 
 ROWS = 8  # activation rows a launch serves holding its weight rows; a row more costs a pass over them in registers
@@ -101,24 +100,8 @@ if triton is not None:
 def supports(qualname: str):
     """The `supports` of a `*:triton_fp8_rows` variant: a GPU that loads E4M3, a float dtype, at most ROWS
     activation rows (past them `fp8_rows_linear` hands the rows on, see the module's docstring)."""
-    def check(wl):
-        if why := e4m3_unsupported(qualname):
-            return why
-        if wl.dtype not in ("bf16", "fp16", "fp32"):
-            return f"{qualname} computes in bf16, fp16 or fp32, not {wl.dtype}"
-        if wl.tokens > ROWS:
-            return (f"{qualname} holds its weight rows for up to {ROWS} activation rows; more go to gemv_fp8's tiles "
-                    "or a dequantized GEMM")
-        return True
-    return check
-
-
-def _weight(w, name: str) -> Fp8Weight:
-    if not isinstance(w, Fp8Weight):
-        raise ValueError(f"the FP8 rows GEMV reads fp8 weights, got {getattr(w, 'format', 'bf16')} for {name}")
-    if w.weight.dim() != 2 or w.weight.stride(-1) != 1 or w.scale.shape != (w.weight.shape[0], 1):
-        raise ValueError(f"the FP8 rows GEMV needs {name} as [out, in] with rows contiguous and an [out, 1] scale")
-    return w
+    return decode_supports(qualname, ROWS, "it holds its weight rows for them; more go to gemv_fp8's tiles or a "
+                                           "dequantized GEMM")
 
 
 def fp8_rows_linear(x: torch.Tensor, w: Fp8Weight, cfg: dict, *, up: Fp8Weight | None = None,
@@ -129,23 +112,15 @@ def fp8_rows_linear(x: torch.Tensor, w: Fp8Weight, cfg: dict, *, up: Fp8Weight |
     from workbench.variants.kernels import gemv_fp8  # kernels: imported on use
     from workbench.variants.kernels.moe_rows import pieces
 
-    w = _weight(w, "the weight")
-    second = _weight(up, "up") if up is not None else w  # without SWIGLU the second pointers go unread
-    if up is not None and (up.shape != w.shape or up.weight.stride() != w.weight.stride()
-                           or up.scale.stride() != w.scale.stride()):
-        raise ValueError("the FP8 rows GEMV reads gate and up with one shape and one set of strides")
+    w, second = fp8_weights(w, up, "the FP8 rows GEMV")
     m = x.shape[0]
     if m > ROWS:  # static shape dispatch: graph-safe
         if gate is not None:
             from workbench.variants.kernels.output_gate import output_gate
 
             x = output_gate(x, gate[0], gate[1], pdl=cfg.get("pdl", False))
-        if m <= gemv_fp8.MAX_ROWS:
-            tiles = {**TILED_CONFIGS[0], **({"pdl": cfg["pdl"]} if "pdl" in cfg else {})}  # this config's PDL choice
-            return gemv_fp8.fp8_linear(x, w, tiles, up=up)
-        if up is None:
-            return linear(x, w)
-        return (torch.nn.functional.silu(linear(x, w).float()) * linear(x, up).float()).to(x.dtype)
+        tiles = {**TILED_CONFIGS[0], **({"pdl": cfg["pdl"]} if "pdl" in cfg else {})}  # this config's PDL choice
+        return gemv_fp8.fp8_linear(x, w, tiles, up=up)
     n, k = w.shape
     g, bias, hd = x, x, 1  # without a gate its pointers go unread
     if gate is not None:

@@ -117,3 +117,21 @@ def test_the_unplanted_copy_passes_where_the_fault_would_show(fault, tmp_path, m
     point, workload = WHERE[fault]
     report = gates.op_gate(planted(point, fault, tmp_path), [workload], seeds=(0,))
     assert report.passed, report.first_failure()
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_every_config_runs_at_the_tp8_rank(point):
+    """At beam-501b-tp8's decode every config runs (the sm_90 compile test checks that none spills there)."""
+    v = registry.get(point, "triton_fp8_rows")
+    rank = Workload(preset="beam-501b-tp8", context=20, weights="fp8")
+    assert all(v.unsupported_config(c, rank) is None for c in v.configs)
+
+
+@pytest.mark.parametrize("preset", ["beam-small", "beam-501b"])
+def test_attn_out_rows_that_would_spill_are_declined(preset):
+    """attn_out's rows are a rank's heads x head_dim: beam-small's (2048) and the unsharded model's (6144) are
+    longer than the TP8 rank's (768), and its 32-row programs are declined there, naming why."""
+    v = registry.get("attn_out", "triton_fp8_rows")
+    widest = max(v.configs, key=lambda c: c["BLOCK_N"] / c["num_warps"])
+    why = v.unsupported_config(widest, Workload(preset=preset, context=20, weights="fp8"))
+    assert why is not None and "spill" in why, why

@@ -561,7 +561,7 @@ LAUNCHES = [("qkvg_proj", H, Q + 2 * HD + Q, False, False), ("dense_mlp", H, F, 
 out = []
 for point, k, n, gated, swiglu in LAUNCHES:
     k_a, k_b = pieces(k)
-    for c in rows.CONFIGS:
+    for c in rows.CONFIGS + (rows.NARROW_CONFIGS if point == "attn_out" else []):
         for m in (1, rows.ROWS):
             kernel = compile_sm90(rows.fp8_rows_gemv_kernel, dict(
                 x_ptr="*bf16", g_ptr="*bf16", bias_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", w2_ptr="*fp8e4nv",
@@ -585,9 +585,9 @@ def test_fp8_rows_gemv_reads_its_weights_before_the_wait_without_spills():
     TP8 rank's sizes for sm_90: no spills, the E4M3 weights converted by the hardware's cvt from e4m3x2, and
     the weight rows and scales loaded before griddepcontrol.wait, the activations after it."""
     usage = _compiled(FP8_ROWS_GEMV)
-    from workbench.variants.kernels.gemv_fp8_rows import CONFIGS
+    from workbench.variants.kernels.gemv_fp8_rows import CONFIGS, NARROW_CONFIGS
 
-    assert len(usage) == 4 * len(CONFIGS) * 2
+    assert len(usage) == (4 * len(CONFIGS) + len(NARROW_CONFIGS)) * 2
     for u in usage:
         assert u["STACK"] == 0 and u["LOCAL"] == 0 and 0 < u["REG"] <= 255 and u["e4m3_cvt"], u
         assert u["loads_before_wait"] >= 3 and u["loads_after_wait"] >= 2, u

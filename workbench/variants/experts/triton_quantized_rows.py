@@ -22,6 +22,9 @@ from workbench.variants.kernels.moe_decode import decode_supports
 CONFIGS = [
     dict(BLOCK_N=1, num_warps=4, STEPS=4, DOWN_BLOCK_N=8, DOWN_WARPS=8, DOWN_STEPS=2),
     dict(BLOCK_N=1, num_warps=4, DOWN_BLOCK_N=8, DOWN_WARPS=8),
+    dict(BLOCK_N=1, num_warps=4, STEPS=8, DOWN_BLOCK_N=8, DOWN_WARPS=8, DOWN_STEPS=2),
+    dict(BLOCK_N=1, num_warps=4, STEPS=2, DOWN_BLOCK_N=8, DOWN_WARPS=8, DOWN_STEPS=4),
+    dict(BLOCK_N=1, num_warps=4, STEPS=4, DOWN_BLOCK_N=4, DOWN_WARPS=8, DOWN_STEPS=4),
 ]
 
 # Stored weight elements a thread: E4M3 values (FP8), or 64-bit NVFP4 words of 16 codes each decoded in

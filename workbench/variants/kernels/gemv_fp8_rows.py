@@ -35,6 +35,9 @@ ROWS = 8  # activation rows a launch serves holding its weight rows; a row more 
 # BLOCK_N whole weight rows a program (one config drives every launch of a variant); the first is the default
 CONFIGS = [dict(BLOCK_N=2, num_warps=4), dict(BLOCK_N=1, num_warps=4), dict(BLOCK_N=4, num_warps=8),
            dict(BLOCK_N=1, num_warps=2)]
+# attn_out's rows are short (a rank's heads x head_dim: 768 at beam-501b-tp8, against 5120 for the other
+# projections), so its programs can hold more of them: fewer programs, each computing the gated row once
+NARROW_CONFIGS = [dict(BLOCK_N=8, num_warps=2), dict(BLOCK_N=16, num_warps=4), dict(BLOCK_N=32, num_warps=8)]
 
 if triton is not None:
     import triton.language as tl

@@ -34,6 +34,9 @@ COMPOUNDS = {
 _MEMBERS = [m for members in COMPOUNDS.values() for m in members]
 assert len(set(_MEMBERS)) == len(_MEMBERS) and set(_MEMBERS) <= set(POINTS) - set(COMPOUNDS), \
     "a compound's members are plain points, each in one compound (the model calls one or the other)"
+# Points whose kernels read the KV cache: a decode kernel may load a row's history before its PDL wait, which
+# the rows of one verify block, fed as decode rows of one sequence, must not (`without_cache_pdl`)
+CACHE_READERS = ("attention",)
 BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "cute")
 REFERENCE = "torch"  # every point's reference variant is named after its backend
 # The projections' stored formats (beam_model.quant.tensors): every reference reads each of them
@@ -359,12 +362,19 @@ def bind(selection: dict[str, str] | None = None, configs: dict[str, dict] | Non
     return Ops(selection, configs)
 
 
-def without_pdl(configs: dict[str, dict] | None) -> dict[str, dict]:
-    """`configs` with every point's programmatic dependent launch off. A decode kernel with PDL may load
-    the keys it takes for history before it waits for the kernel before it (only a row's own key comes
-    after): right when each row is a sequence of its own, wrong for the rows of one verify block, whose
-    keys the same step writes."""
-    return {p: {k: v for k, v in (c or {}).items() if k != "pdl"} for p, c in (configs or {}).items()}
+def reads_cache(point: str) -> bool:
+    """Whether `point`'s kernels read the KV cache (a compound's do where a member's do)."""
+    return point in CACHE_READERS or any(m in CACHE_READERS for m in COMPOUNDS.get(point, ()))
+
+
+def without_cache_pdl(configs: dict[str, dict] | None) -> dict[str, dict]:
+    """`configs` with programmatic dependent launch off at the points that read the KV cache. A decode kernel
+    with PDL may load the keys a row takes for history before it waits for the kernel before it (only the
+    row's own key comes after): right when each row is a sequence of its own, wrong for the rows of one
+    verify block fed as decode rows, whose keys the same step writes. Every other kernel loads only weights
+    before its wait, and no step writes those, so it keeps its PDL."""
+    return {p: {k: v for k, v in (c or {}).items() if k != "pdl" or not reads_cache(p)}
+            for p, c in (configs or {}).items()}
 
 
 def binds(ops: Ops | None, selection: dict[str, str] | None = None, configs: dict[str, dict] | None = None) -> bool:

@@ -19,7 +19,7 @@ import torch
 
 from beam_model.kv_cache import GROUPS, PagedKVCache, build_step_metadata
 from workbench.points import Workload
-from workbench.registry import without_pdl
+from workbench.registry import without_cache_pdl
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class StepRunner:
         """Bind the variants and capture the step again. `compile_mode`: run the whole step through
         torch.compile in that mode (as a user would compile the model), else eagerly op by op."""
         if self.target.decode_rows or self.target.draft:
-            configs = without_pdl(configs)  # as the engine's verify + draft graphs run them (registry.without_pdl)
+            configs = without_cache_pdl(configs)  # as the engine's verify + draft graphs run them
         self.model.set_variants(selection, configs)
         if self.drafter is not None:
             self.drafter.use_ops(self.model.ops)

@@ -25,8 +25,9 @@ unseeded (a seeded request draws from its own generator, eagerly), no grammar, l
 hook. A step's blocks are as wide as the narrowest captured width (1, 2, 4, 8 or K + 1 rows) that
 holds its longest; a sequence with fewer drafts (adaptive verification chose fewer, or it nears its
 end) fills its block with padding rows and keeps none of them. Elsewhere the eager step runs. The
-graphs run the model's kernels with programmatic dependent launch off (`without_pdl`). On the CPU the
-same body runs eagerly (`graphs=False`), which is how the tests hold it to the eager step. Once
+graphs run the kernels that read the KV cache with programmatic dependent launch off (`without_cache_pdl`:
+a block's rows are decode rows of one sequence, whose keys the step writes). On the CPU the same body
+runs eagerly (`graphs=False`), which is how the tests hold it to the eager step. Once
 captured, the greedy graphs are timed: what one more row costs the device is adaptive verification's
 cost of a verified draft (`speculative.VerifyCost`).
 """
@@ -46,7 +47,7 @@ from server.engine.graph_inputs import GraphInputs
 from server.engine.model_runner import logits_width
 from server.engine.output import TokenLogprob
 from workbench.registry import bind
-from workbench.registry import without_pdl as configs_without_pdl
+from workbench.registry import without_cache_pdl as configs_without_cache_pdl
 from workbench.variants.sample import contract_probs
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -208,11 +209,12 @@ class VerifyDraft:
     @contextlib.contextmanager
     def _captured_ops(self):
         """The target and the drafter bound, for the block, to the kernels the graphs run: the same
-        variants and configs without PDL (captured with them, and re-planned with them before a replay)."""
+        variants and configs, PDL off where a kernel reads the KV cache (captured with them, and re-planned with
+        them before a replay)."""
         model, drafter = self.runner.model, self.drafter
         bound = model.ops, drafter.ops
         if self._ops is None:
-            self._ops = without_pdl(model.ops), without_pdl(drafter.ops)
+            self._ops = without_cache_pdl(model.ops), without_cache_pdl(drafter.ops)
         model.ops, drafter.ops = self._ops
         try:
             yield
@@ -289,6 +291,7 @@ def keepable(positions: torch.Tensor, b: int, w: int) -> torch.Tensor:
     return (positions.view(b, w)[:, 1:] > 0).sum(1)
 
 
-def without_pdl(ops):
-    """`ops` rebound with every config's programmatic dependent launch off (`registry.without_pdl`)."""
-    return bind(ops.selection, configs_without_pdl(ops.configs))
+def without_cache_pdl(ops):
+    """`ops` rebound with programmatic dependent launch off where a kernel reads the KV cache
+    (`registry.without_cache_pdl`)."""
+    return bind(ops.selection, configs_without_cache_pdl(ops.configs))

@@ -107,3 +107,14 @@ def test_check_targets():
     with pytest.raises(KeyError, match="neither a fusion point"):
         check.targets("nope")
     assert main(["check", "nope"]) == 2
+
+
+def test_verify_blocks_keep_pdl_except_where_a_kernel_reads_the_kv_cache():
+    """A verify block's rows are decode rows of one sequence, whose keys the step writes: PDL goes off at the
+    point that reads the KV cache (attention, and the compound holding it) and stays on everywhere else."""
+    configs = {"boundary": {"num_warps": 4, "pdl": True}, "qk_prep": {"num_warps": 8, "pdl": True},
+               "attention": {"BLOCK_N": 64, "pdl": True}, "attention_out": {"gemv": {}, "pdl": True}, "head": None}
+    assert registry.without_cache_pdl(configs) == {
+        "boundary": {"num_warps": 4, "pdl": True}, "qk_prep": {"num_warps": 8, "pdl": True},
+        "attention": {"BLOCK_N": 64}, "attention_out": {"gemv": {}}, "head": {}}
+    assert [p for p in registry.POINTS if registry.reads_cache(p)] == ["attention", "attention_out"]

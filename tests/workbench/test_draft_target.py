@@ -30,9 +30,9 @@ def test_the_step_proposes_a_block_and_every_point_it_calls_is_the_models(runner
     assert target.workload("beam-tiny", "fp32", "model").tokens == target.batch * target.tokens_per_seq
     runner.rebind({"qkvg_proj": "packed"})
     assert runner.drafter.ops is runner.model.ops and runner.drafter.ops.selection["qkvg_proj"] == "packed"
-    # as the engine's verify + draft graph runs the drafter's kernels: programmatic dependent launch off
+    # as the engine's verify + draft graph runs the drafter's kernels: none reads the KV cache, so PDL stays on
     runner.rebind({"boundary": "triton"}, {"boundary": {"num_warps": 4, "pdl": True}})
-    assert runner.drafter.ops.configs == {"boundary": {"num_warps": 4}}
+    assert runner.drafter.ops.configs == {"boundary": {"num_warps": 4, "pdl": True}}
     runner.rebind(None)
 
 

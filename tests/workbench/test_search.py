@@ -91,6 +91,7 @@ def test_a_verify_step_feeds_its_block_as_decode_rows_and_computes_the_prefill_c
     """The engine's graphed verify step feeds each of the block's tokens as a decode row of its sequence:
     the target does so too, and its rows see what a chunk of the same tokens sees (FP32)."""
     from beam_model import BeamForCausalLM
+    from workbench.registry import get
     from workbench.targets import StepRunner
 
     model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32)
@@ -106,9 +107,12 @@ def test_a_verify_step_feeds_its_block_as_decode_rows_and_computes_the_prefill_c
     with torch.inference_mode():
         logits = [model.step(r.input_ids, r.cache, r.step, all_logits=True) for r in (rows, chunk)]
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)  # FP32 sums in another order
-    # the block's kernels run as the engine's verify graphs run them: programmatic dependent launch off
-    rows.rebind({"boundary": "triton"}, {"boundary": {"num_warps": 4, "pdl": True}})
-    assert model.ops.configs == {"boundary": {"num_warps": 4}}
+    # the block's kernels run as the engine's verify graphs run them: programmatic dependent launch off where a
+    # kernel reads the KV cache (the block's keys are written by the same step), on elsewhere
+    attention = get("attention", "triton").configs[0]
+    rows.rebind({"boundary": "triton", "attention": "triton"},
+                {"boundary": {"num_warps": 4, "pdl": True}, "attention": {**attention, "pdl": True}})
+    assert model.ops.configs == {"boundary": {"num_warps": 4, "pdl": True}, "attention": attention}
     rows.rebind(None)
 
 

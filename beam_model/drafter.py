@@ -178,13 +178,15 @@ class BeamDrafter(nn.Module):
         if fed is not None:
             features, fed_positions, fed_slots = fed
             slots, positions = torch.cat([fed_slots, slots]), torch.cat([fed_positions, positions])
-        # what each block attends: its context where it exists, then its whole block
-        keys_at = (torch.cat([context.pages, context.block_pages[:, None].expand(s, b)], 1),
-                   torch.cat([context.offsets, offsets], 1))
+        # what each block attends: its context where it exists, then its whole block; made once for every layer,
+        # the pages clamped (a page not held reads page 0, masked) and the mask additive, as SDPA makes a boolean one
+        pages = torch.cat([context.pages, context.block_pages[:, None].expand(s, b)], 1).clamp(min=0)
+        keys_at = (pages, torch.cat([context.offsets, offsets], 1))
         valid = torch.cat([context.valid, torch.ones(s, b, dtype=torch.bool, device=dev)], 1)
+        mask = torch.zeros(valid.shape, dtype=self.dtype, device=dev).masked_fill_(~valid, float("-inf"))
         x = rms_norm(h, self.layers[0].input_layernorm.weight, cfg.rms_norm_eps).to(self.dtype)
         for layer, store in zip(self.layers, context.store):
-            y = self._attention(layer, x, features, store, (slots, positions), keys_at, valid)
+            y = self._attention(layer, x, features, store, (slots, positions), keys_at, mask)
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_attn"], eps=cfg.rms_norm_eps)
             y = self.ops.dense_mlp(x, layer.prepared["dense_mlp"])
             h, x = self.ops.boundary(y, h, layer.prepared["boundary_mlp"], eps=cfg.rms_norm_eps)
@@ -193,27 +195,28 @@ class BeamDrafter(nn.Module):
         logits = self.ops.head(masks, head, eps=cfg.rms_norm_eps, softcap=cfg.final_logit_softcapping)
         return logits.float().view(s, b - 1, -1)
 
-    def _attention(self, layer: DraftLayer, x, features, store, written_at, keys_at, valid):
+    def _attention(self, layer: DraftLayer, x, features, store, written_at, keys_at, mask):
         """A layer's block attention: `qkvg_proj` over [the fed context rows (their queries and gates go
         unused); the block rows], `qk_prep` (head norms, RoPE at each row's position, the keys and
         values into `store` at `written_at`'s slots), one attention call from the block to the keys and
-        values at `keys_at` (pages and offsets [S, C + B]) where `valid`, `attn_out`."""
+        values at `keys_at` (pages, clamped, and offsets [S, C + B]) under the additive `mask` [S, C + B]
+        (-inf where a key does not exist), `attn_out`."""
         cfg = self.config
         heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        s = valid.shape[0]
+        s = mask.shape[0]
         n = 0 if features is None else features.shape[0]
         rows = x if features is None else torch.cat([features, x])
         q, k, v, g = self.ops.qkvg_proj(rows, layer.prepared["qkvg_proj"])
         slots, positions = written_at
         q = self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=store, slot_mapping=slots,
                              positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)[n:]
-        kv = store[keys_at[0].clamp(min=0), :, keys_at[1]]  # [S, C + B, 2, kv_heads, d]; a page not held: masked
+        kv = store[keys_at[0], :, keys_at[1]]  # [S, C + B, 2, kv_heads, d]
         keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # [S, kv_heads, C + B, d]
         # Every block position sees the same keys, so the query heads that share a kv head are one longer
         # query sequence [S, kv_heads, rep * B, d]: one attention call, no repeated keys or values
         rep, b = heads // kv_heads, x.shape[0] // s
         q = q.reshape(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=valid[:, None, None, :])
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :])
         out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d)
         return self.ops.attn_out(out, g[n:], layer.prepared["attn_out"])
 

@@ -48,7 +48,7 @@ def test_a_drafter_round_trips_and_proposes_the_same_logits(target, tmp_path):
         assert logits.shape == (2, 3, target.config.vocab_size)
 
 
-def _plain_attention(drafter, starts, context, layer, x, _features, _store, _written_at, _keys_at, valid):
+def _plain_attention(drafter, starts, context, layer, x, _features, _store, _written_at, _keys_at, mask):
     """A draft layer's block attention written out in plain PyTorch (FP32): the context's keys and
     values from its features, the block's from its rows, head norms and RoPE at each position (the
     context's before `starts`, the block's from it), every block row attending to the valid context and
@@ -74,7 +74,7 @@ def _plain_attention(drafter, starts, context, layer, x, _features, _store, _wri
                    linear(x, a.v_proj.weight).view(s, b, kv_heads, d)], 1)
     k, v = (t.repeat_interleave(heads // kv_heads, 2) for t in (k, v))
     scores = torch.einsum("sqhd,skhd->shqk", q, k) / d ** 0.5
-    weights = scores.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
+    weights = (scores + mask[:, None, None, :]).softmax(-1)  # -inf where a key does not exist
     out = torch.einsum("shqk,skhd->sqhd", weights, v).reshape(s * b, heads, d)
     return drafter.ops.attn_out(out, linear(x, a.gate_proj.weight), layer.prepared["attn_out"])
 

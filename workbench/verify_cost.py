@@ -96,7 +96,7 @@ def per_draft_acceptance(length: float, drafts: int) -> float:
     low, high = 0.0, 1.0
     for _ in range(60):
         p = (low + high) / 2
-        if sum(p ** i for i in range(drafts + 1)) < length:
+        if _tokens(p, drafts) < length:
             low = p
         else:
             high = p
@@ -110,8 +110,14 @@ def best_fixed_drafts(curve_us: dict[int, float], draft_us: float, length: float
     p = per_draft_acceptance(length, drafts)
     best = None
     for n in range(1, drafts + 1):
-        tokens = sum(p ** i for i in range(n + 1))
-        speedup = tokens * curve_us[1] / (curve_us[n + 1] + draft_us)
+        tokens = _tokens(p, n)
+        speedup = projected_speedup(curve_us, draft_us, tokens, n)
         if best is None or speedup > best["speedup"]:
             best = {"drafts": n, "tokens": tokens, "speedup": speedup}
     return best
+
+
+def _tokens(p: float, drafts: int) -> float:
+    """Tokens a verify step of `drafts` drafts yields, each accepted with probability p while the ones before it
+    were: the bonus token and the accepted prefix, 1 + p + ... + p^drafts."""
+    return sum(p ** i for i in range(drafts + 1))

@@ -10,7 +10,7 @@ position (`write_context`), to pages a block finds through `ContextKV`: in the e
 sliding-window pages, in training a page per window that every block of the window reads. The layers
 are Beam's sliding-window layers with a dense MLP (gated attention, sandwich norms, depth-scaled
 residuals) and run through the same fusion points as the target (`qkvg_proj`, `qk_prep`, `attn_out`,
-`boundary`, `dense_mlp`, `head`); the block attention itself is one PyTorch attention call. The mask
+`boundary`, `dense_mlp`, `head`) and the block attention through its own (`draft_attention`). The mask
 positions' logits come from the target's LM head (shared, frozen) after the drafter's own final norm;
 the token embedding is the target's too, the mask a learned vector of the drafter's own (Beam's
 vocabulary has no mask token).
@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from beam_model.drafter_config import DrafterConfig
@@ -200,24 +199,15 @@ class BeamDrafter(nn.Module):
         unused); the block rows], `qk_prep` (head norms, RoPE at each row's position, the keys and
         values into `store` at `written_at`'s slots), one attention call from the block to the keys and
         values at `keys_at` (pages, clamped, and offsets [S, C + B]) under the additive `mask` [S, C + B]
-        (-inf where a key does not exist), `attn_out`."""
+        (-inf where a key does not exist: `draft_attention`), `attn_out`."""
         cfg = self.config
-        heads, kv_heads, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        s = mask.shape[0]
         n = 0 if features is None else features.shape[0]
         rows = x if features is None else torch.cat([features, x])
         q, k, v, g = self.ops.qkvg_proj(rows, layer.prepared["qkvg_proj"])
         slots, positions = written_at
         q = self.ops.qk_prep(q, k, v, layer.prepared["qk_prep"], cache=store, slot_mapping=slots,
                              positions=positions, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)[n:]
-        kv = store[keys_at[0], :, keys_at[1]]  # [S, C + B, 2, kv_heads, d]
-        keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # [S, kv_heads, C + B, d]
-        # Every block position sees the same keys, so the query heads that share a kv head are one longer
-        # query sequence [S, kv_heads, rep * B, d]: one attention call, no repeated keys or values
-        rep, b = heads // kv_heads, x.shape[0] // s
-        q = q.reshape(s, b, kv_heads, rep, d).permute(0, 2, 3, 1, 4).reshape(s, kv_heads, rep * b, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None, None, :])
-        out = out.view(s, kv_heads, rep, b, d).permute(0, 3, 1, 2, 4).reshape(s * b, heads, d)
+        out = self.ops.draft_attention(q, store, keys_at[0], keys_at[1], mask)
         return self.ops.attn_out(out, g[n:], layer.prepared["attn_out"])
 
 

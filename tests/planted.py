@@ -167,6 +167,26 @@ def gate_without_bias():
 
 # name -> (point, factory, the check that must fail); a factory returns the variant's function, or
 # (function, weight-layout transform)
+def draft_block_causal():
+    def draft_attention(q, store, pages, offsets, mask):  # a block's row sees only the block's rows before it
+        s = pages.shape[0]
+        b = q.shape[0] // s
+        out = torch.empty_like(q)
+        for i in range(b):
+            causal = mask.clone()
+            causal[:, pages.shape[1] - b + i + 1:] = float("-inf")
+            rows = torch.arange(s, device=q.device) * b + i
+            out[rows] = _ref("draft_attention")(q[rows], store, pages, offsets, causal)
+        return out
+    return draft_attention
+
+
+def draft_mask_ignored():
+    def draft_attention(q, store, pages, offsets, mask):  # attends to context keys that do not exist
+        return _ref("draft_attention")(q, store, pages, offsets, torch.zeros_like(mask))
+    return draft_attention
+
+
 PLANTED = {
     "window_off_by_one": ("attention", window_off_by_one, "accuracy"),
     "bias_in_weights": ("route", bias_in_weights, "route_weights"),
@@ -185,6 +205,8 @@ PLANTED = {
     "one_vector_wrong": ("boundary", one_vector_wrong, "accuracy"),
     "prepare_scales_in_place": ("dense_mlp", prepare_scales_in_place, "inputs_unchanged"),
     "gate_without_bias": ("attention_out", gate_without_bias, "accuracy"),
+    "draft_block_causal": ("draft_attention", draft_block_causal, "accuracy"),
+    "draft_mask_ignored": ("draft_attention", draft_mask_ignored, "accuracy"),
 }
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 POINTS = (
     "boundary", "qkvg_proj", "qk_prep", "attention", "attn_out",
-    "route", "experts", "dense_mlp", "head", "sample", "attention_out",
+    "route", "experts", "dense_mlp", "head", "sample", "attention_out", "draft_attention",
 )
 # Compound points: fusions across points. The model calls the compound; its reference variant is the
 # members' calls in sequence, and where the compound's selection is that reference, binding makes it
@@ -37,6 +37,8 @@ assert len(set(_MEMBERS)) == len(_MEMBERS) and set(_MEMBERS) <= set(POINTS) - se
 # Points whose kernels read the KV cache: a decode kernel may load a row's history before its PDL wait, which
 # the rows of one verify block, fed as decode rows of one sequence, must not (`without_cache_pdl`)
 CACHE_READERS = ("attention",)
+# Points only a DFlash drafter's step calls: a lock of the target's own steps never runs them
+DRAFTER_POINTS = ("draft_attention",)
 BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "cute")
 REFERENCE = "torch"  # every point's reference variant is named after its backend
 # The projections' stored formats (beam_model.quant.tensors): every reference reads each of them

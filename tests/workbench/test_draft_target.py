@@ -26,11 +26,13 @@ def test_the_step_proposes_a_block_and_every_point_it_calls_is_the_models(runner
     profile = profile_step(runner, workload_for=lambda kind: target.workload("beam-tiny", "fp32", kind))
     calls = {p.point: p.calls_by_kind for p in profile.points}
     assert calls == {"qkvg_proj": {"model": layers}, "qk_prep": {"model": layers}, "attn_out": {"model": layers},
-                     "boundary": {"model": 2 * layers}, "dense_mlp": {"model": layers}, "head": {"model": 1}}
+                     "draft_attention": {"model": layers}, "boundary": {"model": 2 * layers},
+                     "dense_mlp": {"model": layers}, "head": {"model": 1}}
     assert target.workload("beam-tiny", "fp32", "model").tokens == target.batch * target.tokens_per_seq
     runner.rebind({"qkvg_proj": "packed"})
     assert runner.drafter.ops is runner.model.ops and runner.drafter.ops.selection["qkvg_proj"] == "packed"
-    # as the engine's verify + draft graph runs the drafter's kernels: none reads the KV cache, so PDL stays on
+    # as the engine's verify + draft graph runs the drafter's kernels: none reads the target's KV cache, so PDL
+    # stays on (draft_attention reads the drafter's store, only after its wait: its contract)
     runner.rebind({"boundary": "triton"}, {"boundary": {"num_warps": 4, "pdl": True}})
     assert runner.drafter.ops.configs == {"boundary": {"num_warps": 4, "pdl": True}}
     runner.rebind(None)

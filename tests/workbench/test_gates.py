@@ -17,7 +17,7 @@ from planted import PLANTED, planted
 from workbench import registry
 from workbench.gates import CheckResult, GateReport, capture_calls, model_gate, op_gate
 from workbench.points import LAYER_DEPENDENT, Workload, leaves, spec
-from workbench.registry import POINTS, Variant, reference, variants
+from workbench.registry import DRAFTER_POINTS, POINTS, Variant, reference, variants
 
 DECODE = Workload(batch=2, context=1000)        # long context: SSMax and RoPE at large positions, windowed pages
 PREFILL = Workload(batch=2, tokens_per_seq=20, context=100)  # a chunk after earlier context
@@ -81,7 +81,8 @@ CPU_VARIANTS = [(p, name) for p in POINTS for name, v in variants(p).items() if 
 def test_real_variant_passes(point, name, captured):
     report = op_gate(variants(point)[name], workloads(point), seeds=(0, 1), captured=captured)
     assert report.passed, [f"{c.name} [{c.case}] {c.error} {c.detail}" for c in report.failures]
-    assert any(c.case.startswith("captured:") for c in report.checks) or point == "sample"
+    # the target's forward never samples and runs no drafter: nothing captured for those points
+    assert any(c.case.startswith("captured:") for c in report.checks) or point == "sample" or point in DRAFTER_POINTS
 
 
 def test_fp32_tolerances_hold_the_reference():

@@ -90,6 +90,18 @@ def test_missing_point_is_detected(finished_run, tmp_path):
     assert any("points missing" in p and "experts" in p for p in result.problems)
 
 
+def test_a_drafters_point_may_be_absent_only_where_the_step_runs_no_drafter(finished_run, tmp_path):
+    """Locks of the target's steps, written before `draft_attention` existed, stay whole; a draft step's is not."""
+    out, _, _ = finished_run
+    lock, _ = Lock.load(os.path.join(out, "lock.yaml"))
+    points = {p: e for p, e in lock.points.items() if p != "draft_attention"}
+    for target, missing in ((lock.target, False), ("draft-b1", True)):
+        path = str(tmp_path / f"{target}.yaml")
+        Lock(model=lock.model, target=target, environment=lock.environment, points=points).save(path)
+        _, problems = Lock.load(path)
+        assert any("points missing" in p and "draft_attention" in p for p in problems) == missing, (target, problems)
+
+
 def test_changed_variant_source_is_detected(finished_run, monkeypatch):
     out, _, _ = finished_run
     real = lockmod.source_hash

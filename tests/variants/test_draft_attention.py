@@ -54,7 +54,8 @@ def test_a_drafters_block_logits_are_the_same_through_either_variant():
 @pytest.mark.parametrize("preset", ["beam-mini", "beam-501b-tp8"])
 def test_every_config_on_the_gpu_at_a_draft_step(preset):
     wl = Workload(preset, batch=1, tokens_per_seq=16, context=4096 + 16)
-    assert_every_config_passes(available("draft_attention", "triton"), [wl, wl.with_(batch=8)], seeds=(0,))
+    assert_every_config_passes(available("draft_attention", "triton"), [wl, wl.with_(batch=8)], seeds=(0,),
+                               device="cuda")
 
 
 @needs_cuda

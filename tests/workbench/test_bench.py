@@ -214,7 +214,7 @@ def test_write_results_files_parse(tmp_path):
 def test_variants_list_json(capsys):
     assert main(["variants", "list", "--json", "--device", "cpu"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [p["point"] for p in doc["points"]] == list(registry.POINTS) and len(doc["points"]) == 11
+    assert [p["point"] for p in doc["points"]] == list(registry.POINTS) and len(doc["points"]) == 12
     for p in doc["points"]:
         names = {v["name"]: v for v in p["variants"]}
         assert {"torch", "torch_compile"} <= set(names)

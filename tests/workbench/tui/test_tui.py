@@ -22,7 +22,7 @@ from workbench.commands.tui import add_arguments
 from workbench.commands.tui import options as tui_options
 from workbench.events import PointStarted, StageStarted
 from workbench.lock import Lock
-from workbench.registry import POINTS, variants
+from workbench.registry import DRAFTER_POINTS, POINTS, variants
 from workbench.tui import WorkbenchApp
 from workbench.tui.help import HelpScreen
 from workbench.tui.session import SearchSession, SessionClosed
@@ -128,7 +128,7 @@ def test_a_skipped_point_is_not_searched_nor_cached(session):
 
 def test_live_profile_view_lists_every_point_by_cost(session):
     table = session["profile_rows"]
-    assert {r[0] for r in table} == set(POINTS)
+    assert {r[0] for r in table} == set(POINTS) - set(DRAFTER_POINTS)  # a decode step runs no drafter
     times = [float(r[1]) for r in table]
     assert times == sorted(times, reverse=True) and times[0] > 0
     bars = [r[3] for r in table[:3]]  # a bar per costly row, longest first
@@ -150,7 +150,7 @@ def test_profile_view_of_a_run_folder_and_a_selected_point(session):
             await pilot.pause()
             assert "decode-b1 on beam-tiny" in text(app, "#profile-summary")
             names = [r[0] for r in rows(app, "#profile-points")]
-            assert set(names) == set(POINTS)
+            assert set(names) == set(POINTS) - set(DRAFTER_POINTS)
             await pilot.press(*["down"] * names.index("boundary"))
             assert text(app, "#point-title").startswith("boundary:")
             assert "search chose" in text(app, "#point-title")

@@ -33,6 +33,7 @@ from workbench.variants.kernels.attention import (
 from workbench.variants.kernels.triton_common import INTERPRETED, pdl_enter, pdl_launch, round_to
 
 DEFAULT = dict(BLOCK_M=64, BLOCK_N=64, SPLITS=1, num_warps=4, num_stages=2)
+MASK_SCALE = tl.constexpr(LOG2E)  # the additive mask into the scores' log2 units
 
 
 @triton.jit
@@ -77,7 +78,8 @@ def _block_kernel(q_ptr, store_ptr, pages_ptr, offsets_ptr, mask_ptr, out_ptr, m
         key_rows = page.to(tl.int64) * stride_sp + offset.to(tl.int64) * stride_st
         k = tl.load(kv_base + key_rows[None, :] + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
         v = v_block(kv_base, stride_skv, key_rows, ok, d, d_ok)
-        scores = dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale + add[None, :] * LOG2E
+        scores = dot(q, k, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE, INTERP) * qk_scale \
+            + add[None, :] * MASK_SCALE
         scores = tl.where(ok[None, :], scores, float("-inf"))
         m_i, l_i, acc = softmax_block(scores, v, m_i, l_i, acc, IEEE, INTERP)
     acc = acc * PV_UNSCALE

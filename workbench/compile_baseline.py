@@ -18,8 +18,9 @@ import traceback
 import torch
 
 from workbench import timing
+from workbench.compiled import compiled
 from workbench.events import StageStarted
-from workbench.registry import POINTS, REFERENCE, compiled, get
+from workbench.registry import POINTS, REFERENCE, get
 from workbench.run_folder import RunFolder
 from workbench.search_results import CandidateResult
 from workbench.timing import describe_error

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from workbench.compiled import compiled
+
 POINTS = (
     "boundary", "qkvg_proj", "qk_prep", "attention", "attn_out",
     "route", "experts", "dense_mlp", "head", "sample", "attention_out", "draft_attention",
@@ -241,29 +243,6 @@ def variant_modules(point: str) -> list[str]:
     """The modules of a point's package that each register a variant (`<point>/<variant>.py`), sorted."""
     folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants", point)
     return sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_"))
-
-
-def compiled(fn: Callable) -> Callable:
-    """The reference under torch.compile, compiled on first call (compiling at import would be slow)."""
-    graph = None
-
-    def run(*args, **kwargs):
-        nonlocal graph
-        if graph is None:
-            import torch
-            import torch._dynamo
-
-            # One compiled graph per distinct shape/kwargs (layer kinds, prefill layouts): past dynamo's
-            # default limit of 8 it would silently run eagerly and be timed as if compiled.
-            cfg = torch._dynamo.config
-            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-            setattr(cfg, limit, max(getattr(cfg, limit), 64))
-            graph = torch.compile(fn, dynamic=False)
-        return graph(*args, **kwargs)
-
-    run.__wrapped__ = fn
-    run.__name__ = f"compiled_{fn.__name__}"
-    return run
 
 
 def variants(point: str) -> dict[str, Variant]:

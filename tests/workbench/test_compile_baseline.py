@@ -51,7 +51,8 @@ def test_a_point_whose_compile_fails_end_to_end_is_kept_at_its_reference(monkeyp
     whole-step compile, an error no point's compile raised: the prefill run's second attempt) costs the
     report its row, not the lock."""
     from workbench.compile_baseline import time_compile_baseline
-    from workbench.registry import compiled, get
+    from workbench.compiled import compiled
+    from workbench.registry import get
     from workbench.report import report_markdown
 
     def broken(*a, **kw):

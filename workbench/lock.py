@@ -299,8 +299,9 @@ class Lock:
             problems.append("lock contents were edited after it was written (digest mismatch)")
         # a compound is absent from locks written before it existed: those builds run its members apart;
         # a drafter's point from those of steps that run no drafter (they never call it)
-        optional = set(COMPOUNDS) | (set() if _runs_drafter(lock.target) else set(DRAFTER_POINTS))
-        absent = [p for p in POINTS if p not in lock.points and p not in optional]
+        absent = [p for p in POINTS if p not in lock.points and p not in COMPOUNDS]
+        if any(p in DRAFTER_POINTS for p in absent) and not _runs_drafter(lock.target):
+            absent = [p for p in absent if p not in DRAFTER_POINTS]
         if absent:
             problems.append(f"points missing from the lock: {absent}")
         unknown = [p for p in lock.points if p not in POINTS]
@@ -311,7 +312,7 @@ class Lock:
 
 def _runs_drafter(target: str) -> bool:
     """Whether a lock's target step runs a DFlash drafter (a name no target has: assume it may)."""
-    from workbench.targets import TARGETS  # deferred: reading a lock needs no torch otherwise
+    from workbench.targets import TARGETS  # deferred: only a lock that lacks one asks, and targets imports torch
 
     return TARGETS[target].draft if target in TARGETS else True
 

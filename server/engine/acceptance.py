@@ -6,7 +6,9 @@ two modes: greedy, and temperature 1.0 with top-p 0.95 (drawn from each engine's
 engine starts; a request's own seed would keep its steps off the graphs). Reported per mode: the mean
 acceptance length (tokens per verify step: kept drafts plus the bonus token), its histogram, the
 wall time and tokens per second without the drafter, with it verifying every draft and with adaptive
-verification (same process, the three taking turns to go first), where a decode or verify step's time
+verification (same process, the three taking turns to go first), each over the whole request and over its
+decode alone (from its first token to its last, as a serving benchmark's time per output token counts it:
+the prompt's prefill, which the drafter does not speed up, left out), where a decode or verify step's time
 goes (medians: the engine's whole step, the host's share before the model step's launch, the device's
 from launch to its tokens read), and for greedy how many outputs equal the drafter-less ones token for token. On
 CUDA the engines replay graphs where a server would: every decode step without the drafter, and with it
@@ -67,6 +69,23 @@ class StepTimes:
         return {"wall": ms(wall), "before_launch": ms(before), "device": ms(timed) if timed else None}
 
 
+def serve_alone(engine, request_id: str, prompt: list[int], params: SamplingParams) -> tuple[list[int], float, float]:
+    """Serve one request to completion, nothing else running: (its ids, the seconds from its arrival to its
+    last token, the seconds from its first token to its last)."""
+    started = time.perf_counter()
+    engine.add_request(request_id, prompt, params)
+    ids, first = [], None
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.error:
+                raise RuntimeError(o.error)
+            ids.extend(o.token_ids)
+        if first is None and ids:
+            first = time.perf_counter()
+    ended = time.perf_counter()
+    return ids, ended - started, ended - (first or ended)
+
+
 def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
     from workbench.training.corpus import corpus_files, split
 
@@ -123,16 +142,21 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
             t.steps = []
         for name in VERIFICATION:
             engines[name].speculator.stats = SpecStats()
+        decoding = dict(seconds)
         for i, prompt in enumerate(asked):
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
             order = list(engines)[i % len(engines):] + list(engines)[:i % len(engines)]  # no engine always first
             for name in order:
-                started = time.perf_counter()
-                outputs[name].append(engines[name].generate([prompt], params)[0])
-                seconds[name] += time.perf_counter() - started
+                ids, total, decode = serve_alone(engines[name], f"{mode}-{i}", prompt, params)
+                outputs[name].append(ids)
+                seconds[name] += total
+                decoding[name] += decode
         tokens = sum(len(o) for o in outputs["plain"])
+        decoded = tokens - len(asked)  # the tokens after each request's first
         modes[mode] = {"sampling": sampling, "tokens": tokens, "seconds_plain": round(seconds["plain"], 3),
                        "tokens_per_second_plain": tokens / seconds["plain"],
+                       "decode_seconds_plain": round(decoding["plain"], 3),
+                       "decode_tokens_per_second_plain": decoded / decoding["plain"],
                        "step_ms_plain": times["plain"].medians_ms()}
         for name in VERIFICATION:
             stats = engines[name].speculator.stats
@@ -140,7 +164,9 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 "mean_acceptance_length": stats.mean_acceptance_length, "verify_steps": stats.verify_steps,
                 "drafted": stats.drafted, "accepted": stats.accepted, "kept_drafts_histogram": stats.histogram,
                 "seconds": round(seconds[name], 3), "tokens_per_second": tokens / seconds[name],
-                "speedup": seconds["plain"] / seconds[name], "step_ms": times[name].medians_ms()}
+                "speedup": seconds["plain"] / seconds[name],
+                "decode_seconds": round(decoding[name], 3), "decode_tokens_per_second": decoded / decoding[name],
+                "decode_speedup": decoding["plain"] / decoding[name], "step_ms": times[name].medians_ms()}
             if sampling["temperature"] == 0.0:
                 same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"

@@ -82,6 +82,35 @@ def test_each_engine_and_the_drafter_run_the_build_they_are_given():
     assert text.startswith("### cpu, locked kernels")
     wall = figures["modes"]["greedy"]["fixed"]["step_ms"]["wall"]
     assert "| greedy | fixed | " in text and f"| {wall:.3f}, " in text
+    greedy = figures["modes"]["greedy"]
+    assert 0 < greedy["decode_seconds_plain"] < greedy["seconds_plain"]
+    assert 0 < greedy["fixed"]["decode_seconds"] < greedy["fixed"]["seconds"]
+    assert f"| {greedy['fixed']['decode_tokens_per_second']:.1f} | {greedy['fixed']['decode_speedup']:.2f}x |" in text
+
+
+def test_a_request_served_alone_is_timed_from_its_first_token_to_its_last(monkeypatch):
+    """Decode seconds start at the step that gives the first token (a prefill step that gives none, a
+    chunk of a long prompt, counts toward the whole request only)."""
+    from types import SimpleNamespace
+
+    from server.engine import acceptance
+
+    clock = iter(range(100))
+    monkeypatch.setattr(acceptance.time, "perf_counter", lambda: float(next(clock)))
+
+    class Engine:
+        def add_request(self, request_id, prompt, params):
+            self.left = [[], [7], [8, 9], [10]]  # a prompt chunk, the first token, a verify step's two, the last
+
+        def has_unfinished(self):
+            return bool(self.left)
+
+        def step(self):
+            return [SimpleNamespace(token_ids=self.left.pop(0), error=None)]
+
+    ids, total, decode = acceptance.serve_alone(Engine(), "r", [1, 2], None)
+    # the clock reads 0 at arrival, 1 after the step of the first token, 2 at the end
+    assert ids == [7, 8, 9, 10] and (total, decode) == (2.0, 1.0)
 
 
 def test_a_lock_that_fails_verification_is_refused_unless_forced_and_then_named(tmp_path, capsys):

@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--prompts", type=int, default=16, help="held-out prompts the acceptance is measured on")
     p.add_argument("--max-tokens", type=int, default=96, help="tokens generated per prompt when measuring")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="drafts a verify step when measuring (default: the block's, block size - 1; another K "
+                        "writes acceptance-<device>[-locked]-k<K>.json)")
     p.add_argument("--lock", default=None, metavar="FILE",
                    help="measure with the variants a lock selects (verified first), in both models and every engine")
     p.add_argument("--plain-lock", default=None, metavar="FILE",
@@ -70,7 +73,8 @@ def run(args) -> int:
     if not args.measure and not _train(args, device):
         return STOPPED_EARLY
     figures = measure_acceptance(args.target, args.out_dir, prompts=args.prompts, max_tokens=args.max_tokens,
-                                 device=device, **{key: lock for key, (lock, _) in loaded.items()})
+                                 device=device, num_speculative_tokens=args.num_speculative_tokens,
+                                 **{key: lock for key, (lock, _) in loaded.items()})
     figures.update(paths)
     figures["forced_past"] = {paths[key]: problems for key, (_, problems) in loaded.items() if problems}
     figures["command"] = given_command(args)
@@ -79,7 +83,10 @@ def run(args) -> int:
     if device.startswith("cuda"):
         figures["device"] = f"{device} ({torch.cuda.get_device_name()})"
     # one file per kind of device (and with a lock's kernels or the references), side by side in the card
-    name = f"acceptance-{torch.device(device).type}{'-locked' if loaded else ''}.json"
+    with open(os.path.join(args.out_dir, "config.json")) as f:
+        block_drafts = json.load(f)["block_size"] - 1
+    k = f"-k{figures['num_speculative_tokens']}" if figures["num_speculative_tokens"] != block_drafts else ""
+    name = f"acceptance-{torch.device(device).type}{'-locked' if loaded else ''}{k}.json"
     with open(os.path.join(args.out_dir, name), "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
@@ -133,17 +140,20 @@ def acceptance_table(acceptance: dict) -> list[str]:
         f"{kernels}, without the drafter, with it verifying every draft (fixed) and as many as pay (adaptive), "
         "in the same process:",
         "", "| sampling | verification | tokens per verify step | verify steps | tokens/s | speed-up "
-        "| ms a step: wall, before launch, device |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| decode tokens/s | decode speed-up | ms a step: wall, before launch, device |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for mode, m in acceptance["modes"].items():
         lines.append(f"| {mode} | none | | | {m['tokens_per_second_plain']:.1f} | 1.00x | "
+                     f"{_decode(m.get('decode_tokens_per_second_plain'), 1.0)} | "
                      f"{_step_ms(m.get('step_ms_plain'))} |")
         for name in ("fixed", "adaptive"):
             v = m[name]
             length = f"{v['mean_acceptance_length']:.2f}" if v["verify_steps"] else "-"
             lines.append(f"| {mode} | {name} | {length} | {v['verify_steps']} | "
-                         f"{v['tokens_per_second']:.1f} | {v['speedup']:.2f}x | {_step_ms(v.get('step_ms'))} |")
+                         f"{v['tokens_per_second']:.1f} | {v['speedup']:.2f}x | "
+                         f"{_decode(v.get('decode_tokens_per_second'), v.get('decode_speedup'))} | "
+                         f"{_step_ms(v.get('step_ms'))} |")
     equal = [f"{name} {m[name]['equal_to_plain']}" for m in acceptance["modes"].values()
              for name in ("fixed", "adaptive") if "equal_to_plain" in m[name]]
     if equal:
@@ -156,6 +166,13 @@ def acceptance_table(acceptance: dict) -> list[str]:
         lines += ["", f"`{path}` was used past failed verification (--force-lock): " + "; ".join(problems) + "."]
     lines += ["", "Measured with:", "", f"    {acceptance['command']}", ""]
     return lines
+
+
+def _decode(tokens_per_second: float | None, speedup: float | None) -> str:
+    """The decode-only cells (tokens/s | speed-up), blank in files measured before they were kept."""
+    if tokens_per_second is None:
+        return " | "
+    return f"{tokens_per_second:.1f} | {speedup:.2f}x"
 
 
 def _step_ms(ms: dict | None) -> str:

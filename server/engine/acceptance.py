@@ -35,10 +35,12 @@ GRAPHED = "every step without the drafter, and with it every verify + draft step
 class StepTimes:
     """An engine's decode and verify steps, timed: the whole step's wall seconds (drafting included, where
     it runs after the model step), and from its `step_observer` the host's seconds before the model
-    step's launch and the device's from launch to its tokens read."""
+    step's launch and the device's from launch to its tokens read; and every step's wall seconds summed
+    by its kind (`step_kind`: where a request's time goes)."""
 
     def __init__(self, engine):
         self.steps: list[tuple[float, float, float | None]] = []
+        self.kinds: dict[str, list] = {}  # kind -> [steps, seconds]
         self._seen = None
         step = engine.step
 
@@ -46,15 +48,26 @@ class StepTimes:
             self._seen = None
             started = time.perf_counter()
             out = step()
+            seconds = time.perf_counter() - started
             if self._seen is not None:
-                self.steps.append((time.perf_counter() - started, *self._seen))
+                kind, prepare, device = self._seen
+                total = self.kinds.setdefault(kind, [0, 0.0])
+                total[0], total[1] = total[0] + 1, total[1] + seconds
+                if kind in ("decode", "verify"):
+                    self.steps.append((seconds, prepare, device))
             return out
 
         engine.step, engine.step_observer = timed, self._observe
 
+    def reset(self) -> None:
+        self.steps, self.kinds = [], {}
+
     def _observe(self, kind: str, batch: int, seconds: float, prepare: float, device: float | None, masks) -> None:
-        if kind in ("decode", "verify"):
-            self._seen = (prepare, device)
+        self._seen = (kind, prepare, device)
+
+    def seconds_by_kind(self) -> dict:
+        """{kind: {"steps", "seconds"}} of every step seen."""
+        return {kind: {"steps": n, "seconds": round(seconds, 4)} for kind, (n, seconds) in sorted(self.kinds.items())}
 
     def medians_ms(self) -> dict:
         """Median milliseconds of a step: `wall`, `before_launch`, `device` (None where untimed)."""
@@ -139,7 +152,9 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
     for mode, sampling in MODES.items():
         seconds, outputs = {name: 0.0 for name in engines}, {name: [] for name in engines}
         for t in times.values():
-            t.steps = []
+            t.reset()
+        fused = {name: engines[name].speculator.fused for name in VERIFICATION}
+        fused_before = {name: f.steps if f else 0 for name, f in fused.items()}
         for name in VERIFICATION:
             engines[name].speculator.stats = SpecStats()
         decoding = dict(seconds)
@@ -157,7 +172,8 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                        "tokens_per_second_plain": tokens / seconds["plain"],
                        "decode_seconds_plain": round(decoding["plain"], 3),
                        "decode_tokens_per_second_plain": decoded / decoding["plain"],
-                       "step_ms_plain": times["plain"].medians_ms()}
+                       "step_ms_plain": times["plain"].medians_ms(),
+                       "steps_by_kind_plain": times["plain"].seconds_by_kind()}
         for name in VERIFICATION:
             stats = engines[name].speculator.stats
             modes[mode][name] = {
@@ -166,7 +182,10 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 "seconds": round(seconds[name], 3), "tokens_per_second": tokens / seconds[name],
                 "speedup": seconds["plain"] / seconds[name],
                 "decode_seconds": round(decoding[name], 3), "decode_tokens_per_second": decoded / decoding[name],
-                "decode_speedup": decoding["plain"] / decoding[name], "step_ms": times[name].medians_ms()}
+                "decode_speedup": decoding["plain"] / decoding[name], "step_ms": times[name].medians_ms(),
+                "steps_by_kind": times[name].seconds_by_kind(),
+                # steps that replayed the verify + draft graph (none on the CPU); the rest ran eagerly
+                "fused_steps": (fused[name].steps - fused_before[name]) if fused[name] else 0}
             if sampling["temperature"] == 0.0:
                 same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"

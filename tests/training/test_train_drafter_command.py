@@ -86,6 +86,10 @@ def test_each_engine_and_the_drafter_run_the_build_they_are_given():
     assert 0 < greedy["decode_seconds_plain"] < greedy["seconds_plain"]
     assert 0 < greedy["fixed"]["decode_seconds"] < greedy["fixed"]["seconds"]
     assert f"| {greedy['fixed']['decode_tokens_per_second']:.1f} | {greedy['fixed']['decode_speedup']:.2f}x |" in text
+    # a request's time by step kind: its prompt's prefill, then decode steps (verify steps with the drafter)
+    assert set(greedy["steps_by_kind_plain"]) == {"prefill", "decode"} and greedy["fixed"]["fused_steps"] == 0
+    assert greedy["steps_by_kind_plain"]["decode"]["steps"] == 5  # 6 tokens: the first from the prefill
+    assert "verify" in greedy["fixed"]["steps_by_kind"]
 
 
 def test_a_request_served_alone_is_timed_from_its_first_token_to_its_last(monkeypatch):

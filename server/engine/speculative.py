@@ -13,7 +13,8 @@ The same step gives the target's tapped hidden states of every token it fed, fro
 writes its layers' keys and values of those positions to its store of the target's sliding-window pages
 (the same page ids; a rejected draft's are overwritten when its position is fed again, as the target's
 are); once the engine has appended the step's tokens the drafter proposes the next block after the last
-one from the window of keys before it (`propose`), a grammar's drafts each under its
+one from the window of keys before it (`propose`; always a block of the size it was trained at, of which
+the first K drafts are kept: run on a shorter block, its first drafts are far worse), a grammar's drafts each under its
 matcher's mask after the drafts before it (`DraftState.masks`, which the verify step's rows are masked
 with). Rows that sample without drafts (a prompt's first token) draw through the runner's sampler,
 masks included; a logprobs request's kept tokens take their logprobs from the verify step's rows.
@@ -182,9 +183,9 @@ class Speculator:
         if not 1 <= num_speculative_tokens < drafter.config.block_size:
             raise ValueError(f"num_speculative_tokens must be in 1..{drafter.config.block_size - 1} (the "
                              f"drafter's block holds the last token and {drafter.config.block_size - 1} drafts)")
-        if num_speculative_tokens + 1 > runner.page_size:
-            raise ValueError(f"a block of {num_speculative_tokens + 1} tokens does not fit a KV page "
-                             f"({runner.page_size}): lower --num-speculative-tokens")
+        if drafter.config.block_size > runner.page_size:
+            raise ValueError(f"the drafter's block of {drafter.config.block_size} tokens does not fit a KV page "
+                             f"({runner.page_size})")
         if not any(t == SLIDING for t in runner.model.config.layer_types):
             raise ValueError("the drafter keeps its context's keys in the target's sliding-window pages; this "
                              "target has no sliding-window layers")
@@ -293,7 +294,7 @@ class Speculator:
         first = torch.tensor([t for _, t, _ in items], device=dev)
         starts = torch.tensor([p for _, _, p in items], device=dev)
         context = self.context(tables, starts)
-        logits = self.runner._in_vocab(self.drafter.block_logits(first, starts, context, block_size=k + 1))
+        logits = self.runner._in_vocab(self.drafter.block_logits(first, starts, context)[:, :k])
         for j, (s, _, _) in enumerate(items):
             if s.matcher is not None:
                 self._propose_in_grammar(s, logits[j])

@@ -156,7 +156,8 @@ class VerifyDraft:
         context = self.spec.context(sliding.page_table.view(b, w, -1)[:, 0], first)  # a block's first row's table
         # the fed rows' keys (`Speculator.write_context`) in the block's own projections
         fed = (drafter.context_features(tapped), x.pos[:rows], sliding.slot_mapping)
-        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, block_size=k + 1, fed=fed))
+        # the drafter's whole block, as it was trained; the first K drafts go on
+        draft_logits = runner._in_vocab(drafter.block_logits(bonus, first, context, fed=fed)[:, :k])
         if not sampled:
             drafts = draft_logits.argmax(-1)
             confidence = draft_logits.softmax(-1).gather(2, drafts[..., None])[..., 0]

@@ -385,6 +385,19 @@ def test_a_drafter_that_fails_leaves_the_requests_to_decode_without_drafts(tiny,
     assert "planted drafter fault" in caplog.text
 
 
+def test_fewer_speculative_tokens_keep_the_first_drafts_of_the_drafters_whole_block(tiny):
+    """The drafter always runs the block it was trained at (a shorter one drafts far worse: the committed
+    beam-mini drafter's card); K below its drafts verifies the first K of them."""
+    model, drafter = tiny
+    drafts = {}
+    for k in (3, 7):
+        engine = Engine(model, FullVocabTokenizer(), num_pages=16, drafter=drafter, num_speculative_tokens=k)
+        engine.add_request("r", prompts([9], seed=5)[0], GREEDY)
+        engine.step()  # the prompt's step: its first token, then the drafts after it
+        drafts[k] = engine.requests["r"].draft.ids
+    assert len(drafts[3]) == 3 and drafts[3] == drafts[7][:3]
+
+
 def test_speculative_tokens_must_fit_the_block(tiny):
     model, drafter = tiny
     with pytest.raises(ValueError, match="num_speculative_tokens must be in 1..7"):
@@ -392,8 +405,8 @@ def test_speculative_tokens_must_fit_the_block(tiny):
     # the block's own keys take a page of the drafter's store; its context lives on sliding pages
     wide = initial_drafter(DrafterConfig.for_target(model.config, num_hidden_layers=1, block_size=80), model,
                            seed=0, device="cpu")
-    with pytest.raises(ValueError, match="a block of 71 tokens does not fit a KV page"):
-        Engine(model, FullVocabTokenizer(), num_pages=16, drafter=wide, num_speculative_tokens=70)
+    with pytest.raises(ValueError, match=r"the drafter's block of 80 tokens does not fit a KV page \(64\)"):
+        Engine(model, FullVocabTokenizer(), num_pages=16, drafter=wide, num_speculative_tokens=3)
     full_only = SimpleNamespace(page_size=64, model=SimpleNamespace(config=SimpleNamespace(layer_types=[FULL])))
     with pytest.raises(ValueError, match="no sliding-window layers"):
         Speculator(full_only, drafter, 3, max_num_seqs=1)

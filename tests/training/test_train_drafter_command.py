@@ -33,6 +33,12 @@ def test_train_then_measure_writes_the_folder_and_its_card(tmp_path):
     card = (out / "README.md").read_text()
     assert "### cpu" in card and "### cuda (a GPU)" in card and "CUDA graphs" in card
     assert card.count("Measured with:") == 2 and "--measure" in card
+    # fewer drafts than the block's: a file of their own beside the others
+    assert main(["train-drafter", str(out), "--target", MINI, "--measure", *SMALL,
+                 "--num-speculative-tokens", "2"]) == 0
+    assert json.loads((out / "acceptance-cpu-k2.json").read_text())["num_speculative_tokens"] == 2
+    card = (out / "README.md").read_text()
+    assert card.count("Measured with:") == 3 and ", 2 drafts a verify step," in card
 
 
 def test_a_training_out_of_time_keeps_its_state_and_resumes(tmp_path, capsys):

@@ -76,13 +76,21 @@ class GraphInputs:
         h["temperature"][:size], h["top_k"][:size], h["top_p"][:size] = PAD_SAMPLING
         if sampling:
             h["temperature"][:b], h["top_k"][:b], h["top_p"][:b] = zip(*sampling)
+        positions = np.asarray(starts)
         for g in self.groups:
-            table, slots = h[("tables", g)], h[("slots", g)]
+            table, slots, rows = h[("tables", g)], h[("slots", g)], pages[g]
             table[:size] = 0
             slots[:size] = 0
-            for r, (row, s) in enumerate(zip(pages[g], starts)):
-                table[r, :len(row)] = row
-                slots[r] = row[s // page_size] * page_size + s % page_size
+            r = 0
+            while r < b:  # a run of rows with one page table (a verify step's block) in one assignment
+                end = r + 1
+                while end < b and rows[end] is rows[r]:
+                    end += 1
+                row = np.asarray(rows[r])
+                table[r:end, :len(row)] = row
+                at = positions[r:end]
+                slots[r:end] = row[at // page_size] * page_size + at % page_size
+                r = end
         self._upload(0, self._small_bytes)
         for g in self.groups:
             self._upload(self._table_at[g], 4 * size * self.max_pages)

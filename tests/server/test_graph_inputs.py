@@ -31,3 +31,15 @@ def test_fill_writes_each_rows_sampling_settings_and_pads_greedy():
     assert x.top_k.tolist() == [20, 0, 0, 0] and x.top_p.tolist() == pytest.approx([0.9, 1.0, 1.0, 1.0])
     x.fill(2, ids=[3], starts=[1], pages={"full": [[1]]}, page_size=64)  # no settings: the row is greedy too
     assert x.temperature[:2].tolist() == [0.0, 0.0] and x.top_k[:2].tolist() == [0, 0]
+
+
+def test_fill_writes_a_blocks_rows_that_share_one_page_table():
+    """A verify step's block: rows of one sequence hold the same page table object, each at its own
+    position (a run crossing into the next page), then another sequence's rows."""
+    x = GraphInputs(rows=6, max_pages=3, groups=("full",), device=torch.device("cpu"))
+    first, second = [5, 8], [2, 3, 4]
+    x.fill(6, ids=[1, 2, 3, 4, 5], starts=[62, 63, 64, 65, 128], pages={"full": [first] * 4 + [second]},
+           page_size=64)
+    assert x.tables["full"].tolist() == [[5, 8, 0]] * 4 + [[2, 3, 4], [0, 0, 0]]
+    assert x.slots["full"].tolist() == [5 * 64 + 62, 5 * 64 + 63, 8 * 64, 8 * 64 + 1, 4 * 64, 0]
+    assert x.lens.tolist() == [63, 64, 65, 66, 129, 1]

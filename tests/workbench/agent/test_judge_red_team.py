@@ -142,9 +142,18 @@ def judged(tmp_path, incumbent, source: str):
     return judge(str(path), task, work_dir=str(tmp_path / "work"), static_check=False)
 
 
+def judged_twice_if_accepted(tmp_path, incumbent, source: str):
+    """`judged`, and where it was accepted, judged once more: two sandboxes doing the same work on the
+    loaded 2-core CI machine were once timed 3.3x apart for a whole judgement (the other test worker's
+    load landing on one of them), so a timing verdict stands only if the judge gives it twice. A trick
+    that works is accepted both times."""
+    v = judged(tmp_path, incumbent, source)
+    return judged(tmp_path, incumbent, source) if v.accepted else v
+
+
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_a_cheat_is_rejected_without_the_static_check(tmp_path, incumbent, name):
-    v = judged(tmp_path, incumbent, candidate(*CHEATS[name]))
+    v = judged_twice_if_accepted(tmp_path, incumbent, candidate(*CHEATS[name]))
     stages, texts = (tuple([x]) if isinstance(x, str) else x for x in EXPECTED[name])
     assert not v.accepted and v.stage in stages, (name, v.stage, v.reason)
     assert any(t in v.reason + str(v.failed_check) + str(v.gate) for t in texts), (name, v.reason)
@@ -153,7 +162,7 @@ def test_a_cheat_is_rejected_without_the_static_check(tmp_path, incumbent, name)
 def test_honest_controls(tmp_path, incumbent):
     faster = judged(tmp_path, incumbent, candidate("    return _once(y, h, w, eps)\n"))
     assert faster.accepted and faster.timing["speedup"] > 1, faster.reason
-    same = judged(tmp_path, incumbent, candidate("    return _slow(y, h, w, eps)\n"))
+    same = judged_twice_if_accepted(tmp_path, incumbent, candidate("    return _slow(y, h, w, eps)\n"))
     assert not same.accepted and same.stage == "not_faster", same.reason
 
 

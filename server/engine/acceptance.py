@@ -99,6 +99,12 @@ def serve_alone(engine, request_id: str, prompt: list[int], params: SamplingPara
     return ids, ended - started, ended - (first or ended)
 
 
+def _fused_steps(engine) -> int:
+    """The steps `engine` ran as one verify + draft graph replay (none on the CPU); the rest ran eagerly."""
+    fused = engine.speculator.fused
+    return fused.steps if fused is not None else 0
+
+
 def held_out_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
     from workbench.training.corpus import corpus_files, split
 
@@ -153,11 +159,10 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
         seconds, outputs = {name: 0.0 for name in engines}, {name: [] for name in engines}
         for t in times.values():
             t.reset()
-        fused = {name: engines[name].speculator.fused for name in VERIFICATION}
-        fused_before = {name: f.steps if f else 0 for name, f in fused.items()}
+        fused_before = {name: _fused_steps(engines[name]) for name in VERIFICATION}
         for name in VERIFICATION:
             engines[name].speculator.stats = SpecStats()
-        decoding = dict(seconds)
+        decoding = {name: 0.0 for name in engines}
         for i, prompt in enumerate(asked):
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
             order = list(engines)[i % len(engines):] + list(engines)[:i % len(engines)]  # no engine always first
@@ -184,13 +189,12 @@ def measure_acceptance(target_dir: str, drafter_dir: str, *, prompts: int = 16, 
                 "decode_seconds": round(decoding[name], 3), "decode_tokens_per_second": decoded / decoding[name],
                 "decode_speedup": decoding["plain"] / decoding[name], "step_ms": times[name].medians_ms(),
                 "steps_by_kind": times[name].seconds_by_kind(),
-                # steps that replayed the verify + draft graph (none on the CPU); the rest ran eagerly
-                "fused_steps": (fused[name].steps - fused_before[name]) if fused[name] else 0}
+                "fused_steps": _fused_steps(engines[name]) - fused_before[name]}
             if sampling["temperature"] == 0.0:
                 same = sum(a == b for a, b in zip(outputs[name], outputs["plain"]))
                 modes[mode][name]["equal_to_plain"] = f"{same}/{len(asked)}"
     return {"target": target_dir, "drafter": drafter_dir, "device": device, "dtype": str(dtype).removeprefix("torch."),
             "cuda_graphs": GRAPHED if device.startswith("cuda") else None, "selection": target.ops.selection,
             "plain_selection": plain_target.ops.selection, "drafter_selection": drafter.ops.selection,
-            "num_speculative_tokens": k, "prompts": len(asked), "prompt_tokens": prompt_tokens,
-            "max_tokens": max_tokens, "modes": modes}
+            "num_speculative_tokens": k, "block_size": drafter.config.block_size, "prompts": len(asked),
+            "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "modes": modes}

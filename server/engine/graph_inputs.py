@@ -10,6 +10,8 @@ small inputs go in one copy, each group's page table in one more, of the rows in
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -81,16 +83,14 @@ class GraphInputs:
             table, slots, rows = h[("tables", g)], h[("slots", g)], pages[g]
             table[:size] = 0
             slots[:size] = 0
-            r = 0
-            while r < b:  # a run of rows with one page table (a verify step's block) in one assignment
-                end = r + 1
-                while end < b and rows[end] is rows[r]:
-                    end += 1
-                row = np.asarray(rows[r])
-                table[r:end, :len(row)] = row
-                at = positions[r:end]
-                slots[r:end] = row[at // page_size] * page_size + at % page_size
-                r = end
+            # a run of rows holding one page table (a verify step's block) in one assignment
+            for _, run in itertools.groupby(range(b), key=lambda r: id(rows[r])):
+                run = list(run)
+                start, end = run[0], run[-1] + 1
+                row = np.asarray(rows[start])
+                table[start:end, :len(row)] = row
+                at = positions[start:end]
+                slots[start:end] = row[at // page_size] * page_size + at % page_size
         self._upload(0, self._small_bytes)
         for g in self.groups:
             self._upload(self._table_at[g], 4 * size * self.max_pages)

@@ -83,9 +83,8 @@ def run(args) -> int:
     if device.startswith("cuda"):
         figures["device"] = f"{device} ({torch.cuda.get_device_name()})"
     # one file per kind of device (and with a lock's kernels or the references), side by side in the card
-    with open(os.path.join(args.out_dir, "config.json")) as f:
-        block_drafts = json.load(f)["block_size"] - 1
-    k = f"-k{figures['num_speculative_tokens']}" if figures["num_speculative_tokens"] != block_drafts else ""
+    drafts = figures["num_speculative_tokens"]
+    k = f"-k{drafts}" if drafts != figures["block_size"] - 1 else ""
     name = f"acceptance-{torch.device(device).type}{'-locked' if loaded else ''}{k}.json"
     with open(os.path.join(args.out_dir, name), "w") as f:
         json.dump(figures, f, indent=1)

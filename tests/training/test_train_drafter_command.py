@@ -147,3 +147,15 @@ def test_a_lock_that_fails_verification_is_refused_unless_forced_and_then_named(
     figures = json.loads((out / "acceptance-cpu-locked.json").read_text())
     assert list(figures["forced_past"]) == [path] and "digest mismatch" in figures["forced_past"][path][0]
     assert "was used past failed verification" in (out / "README.md").read_text()
+
+
+def test_figures_from_two_kinds_of_gpu_get_files_of_their_own(monkeypatch):
+    import torch
+
+    from workbench.commands.train_drafter import device_kind
+
+    assert device_kind("cpu") == "cpu"
+    for name, kind in (("NVIDIA H200", "cuda-h200"), ("NVIDIA H100 80GB HBM3", "cuda-h100"),
+                       ("AMD Instinct MI300X", "cuda-amd-instinct-mi300x")):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert device_kind("cuda") == kind

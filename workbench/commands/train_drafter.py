@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 
     d = DrafterOptions()
     p.add_argument("out_dir", metavar="OUT_DIR", help="drafter folder to write (config.json, model.safetensors, "
-                   "training.json, acceptance-<device>.json)")
+                   "training.json, acceptance-<device>.json: cpu, or cuda- and the GPU's model)")
     p.add_argument("--target", default=EMBEDDED_MODEL, metavar="DIR",
                    help="the target checkpoint, whose training split it distils on (default: %(default)s)")
     p.add_argument("--layers", type=int, default=d.layers, help="draft layers (default: %(default)s)")
@@ -85,7 +85,7 @@ def run(args) -> int:
     # one file per kind of device (and with a lock's kernels or the references), side by side in the card
     drafts = figures["num_speculative_tokens"]
     k = f"-k{drafts}" if drafts != figures["block_size"] - 1 else ""
-    name = f"acceptance-{torch.device(device).type}{'-locked' if loaded else ''}{k}.json"
+    name = f"acceptance-{device_kind(device)}{'-locked' if loaded else ''}{k}.json"
     with open(os.path.join(args.out_dir, name), "w") as f:
         json.dump(figures, f, indent=1)
         f.write("\n")
@@ -103,6 +103,20 @@ def run(args) -> int:
             print(f"{mode}, {name} verification: {v['mean_acceptance_length']:.2f} tokens per verify step, "
                   f"{v['speedup']:.2f}x the tokens per second without the drafter")
     return 0
+
+
+def device_kind(device: str) -> str:
+    """`cpu`, or `cuda-` and the GPU's model (`cuda-h200`): figures from two kinds of GPU stand side by side."""
+    import re
+
+    import torch
+
+    kind = torch.device(device).type
+    if kind != "cuda":
+        return kind
+    words = torch.cuda.get_device_name(torch.device(device)).split()
+    model = words[1] if len(words) > 1 and words[0] == "NVIDIA" else "-".join(words)
+    return f"cuda-{re.sub(r'[^a-z0-9.-]+', '-', model.lower())}"
 
 
 def card(training: dict, measured: list[dict]) -> str:

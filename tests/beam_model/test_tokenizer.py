@@ -170,6 +170,16 @@ def test_hf_special_tokens_in_text(hf_dir):
     assert "".join(chunks) + tail == text
 
 
+@pytest.mark.parametrize("kind", ["byte", "hf"])
+def test_a_batch_encodes_as_each_text_alone(kind, hf_dir):
+    """`encode_batch` (a corpus at once, over the cores) gives each text's `encode`, special-token
+    spellings matched or kept as text."""
+    tok = ByteTokenizer() if kind == "byte" else load_tokenizer(str(hf_dir))
+    texts = [*SAMPLES, "<|user|>héllo 😀<|end|><|assistant|>"]
+    for allow_special in (True, False):
+        assert tok.encode_batch(texts, allow_special) == [tok.encode(t, allow_special) for t in texts]
+
+
 def test_hf_decode_out_of_range(hf_dir):
     tok = load_tokenizer(str(hf_dir))
     with pytest.raises(ValueError, match=str(tok.vocab_size + 5)):

@@ -28,8 +28,8 @@ class TokenStream:
 def encode_files(tokenizer, texts: list[str]) -> TokenStream:
     """`texts` (whole files) as one stream, each file followed by the end token."""
     ids: list[int] = []
-    for text in texts:
-        ids += tokenizer.encode(text, allow_special=False)
+    for encoded in tokenizer.encode_batch(texts, allow_special=False):
+        ids += encoded
         ids.append(tokenizer.eos_token_id)
     special = set(tokenizer.special_ids.values())
     lengths = [0 if i in special else len(b) for i, b in enumerate(tokenizer.token_bytes())]

@@ -16,6 +16,7 @@ when other files are added or removed. Held-out files never reach training.
 from __future__ import annotations
 
 import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,15 +54,19 @@ def corpus_files(root: str | Path | None = None) -> list[CorpusFile]:
     """Every corpus file under `root` (default: the standard library), sorted by relative path."""
     root = Path(root) if root is not None else stdlib_root()
     out = []
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root).parts
-        if PACKAGE_DIRS.intersection(parts) or TEST_DIRS.intersection(parts[:-1]) or not path.is_file():
-            continue
-        try:
-            path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        out.append(CorpusFile("/".join(parts), path))
+    # the walk skips the folders left out instead of listing them (site-packages can hold more files
+    # than the standard library: a second a call where torch is installed there)
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in PACKAGE_DIRS and d not in TEST_DIRS]
+        for name in names:
+            path = Path(folder, name)
+            if not name.endswith(".py") or not path.is_file():
+                continue
+            try:
+                path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            out.append(CorpusFile("/".join(path.relative_to(root).parts), path))
     return sorted(out, key=lambda f: f.relpath)
 
 

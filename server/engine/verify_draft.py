@@ -43,12 +43,12 @@ import torch
 
 from beam_model.config import SLIDING
 from server.engine.block_manager import GROUPS
+from server.engine.block_sampling import accept_drafts, draft_draws, target_probs
 from server.engine.graph_inputs import GraphInputs
 from server.engine.model_runner import logits_width
 from server.engine.output import TokenLogprob
 from workbench.registry import bind
 from workbench.registry import without_cache_pdl as configs_without_cache_pdl
-from workbench.variants.sample import contract_probs
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 BLOCK_WIDTHS = (1, 2, 4, 8)  # rows a sequence feeds (its last token and drafts), captured besides K + 1
@@ -163,12 +163,9 @@ class VerifyDraft:
             confidence = draft_logits.softmax(-1).gather(2, drafts[..., None])[..., 0]
             return kept, bonus, drafts, None, confidence
         # each sequence's K draft rows at its settings (those of its verify rows)
-        probs = contract_probs(draft_logits.view(b * k, -1),
-                               *(t.view(b, w)[:, :1].expand(b, k).reshape(-1) for t in settings)).view(b, k, -1)
-        drafts = torch.where(greedy[:, None], draft_logits.argmax(-1), self._draw(probs))
-        chosen = torch.where(greedy[:, None, None], draft_logits.softmax(-1), probs)
-        confidence = chosen.gather(2, drafts[..., None])[..., 0]
-        return kept, bonus, drafts, probs, confidence
+        rows_k = (t.view(b, w)[:, :1].expand(b, k).reshape(-1) for t in settings)
+        probs, drafts, confidence = draft_draws(draft_logits.reshape(b * k, -1), *rows_k, self._noise(b * k))
+        return kept, bonus, drafts.view(b, k), probs.view(b, k, -1), confidence.view(b, k)
 
     @staticmethod
     def _accept_greedy(logits, drafts, limit):
@@ -184,28 +181,18 @@ class VerifyDraft:
         `_accept_greedy`; sampled, rejection sampling against the drafts' distributions (`Speculator`'s
         `accept`, its draws from the engine's generator)."""
         b, k1, vocab = logits.shape
-        k = k1 - 1
         kept_g, bonus_g = self._accept_greedy(logits, drafts, limit)
-        p = contract_probs(logits.view(b * k1, vocab), *settings).view(b, k1, vocab)
-        q = self.draft_probs[:b, :k]
-        p_d, q_d = (t[:, :k].gather(2, drafts[..., None])[..., 0] for t in (p, q))
-        u = torch.rand(b, k, dtype=torch.float64, device=logits.device, generator=self.runner.generator)
-        kept_s = torch.minimum(((q_d > 0) & (u * q_d <= p_d)).long().cumprod(1).sum(1), limit)
-        at = kept_s[:, None, None].expand(b, 1, vocab)
-        p_at = p.gather(1, at)[:, 0]
-        q_at = torch.cat([q, q.new_zeros(b, 1, vocab)], 1).gather(1, at)[:, 0] * (kept_s < limit)[:, None]
-        residual = (p_at - q_at).clamp(min=0)  # after a rejection; p itself after the last draft fed
-        total = residual.sum(-1, keepdim=True)
-        dist = torch.where(total > 0, residual / total.clamp(min=1e-300), p_at)
-        kept = torch.where(greedy, kept_g, kept_s)
-        bonus = torch.where(greedy, bonus_g, self._draw(dist))
-        return kept, bonus
+        p = target_probs(logits.view(b * k1, vocab), *settings).view(b, k1, vocab)
+        u = torch.rand(b, k1 - 1, dtype=torch.float64, device=logits.device, generator=self.runner.generator)
+        return accept_drafts(p, self.draft_probs[:b, :k1 - 1], drafts, u, limit, self._noise(b), greedy, kept_g,
+                             bonus_g)
 
-    def _draw(self, probs: torch.Tensor) -> torch.Tensor:
-        """An id per row of `probs` [..., vocab] from the engine's generator: the argmax of p / E, E
-        exponential (a draw with probability p; no host sync, so a graph captures it)."""
-        e = torch.empty_like(probs).exponential_(generator=self.runner.generator).clamp_(min=1e-30)
-        return (probs / e).argmax(-1)
+    def _noise(self, rows: int) -> torch.Tensor:
+        """Exp(1) draws [rows, vocab] FP64 from the engine's generator, for the exponential races
+        (`block_sampling`)."""
+        width = self.draft_probs.shape[-1]
+        return torch.empty(rows, width, dtype=torch.float64, device=self.draft_probs.device).exponential_(
+            generator=self.runner.generator)
 
     @contextlib.contextmanager
     def _captured_ops(self):

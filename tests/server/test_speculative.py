@@ -243,16 +243,29 @@ def test_the_fused_step_samples_the_targets_distribution(tiny, monkeypatch):
     graph runs it): rejection sampling and the draws on the device follow the target's distribution.
     The verify step's drafts come from the target's own top 3 with their probabilities reversed, so
     drafts are often kept and, after a rejection, only the residual max(p - q, 0) gives the right token."""
+    assert_fused_sampling_follows_the_target(*tiny, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_the_fused_step_samples_the_targets_distribution_with_its_kernels(monkeypatch):
+    """The same on a GPU, where the step's distributions, draws and acceptance are Triton kernels
+    (`server.engine.block_sampling`)."""
+    model = BeamForCausalLM.from_preset("beam-tiny", dtype=torch.float32, device="cuda")
+    drafter = initial_drafter(DrafterConfig.for_target(model.config, num_hidden_layers=1, block_size=8), model,
+                              seed=0, device="cuda")
+    assert_fused_sampling_follows_the_target(model, drafter, monkeypatch)
+
+
+def assert_fused_sampling_follows_the_target(model, drafter, monkeypatch):
     from server.engine.verify_draft import VerifyDraft
 
-    model, drafter = tiny
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(model.device).manual_seed(1)
 
     def reversed_top3(self, items):
-        logits = model.forward(torch.tensor([s.token_ids for s, _, _ in items]))[:, -1]
+        logits = model.forward(torch.tensor([s.token_ids for s, _, _ in items], device=model.device))[:, -1]
         logits[:, 256:] = float("-inf")  # the padded vocabulary the engine never draws
         rows = len(items)
-        p = contract_probs(logits, torch.full((rows,), 1.5), torch.full((rows,), 3), torch.ones(rows))
+        p = contract_probs(logits, *(torch.full((rows,), v, device=model.device) for v in (1.5, 3, 1.0)))
         top = p.topk(3, dim=-1)
         q = torch.zeros_like(p).scatter_(1, top.indices, top.values.flip(-1))
         for j, (s, _, _) in enumerate(items):

@@ -10,7 +10,8 @@ runs, on the device:
 - the target's step over the rows: logits at every row, and the drafter's tapped layers;
 - the acceptance: greedy, the drafts kept are the leading ones equal to the target's argmax and the
   bonus token the target's argmax after them; sampled, rejection sampling against the drafter's
-  distributions (as `speculative.accept`), drawn from the engine's generator, which the graph advances;
+  distributions (as `speculative.accept`), drawn from the engine's generator, which the graph advances
+  (on a GPU in three Triton launches a step: `block_sampling`);
 - the drafter's keys and values of every fed row, written to its store on the rows' sliding-window
   slots (`Speculator.write_context`);
 - the drafter's next block after the bonus token, reading the window before it through the sequence's

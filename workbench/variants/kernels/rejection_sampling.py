@@ -6,7 +6,8 @@ than the sequence's `limit` (padding rows are never kept). The token after the k
 max(p - q, 0) renormalised at the first rejection, or from p where every keepable draft was kept (or the
 residual is empty). The draw is an exponential race, argmax dist / noise with `noise` Exp(1), so the
 residual needs no normalising. Greedy sequences take (`kept_greedy`, `bonus_greedy`) instead, computed
-apart from their argmaxes. In torch this is some thirty small kernels a verify step; here one launch.
+apart from their argmaxes. In torch each gather, comparison and reduction here is a kernel of its own; here
+one launch does them all.
 """
 
 import torch

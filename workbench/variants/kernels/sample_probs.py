@@ -1,8 +1,9 @@
 """The `sample` contract's distribution per row, without a sort: what speculative decoding's rejection
 sampling reads (the target's and the drafter's probabilities), one Triton program per row.
 
-`contract_probs` (the point's FP64 reference) sorts each row; at a verify step's 16 rows of 8192 that is
-two FP64 sorts and some twenty small kernels a step. Here one launch does it all, in FP32:
+`contract_probs` (the point's FP64 reference) sorts each row and runs a kernel for each step after the sort;
+at a verify step's rows of 8192 tokens the sorts alone cost more than the whole of this kernel (see
+`runs/speculative-beam-mini-h100/sampled-half/`). Here one launch does it all, in FP32:
  - the top-k cut (0 < k < V) by bisection over the int32 order key of s = logits / T, as
    `sample:triton` finds it (tokens tied exactly at the cut are all kept; the reference keeps k of them);
  - the top-p cut (p < 1) by bisection over the same key for the least cut c whose kept mass strictly
